@@ -1,0 +1,116 @@
+"""Tiny random, seeded checkpoints in HF format (config.json + safetensors + tokenizer.json), written to tmp dirs.
+
+Built with transformers so the parity tests compare against an independent implementation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 320
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "import numpy as np\nx = np.arange(10)\nprint(x.sum())\n",
+    "Speculative decoding drafts tokens and verifies them in one pass.",
+    "héllo wörld — ünïcode ✓ 你好 🙂",
+]
+
+ARCH_CONFIGS = {
+    "llama": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=10000.0, tie_word_embeddings=False
+    ),
+    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1e6, tie_word_embeddings=True),
+    "qwen3": dict(
+        architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1e6, tie_word_embeddings=True, head_dim=16
+    ),
+    "gemma3": dict(
+        architectures=["Gemma3ForCausalLM"],
+        model_type="gemma3_text",
+        rope_theta=1e6,
+        rope_local_base_freq=10000.0,
+        sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        query_pre_attn_scalar=16,
+        head_dim=16,
+        hidden_activation="gelu_pytorch_tanh",
+        final_logit_softcapping=None,
+        attn_logit_softcapping=None,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def build_tokenizer(folder: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB - 8,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    tok_cfg = {
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": CHAT_TEMPLATE,
+        "add_bos_token": False,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+
+
+def write_tiny_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 3,
+                          shards: int = 1) -> Path:
+    """Write a random seeded model of the given architecture to `folder` and return it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder.mkdir(parents=True, exist_ok=True)
+    build_tokenizer(folder)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = tok.token_to_id("<|im_end|>")
+    cfg = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        bos_token_id=0,
+        eos_token_id=eos,
+        dtype="float32",
+    )
+    cfg.update(ARCH_CONFIGS[arch])
+    if arch == "gemma3":
+        cfg["layer_types"] = [("full_attention" if (i + 1) % 3 == 0 else "sliding_attention") for i in range(num_layers)]
+    config = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
+    config.architectures = cfg["architectures"]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # random init is tiny; widen it so logits are not all ~0 (makes parity meaningful)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
+            else:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(folder, safe_serialization=True, max_shard_size="200KB" if shards > 1 else "5GB")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "bos_token_id": 0}))
+    return folder

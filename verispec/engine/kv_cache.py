@@ -1,0 +1,82 @@
+"""Slot-major KV cache with O(1) rollback.
+
+One slot per running sequence: K and V per layer are [num_slots, H_kv, T_alloc, D]. A sequence's valid
+length lives on its Request (num_computed); truncating it is moving that integer back, never a copy.
+The last column (T_alloc - 1) is a scratch column that padded query rows write into and nobody reads.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import torch
+
+from verispec.config import ModelConfig
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CacheBudget:
+    num_slots: int
+    max_model_len: int
+    bytes_total: int
+
+
+def plan_cache(
+    cfg: ModelConfig,
+    max_num_seqs: int,
+    max_model_len: int | None,
+    budget_bytes: int,
+    lookahead: int = 0,
+    dtype_bytes: int = 4,
+) -> CacheBudget:
+    """Decide slots and context length up front from the memory budget; ValueError if nothing fits."""
+    per_tok = cfg.kv_bytes_per_token * dtype_bytes // 4
+    if max_model_len is None:
+        fit = budget_bytes // max(1, max_num_seqs * per_tok) - lookahead - 1
+        max_model_len = min(cfg.max_position_embeddings, max(fit, 0))
+        if max_model_len < 16:
+            raise ValueError(
+                f"KV cache budget of {budget_bytes / GiB:.2f} GiB cannot hold max_num_seqs={max_num_seqs} "
+                "sequences; lower max_num_seqs or set max_model_len"
+            )
+    elif max_model_len > cfg.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len={max_model_len} is larger than the model's max_position_embeddings="
+            f"{cfg.max_position_embeddings}"
+        )
+    t_alloc = max_model_len + lookahead + 1
+    slots = min(max_num_seqs, budget_bytes // (t_alloc * per_tok))
+    if slots < 1:
+        raise ValueError(
+            f"KV cache budget of {budget_bytes / GiB:.2f} GiB cannot hold one sequence of "
+            f"max_model_len={max_model_len}; lower max_model_len"
+        )
+    return CacheBudget(num_slots=int(slots), max_model_len=int(max_model_len), bytes_total=int(slots * t_alloc * per_tok))
+
+
+class KVCache:
+    def __init__(self, cfg: ModelConfig, num_slots: int, t_alloc: int, device: torch.device, dtype: torch.dtype):
+        shape = (num_slots, cfg.num_kv_heads, t_alloc, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.num_slots, self.t_alloc = num_slots, t_alloc
+        self.scratch = t_alloc - 1
+        self._free = list(range(num_slots))  # min-heap: lowest slot first keeps active slots dense
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int | None:
+        return heapq.heappop(self._free) if self._free else None
+
+    def free(self, slot: int) -> None:
+        heapq.heappush(self._free, slot)
+
+    def move(self, slot: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy cache columns src -> dst inside one slot (tree verification compaction). src/dst [n]."""
+        for layer in (*self.k, *self.v):
+            layer[slot, :, dst] = layer[slot, :, src]

@@ -1,0 +1,113 @@
+"""Turns a list of rows (slot, start, new tokens) into one padded target forward.
+
+Prefill chunks, plain decode and "last token + K drafts" verification are the same call. Logits are
+computed only for the positions asked for; hidden states of chosen layers are returned on request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from verispec.engine.kv_cache import KVCache
+from verispec.layers.attention import AttnContext
+from verispec.models.decoder import DecoderLM
+
+
+@dataclass
+class RowInput:
+    slot: int
+    start: int  # cache index of the first new token (= tokens already cached)
+    token_ids: list[int]  # new tokens to score
+    logits_from: int = 0  # logits are returned for token_ids[logits_from:]
+    tree_mask: torch.Tensor | None = None  # [q, q] bool ancestor-or-self; None = a chain
+    depths: list[int] | None = None  # RoPE offsets within a tree; None = 0..q-1
+
+
+@dataclass
+class RunnerOutput:
+    logits: torch.Tensor  # [N, V] for every requested position, rows in input order
+    hidden: torch.Tensor  # [N, hidden] final normed hidden at the same positions
+    aux_hidden: list[torch.Tensor]  # per aux layer [N, hidden]
+    counts: list[int]  # logits rows per input row
+
+
+class ModelRunner:
+    def __init__(self, model: DecoderLM, cache: KVCache, device: torch.device):
+        self.model, self.cache, self.device = model, cache, device
+        self.window = model.cfg.sliding_window if model.cfg.layer_types else None
+
+    def build_context(self, rows: list[RowInput]) -> tuple[torch.Tensor, torch.Tensor, AttnContext, list[int]]:
+        lo = min(r.slot for r in rows)
+        hi = max(r.slot for r in rows) + 1
+        s, q = hi - lo, max(len(r.token_ids) for r in rows)
+        by_slot = {r.slot - lo: r for r in rows}
+        ids = [[0] * q for _ in range(s)]
+        start, qlen = [0] * s, [0] * s
+        depth = [list(range(q)) for _ in range(s)]
+        for i, r in by_slot.items():
+            ids[i][: len(r.token_ids)] = r.token_ids
+            start[i], qlen[i] = r.start, len(r.token_ids)
+            if r.depths is not None:
+                depth[i][: len(r.depths)] = r.depths
+        dev = self.device
+        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)  # [S, Q]
+        start_t = torch.tensor(start, device=dev)[:, None]  # [S, 1]
+        j = torch.arange(q, device=dev)[None]  # [1, Q]
+        valid = j < torch.tensor(qlen, device=dev)[:, None]  # [S, Q]
+        cache_pos = torch.where(valid, start_t + j, self.cache.scratch)  # [S, Q]
+        positions = torch.where(valid, start_t + torch.tensor(depth, device=dev), 0)  # [S, Q]
+        kv_len = max(st + ql for st, ql in zip(start, qlen))
+        trees = any(r.tree_mask is not None for r in rows)
+        if s == 1 and q == 1:
+            mask = sliding = None
+        else:
+            mask = self._mask(start_t, valid, positions, kv_len, rows, lo, q) if trees else None
+            if mask is None:
+                key = torch.arange(kv_len, device=dev)[None, None]  # [1, 1, T]
+                mask = key <= (start_t + j)[:, :, None]  # [S, Q, T]
+            mask = mask & valid[:, :, None]
+            mask[:, :, 0] |= ~valid  # padded queries look at one key: no NaN rows
+            sliding = None
+            mask = mask[:, None]  # [S, 1, Q, T]
+        if self.window is not None:
+            key = torch.arange(kv_len, device=dev)[None, None, None]
+            near = key > positions[:, None, :, None] - self.window  # [S, 1, Q, T]
+            base = mask if mask is not None else torch.ones_like(near)
+            sliding = base & near
+            sliding[..., 0] |= ~valid[:, None]
+        rows_idx = torch.arange(s, device=dev)[:, None]
+        ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding)
+        flat = [(r.slot - lo) * q + k for r in rows for k in range(r.logits_from, len(r.token_ids))]
+        return ids_t, positions, ctx, flat
+
+    def _mask(self, start_t, valid, positions, kv_len, rows, lo, q) -> torch.Tensor:
+        """Prefix keys plus ancestor-or-self keys inside each row's tree. -> [S, Q, T]."""
+        s = valid.shape[0]
+        tree = torch.zeros(s, q, q, dtype=torch.bool, device=self.device)
+        for r in rows:
+            n = len(r.token_ids)
+            m = r.tree_mask if r.tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
+            tree[r.slot - lo, :n, :n] = m.to(self.device)
+        key = torch.arange(kv_len, device=self.device)[None]  # [1, T]
+        rel = key - start_t  # [S, T]
+        in_new = (rel >= 0) & (rel < q)
+        idx = rel.clamp(0, q - 1)[:, None, :].expand(s, q, kv_len)  # [S, Q, T]
+        from_tree = torch.gather(tree, 2, idx) & in_new[:, None, :]
+        return (rel < 0)[:, None, :] | from_tree
+
+    @torch.inference_mode()
+    def run(self, rows: list[RowInput], aux_layers: tuple[int, ...] = ()) -> RunnerOutput:
+        ids, positions, ctx, flat = self.build_context(rows)
+        hidden, aux = self.model(ids, positions, ctx, (self.cache.k, self.cache.v), aux_layers)
+        d = hidden.shape[-1]
+        if len(flat) == hidden.shape[0] * hidden.shape[1]:
+            sel = hidden.reshape(-1, d)
+            aux_sel = [a.reshape(-1, d) for a in aux]
+        else:
+            idx = torch.tensor(flat, device=self.device)
+            sel = hidden.reshape(-1, d).index_select(0, idx)  # [N, hidden]
+            aux_sel = [a.reshape(-1, d).index_select(0, idx) for a in aux]
+        counts = [len(r.token_ids) - r.logits_from for r in rows]
+        return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel, counts)

@@ -1,0 +1,69 @@
+"""Per-request state held by the engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from verispec.outputs import Logprob
+from verispec.sampling_params import SamplingParams
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    output_token_ids: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    slot: int | None = None
+    num_computed: int = 0  # tokens whose K/V are in the cache (all of prompt + output except the newest)
+    generator: torch.Generator | None = None
+    detokenizer: object | None = None
+    text: str = ""
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    speculate: bool = True  # False when disabled for this request (e.g. disable_by_batch_size)
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def in_prefill(self) -> bool:
+        """True while prompt tokens are still waiting for their K/V."""
+        return self.num_computed < self.num_prompt
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,56 @@
+"""Causal / tree attention over the slot-major KV cache.
+
+The cache for one layer is [num_slots, H_kv, T_alloc, D]. A forward covers a contiguous slot range
+[lo, hi) so the keys it reads are a *view* of the cache (no per-step copy that grows with context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttnContext:
+    """Everything attention needs for one forward; built once, shared by all layers."""
+
+    slot_lo: int
+    slot_hi: int
+    rows: torch.Tensor  # [S, 1] arange, for cache writes
+    cache_pos: torch.Tensor  # [S, Q] where each new token's K/V is written
+    kv_len: int  # keys [0, kv_len) are read
+    mask: torch.Tensor | None  # [S, 1, Q, kv_len] bool, True = attend (None: attend all, S == Q == 1)
+    sliding_mask: torch.Tensor | None = None  # same, restricted to the sliding window (Gemma 3)
+
+
+def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> torch.Tensor:
+    """Write x [S, H, Q, D] into cache rows [lo, hi); return the readable view [S, H, kv_len, D]."""
+    view = cache[ctx.slot_lo : ctx.slot_hi]
+    view[ctx.rows, :, ctx.cache_pos] = x.transpose(1, 2)
+    return view[:, :, : ctx.kv_len]
+
+
+def attention(
+    q: torch.Tensor,  # [S, Hq, Q, D]
+    k: torch.Tensor,  # [S, Hkv, T, D] (a cache view)
+    v: torch.Tensor,  # [S, Hkv, T, D]
+    mask: torch.Tensor | None,  # [S, 1, Q, T] bool
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """-> [S, Hq, Q, D]. Grouped-query heads share K/V without copying them."""
+    s, hq, nq, d = q.shape
+    hkv = k.shape[1]
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
+    g = hq // hkv
+    qg = q.reshape(s, hkv, g * nq, d)  # [S, Hkv, G*Q, D]
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [S, Hkv, G*Q, T]
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        m = mask.expand(s, 1, nq, mask.shape[-1]).repeat(1, 1, g, 1)  # [S, 1, G*Q, T]
+        scores = scores.masked_fill(~m, float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [S, Hkv, G*Q, D]
+    return out.reshape(s, hq, nq, d)

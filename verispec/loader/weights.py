@@ -1,0 +1,66 @@
+"""Map HF-named tensors (from safetensors or a dequantised GGUF) onto DecoderLM's fused modules."""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.models.decoder import DecoderLM
+
+
+def _take(tensors: dict[str, torch.Tensor], name: str, source: str) -> torch.Tensor:
+    if name not in tensors:
+        raise ValueError(f"{source}: checkpoint is missing tensor '{name}'")
+    return tensors[name]
+
+
+def load_decoder_weights(model: DecoderLM, tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Copy weights into `model` (float32 or the model's dtype). Raises ValueError on missing/misshaped tensors."""
+    cfg = model.cfg
+    prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
+    if any(k.startswith("model.language_model.") for k in tensors):
+        prefix = "model.language_model."
+    gemma = cfg.is_gemma
+
+    def get(name: str) -> torch.Tensor:
+        return _take(tensors, prefix + name, source)
+
+    def put(param: torch.nn.Parameter, value: torch.Tensor, name: str, norm: bool = False) -> None:
+        if norm and gemma:
+            value = value.float() + 1.0  # Gemma multiplies by (1 + w)
+        if tuple(value.shape) != tuple(param.shape):
+            raise ValueError(f"{source}: tensor '{name}' has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+        with torch.no_grad():
+            param.copy_(value.to(param.dtype))
+
+    put(model.embed_tokens.weight, get("embed_tokens.weight"), "embed_tokens.weight")
+    put(model.norm.weight, get("norm.weight"), "norm.weight", norm=True)
+    head = tensors.get("lm_head.weight")
+    if head is None or cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight  # tied: one tensor, no copy
+    else:
+        put(model.lm_head.weight, head, "lm_head.weight")
+    for i, layer in enumerate(model.layers):
+        p = f"layers.{i}."
+        at = layer.self_attn
+        qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
+        put(at.qkv_proj.weight, qkv, p + "self_attn.qkv_proj.weight")
+        if cfg.attention_bias:
+            bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"], dim=0)
+            put(at.qkv_proj.bias, bias, p + "self_attn.qkv_proj.bias")
+        put(at.o_proj.weight, get(p + "self_attn.o_proj.weight"), p + "self_attn.o_proj.weight")
+        if cfg.qk_norm:
+            put(at.q_norm.weight, get(p + "self_attn.q_norm.weight"), p + "q_norm", norm=True)
+            put(at.k_norm.weight, get(p + "self_attn.k_norm.weight"), p + "k_norm", norm=True)
+        gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], dim=0)
+        put(layer.mlp.gate_up_proj.weight, gate_up, p + "mlp.gate_up_proj.weight")
+        put(layer.mlp.down_proj.weight, get(p + "mlp.down_proj.weight"), p + "mlp.down_proj.weight")
+        put(layer.input_layernorm.weight, get(p + "input_layernorm.weight"), p + "input_layernorm", norm=True)
+        put(
+            layer.post_attention_layernorm.weight,
+            get(p + "post_attention_layernorm.weight"),
+            p + "post_attention_layernorm",
+            norm=True,
+        )
+        if layer.sandwich:
+            for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
+                put(getattr(layer, n).weight, get(p + n + ".weight"), p + n, norm=True)

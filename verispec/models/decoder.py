@@ -1,0 +1,129 @@
+"""One decoder-only transformer covering Llama / Mistral / SmolLM / Qwen2 / Qwen3 / Gemma 3 (text).
+
+Differences are flags on ModelConfig, not subclasses: qkv bias (Qwen2), q/k norm (Qwen3, Gemma 3),
+Gemma 3's sandwich norms, embedding scale, sliding-window layers with their own RoPE base, GELU MLP
+and soft-capping. Fused qkv and gate_up projections keep the op count (and Python overhead) low.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verispec.config import ModelConfig
+from verispec.layers.attention import AttnContext, attention, write_kv
+from verispec.layers.norm import RMSNorm
+from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, sliding: bool):
+        super().__init__()
+        self.cfg, self.sliding = cfg, sliding
+        self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        out = (self.hq + 2 * self.hkv) * self.d
+        self.qkv_proj = nn.Linear(cfg.hidden_size, out, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.hq * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
+        pre = cfg.query_pre_attn_scalar
+        self.scale = (pre if pre else self.d) ** -0.5
+
+    def forward(self, x, rope, ctx: AttnContext, k_cache, v_cache) -> torch.Tensor:
+        s, nq, _ = x.shape  # [S, Q, hidden]
+        qkv = self.qkv_proj(x).view(s, nq, self.hq + 2 * self.hkv, self.d).transpose(1, 2)  # [S, H*, Q, D]
+        q, k, v = qkv.split((self.hq, self.hkv, self.hkv), dim=1)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k_all = write_kv(k_cache, ctx, k)  # [S, Hkv, T, D]
+        v_all = write_kv(v_cache, ctx, v)
+        mask = ctx.sliding_mask if self.sliding else ctx.mask
+        o = attention(q, k_all, v_all, mask, self.scale, self.cfg.attn_logit_softcapping)  # [S, Hq, Q, D]
+        return self.o_proj(o.transpose(1, 2).reshape(s, nq, self.hq * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.inter = cfg.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gelu = cfg.hidden_act.startswith("gelu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, idx: int):
+        super().__init__()
+        self.sliding = cfg.layer_is_sliding(idx)
+        self.self_attn = Attention(cfg, self.sliding)
+        self.mlp = MLP(cfg)
+        eps = cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, eps)
+        self.sandwich = cfg.is_gemma
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
+
+    def forward(self, h, ropes, ctx, k_cache, v_cache) -> torch.Tensor:
+        rope = ropes[1] if self.sliding else ropes[0]
+        a = self.self_attn(self.input_layernorm(h), rope, ctx, k_cache, v_cache)
+        if self.sandwich:
+            h = h + self.post_attention_layernorm(a)
+            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        h = h + a
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderLM(nn.Module):
+    """forward(input_ids [S, Q], positions [S, Q], ctx, kv) -> final normed hidden [S, Q, hidden]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.embed_scale = cfg.hidden_size**0.5 if cfg.is_gemma else 1.0
+        scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False)
+        local = cfg.rope_local_theta or cfg.rope_theta
+        self.register_buffer("inv_freq_local", rope_inv_freq(cfg.head_dim, local), persistent=False)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids)
+        return h * self.embed_scale if self.embed_scale != 1.0 else h
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [S, Q]
+        positions: torch.Tensor,  # [S, Q] RoPE positions
+        ctx: AttnContext,
+        kv: tuple[list[torch.Tensor], list[torch.Tensor]],
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """Returns (final normed hidden [S, Q, hidden], residual-stream inputs of the aux layers)."""
+        h = self.embed(input_ids)
+        rope = rope_cos_sin(positions, self.inv_freq, h.dtype)
+        ropes = (rope, rope_cos_sin(positions, self.inv_freq_local, h.dtype) if self.cfg.layer_types else rope)
+        aux: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            if i in aux_layers:
+                aux.append(h)
+            h = layer(h, ropes, ctx, kv[0][i], kv[1][i])
+        return self.norm(h), aux
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> logits [..., V] (float32)."""
+        logits = self.lm_head(hidden).float()
+        cap = self.cfg.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
