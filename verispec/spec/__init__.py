@@ -1,0 +1,61 @@
+"""The single factory mapping a resolved SpeculativeConfig to a proposer. The engine never sees method names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from verispec.spec.base import Proposal, Proposer
+from verispec.spec_config import SpeculativeConfig
+
+__all__ = ["Proposal", "Proposer", "SUPPORTED_METHODS", "build_proposer", "DraftContext"]
+
+
+@dataclass
+class DraftContext:
+    """What a proposer may need from the target side to build itself."""
+
+    target: object  # verispec.loader.checkpoint.Checkpoint
+    num_slots: int
+    t_alloc: int
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+
+
+def _ngram(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.spec.ngram_proposer import NgramProposer
+
+    return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
+
+
+def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.engine.kv_cache import KVCache
+    from verispec.engine.model_runner import ModelRunner
+    from verispec.loader.checkpoint import load_checkpoint
+    from verispec.spec.draft_model import DraftModelProposer
+
+    draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, skip_tokenizer_init=True)
+    tv, dv = ctx.target.config.vocab_size, draft.config.vocab_size
+    if tv != dv:
+        raise ValueError(
+            f"speculative_config.model {cfg.model!r} has vocab_size={dv} but the target model has {tv}; "
+            "draft_model needs the same vocabulary"
+        )
+    cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    runner = ModelRunner(draft.model, cache, ctx.device)
+    keep = cfg.rejection_sample_method == "probabilistic"
+    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed)
+
+
+_BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
+    "ngram": _ngram,
+    "draft_model": _draft_model,
+}
+SUPPORTED_METHODS = tuple(_BUILDERS)
+
+
+def build_proposer(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    return _BUILDERS[cfg.method](cfg, ctx)

@@ -1,0 +1,90 @@
+import time
+
+import numpy as np
+import pytest
+
+from verispec.spec.ngram import ngram_propose, ngram_propose_batch
+
+
+def _ref(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Brute force: longest n, earliest occurrence ending before the last position."""
+    L = len(context)
+    for n in range(max_n, min_n - 1, -1):
+        if n > L - 1:
+            continue
+        suffix = context[L - n :]
+        for i in range(L - n):  # occurrence [i, i+n) ends at i+n-1 <= L-2
+            if context[i : i + n] == suffix:
+                return context[i + n : i + n + k]
+    return []
+
+
+@pytest.mark.parametrize(
+    "context,min_n,max_n,k,expected",
+    [
+        ([1, 2, 3, 4, 1, 2, 3], 2, 2, 3, [4, 1, 2]),
+        ([1, 2, 3, 4, 2, 3], 2, 3, 4, [4, 2, 3]),  # fewer than k: the context ends
+        ([1, 2, 3, 4, 1, 2, 3, 5, 6], 2, 2, 2, []),  # no earlier [5, 6]
+        ([1, 2, 3, 4, 1, 2, 3], 1, 3, 2, [4, 1]),  # longest n = 3 wins
+        ([9, 1, 7, 1, 8, 1], 1, 1, 1, [7]),  # tie on n: earliest occurrence
+        ([5, 5, 5, 5], 1, 3, 2, [5]),  # occurrence overlapping the suffix; 1 token left
+        ([1, 2, 3, 1, 2, 3], 1, 4, 2, [1, 2]),  # n = 4 absent, n = 3 found
+        ([1, 2, 3], 1, 2, 3, []),
+        ([4], 1, 1, 3, []),
+        ([], 1, 1, 3, []),
+        ([1, 2, 1, 2], 2, 2, 0, []),  # k = 0
+        ([1, 2, 1], 3, 5, 2, []),  # n too long for the context
+    ],
+)
+def test_table(context, min_n, max_n, k, expected):
+    out = ngram_propose(np.array(context, dtype=np.int64), min_n, max_n, k)
+    assert out.ndim == 1 and out.dtype == np.int64
+    assert out.tolist() == expected == _ref(context, min_n, max_n, k)
+
+
+def test_matches_brute_force_on_random_contexts():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        L = int(rng.integers(1, 60))
+        context = rng.integers(0, int(rng.integers(2, 6)), L)
+        min_n = int(rng.integers(1, 4))
+        max_n = min_n + int(rng.integers(0, 4))
+        k = int(rng.integers(0, 6))
+        assert ngram_propose(context, min_n, max_n, k).tolist() == _ref(context.tolist(), min_n, max_n, k)
+
+
+def test_result_is_a_copy():
+    context = np.array([1, 2, 3, 1, 2])
+    out = ngram_propose(context, 1, 2, 2)
+    out[:] = -1
+    assert context.tolist() == [1, 2, 3, 1, 2]
+
+
+def test_bad_n_range():
+    with pytest.raises(ValueError):
+        ngram_propose(np.array([1, 2]), 0, 2, 1)
+    with pytest.raises(ValueError):
+        ngram_propose(np.array([1, 2]), 3, 2, 1)
+
+
+def test_batch():
+    contexts = [
+        np.array([1, 2, 3, 4, 1, 2, 3]),
+        np.array([1, 2, 3, 4, 1, 2, 3, 5, 6]),
+        np.array([], dtype=np.int64),
+    ]
+    out = ngram_propose_batch(contexts, 2, 2, 3)
+    assert [o.tolist() for o in out] == [[4, 1, 2], [], []]
+
+
+@pytest.mark.parametrize("length,budget_ms", [(4096, 1.0), (100_000, 10.0)])
+def test_speed(length, budget_ms):
+    # budgets are loose (shared CI machines); typical: ~0.02 ms at 4k, ~0.05-0.5 ms at 100k
+    rng = np.random.default_rng(0)
+    for vocab in (32_000, 4):  # 4: the last token matches ~25% of positions
+        context = rng.integers(0, vocab, length)
+        ngram_propose(context, 1, 8, 5)
+        t0 = time.perf_counter()
+        for _ in range(20):
+            ngram_propose(context, 1, 8, 5)
+        assert (time.perf_counter() - t0) / 20 * 1e3 < budget_ms

@@ -1,0 +1,230 @@
+import pytest
+import torch
+
+from verispec.spec.verify import (
+    METHODS,
+    draw_exp_noise,
+    draw_uniform,
+    greedy_verify,
+    rejection_sample,
+)
+
+V = 8
+P = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02], dtype=torch.float64)
+Q_POOR = P.flip(0)  # deliberately poor draft: mass on the target's unlikely tokens
+N = 20_000  # one-step verifications per statistical test, batched as rows
+MIN_PVALUE = 1e-4
+
+
+def _t(rows):
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def _chi2_pvalue(tokens: torch.Tensor, p: torch.Tensor) -> float:
+    """Pearson chi-square goodness of fit of ``tokens`` to ``p`` (support of p only)."""
+    support = p > 0
+    assert not torch.isin(tokens, torch.nonzero(~support).flatten()).any(), "zero-prob token emitted"
+    counts = torch.bincount(tokens, minlength=p.numel()).double()[support]
+    expected = tokens.numel() * p[support] / p[support].sum()
+    stat = ((counts - expected) ** 2 / expected).sum()
+    df = torch.tensor(support.sum().item() - 1, dtype=torch.float64)
+    return torch.special.gammaincc(df / 2, stat / 2).item()  # P(Chi2(df) >= stat)
+
+
+def _one_hot_probs(argmax: torch.Tensor, vocab: int = V) -> torch.Tensor:
+    return torch.nn.functional.one_hot(argmax.clamp_min(0), vocab).double()  # [B, K+1, V]
+
+
+def _simulate(method, p_rows, q_rows, seed=0, draft_probs_mode="q", rate=None, n=N):
+    """Draft x_j ~ q_j for j < K, verify against p_j (j <= K). p_rows [K+1, V], q_rows [K, V]."""
+    g = torch.Generator().manual_seed(seed)
+    K, N = q_rows.shape[0], n
+    drafts = torch.stack(
+        [torch.multinomial(q_rows[j], N, replacement=True, generator=g) for j in range(K)], 1
+    )
+    target_probs = p_rows.expand(N, K + 1, V)  # [N, K+1, V]
+    draft_probs = {"q": q_rows.expand(N, K, V), "none": None, "uniform": torch.full((N, K, V), 1.0 / V)}[
+        draft_probs_mode
+    ]
+    return rejection_sample(
+        method,
+        drafts,
+        target_probs,
+        draft_probs=draft_probs,
+        uniform_samples=torch.rand(N, K, generator=g, dtype=torch.float64),
+        exp_noise=torch.empty(N, K + 1, V, dtype=torch.float64).exponential_(generator=g),
+        synthetic_acceptance_rate=rate,
+    )
+
+
+# ---------------------------------------------------------------------------- greedy tables
+
+
+def test_greedy_first_mismatch_replaced_by_target():
+    out, na = greedy_verify(_t([[1, 2, 3]]), _t([[1, 5, 3, 4]]))
+    assert out.tolist() == [[1, 5, -1, -1]] and na.tolist() == [1]
+
+
+def test_greedy_all_accepted_adds_bonus():
+    out, na = greedy_verify(_t([[1, 2, 3]]), _t([[1, 2, 3, 4]]))
+    assert out.tolist() == [[1, 2, 3, 4]] and na.tolist() == [3]
+
+
+def test_greedy_no_drafts_emits_one_token():
+    out, na = greedy_verify(_t([[-1, -1, -1]]), _t([[7, 1, 2, 3]]))
+    assert out.tolist() == [[7, -1, -1, -1]] and na.tolist() == [0]
+    out, na = greedy_verify(torch.empty(2, 0, dtype=torch.long), _t([[7], [9]]))  # K = 0
+    assert out.tolist() == [[7], [9]] and na.tolist() == [0, 0]
+
+
+def test_greedy_mixed_num_draft():
+    drafts = _t([[1, 2, 3], [4, -1, -1], [-1, -1, -1], [5, 6, -1], [1, 2, 3]])
+    argmax = _t([[1, 2, 3, 9], [4, 8, 0, 0], [6, 0, 0, 0], [5, 7, 0, 0], [2, 2, 3, 9]])
+    out, na = greedy_verify(drafts, argmax)
+    assert out.tolist() == [[1, 2, 3, 9], [4, 8, -1, -1], [6, -1, -1, -1], [5, 7, -1, -1], [2, -1, -1, -1]]
+    assert na.tolist() == [3, 1, 0, 1, 0]
+
+
+# ---------------------------------------------------------------------------- dispatcher
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_mixed_greedy_and_random_rows(method):
+    # random rows have one-hot targets, so every method (synthetic at rate 1) is deterministic
+    drafts = _t([[1, 2, 3], [1, 2, 3], [4, -1, -1], [-1, -1, -1], [5, 6, -1]])
+    argmax = _t([[1, 5, 3, 4], [1, 2, 3, 4], [4, 7, 0, 0], [6, 0, 0, 0], [5, 6, 2, 0]])
+    is_greedy = torch.tensor([True, False, True, False, False])
+    B, K = drafts.shape
+    out, na = rejection_sample(
+        method,
+        drafts,
+        _one_hot_probs(argmax),
+        is_greedy,
+        uniform_samples=torch.full((B, K), 0.5, dtype=torch.float64),
+        exp_noise=torch.ones(B, K + 1, V, dtype=torch.float64),
+        synthetic_acceptance_rate=1.0,
+    )
+    # row 0 is greedy: rejected at 2 even for synthetic(rate=1) which would accept everything
+    assert out.tolist() == [[1, 5, -1, -1], [1, 2, 3, 4], [4, 7, -1, -1], [6, -1, -1, -1], [5, 6, 2, -1]]
+    assert na.tolist() == [1, 3, 1, 0, 2]
+
+
+def test_all_greedy_without_random_inputs():
+    out, na = rejection_sample(
+        "strict", _t([[1, 2, 3]]), None, torch.tensor([True]), target_argmax=_t([[1, 2, 0, 4]])
+    )
+    assert out.tolist() == [[1, 2, 0, -1]] and na.tolist() == [2]
+
+
+def test_probabilistic_empty_residual_falls_back_to_p():
+    # inconsistent q (one-hot at the target's token, draft elsewhere): max(p - q, 0) == 0
+    target = _one_hot_probs(_t([[3, 3]]))  # [1, 2, V]
+    out, na = rejection_sample(
+        "probabilistic",
+        _t([[5]]),
+        target,
+        draft_probs=_one_hot_probs(_t([[3]])),
+        uniform_samples=torch.zeros(1, 1, dtype=torch.float64),
+        exp_noise=torch.ones(1, 2, V, dtype=torch.float64),
+    )
+    assert out.tolist() == [[3, -1]] and na.tolist() == [0]
+
+
+def test_bad_arguments():
+    d, p = _t([[1]]), torch.full((1, 2, V), 1.0 / V)
+    with pytest.raises(ValueError):
+        rejection_sample("nope", d, p, exp_noise=torch.ones(1, 2, V))
+    with pytest.raises(ValueError):
+        rejection_sample("strict", d, p)  # no random inputs and no greedy rows
+    with pytest.raises(ValueError):
+        rejection_sample("probabilistic", d, p, exp_noise=torch.ones(1, 2, V))  # no uniforms
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("with_q", [False, True])
+def test_no_host_sync(method, with_q):
+    # meta tensors have no data: any .item()/.tolist()/bool(tensor) inside would raise
+    B, K = 4, 3
+    meta = {"device": "meta"}
+    out, na = rejection_sample(
+        method,
+        torch.empty(B, K, dtype=torch.long, **meta),
+        torch.empty(B, K + 1, V, **meta),
+        torch.empty(B, dtype=torch.bool, **meta),
+        draft_probs=torch.empty(B, K, V, **meta) if with_q else None,
+        uniform_samples=torch.empty(B, K, **meta),
+        exp_noise=torch.empty(B, K + 1, V, **meta),
+        synthetic_acceptance_rate=0.5,
+    )
+    assert out.shape == (B, K + 1) and out.dtype == torch.long and na.shape == (B,)
+
+
+# ---------------------------------------------------------------------------- randomness
+
+
+def test_per_request_generators_are_honoured():
+    def gens(seeds):
+        return [None if s is None else torch.Generator().manual_seed(s) for s in seeds]
+
+    a = draw_exp_noise((3, 4, V), gens([7, None, 11]))
+    b = draw_exp_noise((2, 4, V), gens([11, 7]))  # same requests, other batch and order
+    assert torch.equal(a[0], b[1]) and torch.equal(a[2], b[0]) and (a > 0).all()
+    u1 = draw_uniform((2, 3), gens([5, None]))
+    u2 = draw_uniform((1, 3), gens([5]))
+    assert torch.equal(u1[0], u2[0]) and ((u1 >= 0) & (u1 < 1)).all()
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+@pytest.mark.parametrize(
+    "method,q_mode",
+    [("strict", "none"), ("probabilistic", "q"), ("probabilistic", "none")],
+)
+def test_first_token_is_distributed_as_target(method, q_mode):
+    out, na = _simulate(method, P.expand(2, V), Q_POOR[None], draft_probs_mode=q_mode)
+    assert _chi2_pvalue(out[:, 0], P) > MIN_PVALUE
+    # acceptance rate: strict accepts iff the target sample equals the draft
+    # strict: accept iff the target sample equals the draft; draft-free: accept w.p. p(x), x ~ q
+    rate = torch.minimum(P, Q_POOR).sum() if q_mode == "q" else (P * Q_POOR).sum()
+    std = (rate * (1 - rate) / N).sqrt()
+    assert abs(na.double().mean() - rate) < 5 * std
+
+
+def test_probabilistic_residual_never_emits_zero_prob_tokens():
+    p = torch.tensor([0.4, 0.3, 0.3, 0, 0, 0, 0, 0], dtype=torch.float64)
+    out, _ = _simulate("probabilistic", p.expand(2, V), torch.full((1, V), 1.0 / V, dtype=torch.float64))
+    assert _chi2_pvalue(out[:, 0], p) > MIN_PVALUE  # also asserts tokens 3..7 never appear
+
+
+@pytest.mark.parametrize(
+    "method,q_mode,rate",
+    [
+        ("synthetic", "q", 1.0),  # always emit the draft: distribution q
+        ("synthetic", "q", 0.5),  # half draft, half target: mixture
+        ("probabilistic", "uniform", None),  # acceptance and residual use the wrong q
+    ],
+)
+def test_wrong_samplers_fail_the_same_test(method, q_mode, rate):
+    out, _ = _simulate(method, P.expand(2, V), Q_POOR[None], draft_probs_mode=q_mode, rate=rate)
+    assert _chi2_pvalue(out[:, 0], P) < MIN_PVALUE
+
+
+@pytest.mark.parametrize(
+    "method,q_mode", [("strict", "none"), ("probabilistic", "q"), ("probabilistic", "none")]
+)
+def test_later_tokens_given_acceptance_follow_target(method, q_mode):
+    p_rows = torch.stack([P, P.roll(3), P.flip(0)])  # [K+1 = 3, V], a different p per position
+    q_rows = (p_rows[:2] + torch.stack([Q_POOR, P.roll(5)])) / 2  # [K = 2, V], mediocre drafts
+    out, na = _simulate(method, p_rows, q_rows, seed=1, draft_probs_mode=q_mode, n=60_000)
+    assert _chi2_pvalue(out[:, 0], p_rows[0]) > MIN_PVALUE
+    assert _chi2_pvalue(out[na >= 1, 1], p_rows[1]) > MIN_PVALUE
+    assert _chi2_pvalue(out[na == 2, 2], p_rows[2]) > MIN_PVALUE
+    assert ((out >= 0).sum(1) == na + 1).all()
+
+
+def test_wrong_sampler_fails_later_token_test():
+    p_rows = torch.stack([P, P.roll(3), P.flip(0)])
+    q_rows = torch.stack([Q_POOR, P.roll(5)])
+    out, na = _simulate("synthetic", p_rows, q_rows, seed=1, rate=0.9)
+    assert _chi2_pvalue(out[na >= 1, 1], p_rows[1]) < MIN_PVALUE

@@ -1,0 +1,239 @@
+"""The step loop: admission, prefill / decode scheduling, proposing, verifying, committing, stopping."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from verispec.engine.kv_cache import KVCache
+from verispec.engine.model_runner import ModelRunner, RowInput
+from verispec.engine.request import Request, Status
+from verispec.engine.sample_step import sample_step
+from verispec.engine.stop import commit_tokens
+from verispec.layers.sampler import make_generator
+from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
+from verispec.outputs import CompletionOutput, RequestOutput
+from verispec.spec.base import Proposer
+
+
+@dataclass
+class EngineOptions:
+    max_model_len: int
+    max_num_batched_tokens: int = 1024
+    num_speculative_tokens: int = 0
+    rejection_sample_method: str = "strict"
+    synthetic_acceptance_rate: float | None = None
+    disable_by_batch_size: int | None = None
+    log_interval_s: float = 10.0
+
+
+class LLMEngine:
+    def __init__(self, runner: ModelRunner, tokenizer, opts: EngineOptions, proposer: Proposer | None,
+                 eos_token_ids: tuple[int, ...], seed: int = 0):
+        self.runner, self.tokenizer, self.opts, self.proposer = runner, tokenizer, opts, proposer
+        self.cache: KVCache = runner.cache
+        self.eos_token_ids = eos_token_ids
+        self.device = runner.device
+        self.generator = make_generator(seed, self.device)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        k = opts.num_speculative_tokens if proposer is not None else 0
+        self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
+        self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
+        self.last_step_stats: SpecDecodingStats | None = None
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params) -> Request:
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise ValueError("prompt must contain at least one token")
+        if len(prompt_token_ids) >= self.opts.max_model_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(prompt_token_ids)}) is longer than the maximum model length "
+                f"of {self.opts.max_model_len}. Make sure that `max_model_len` is no smaller than the number of "
+                "text tokens."
+            )
+        vocab = self.runner.model.cfg.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
+        req = Request(request_id, prompt, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
+        if params.seed is not None:
+            req.generator = make_generator(params.seed, self.device)
+        if self.tokenizer is not None:
+            from verispec.tokenizer import IncrementalDetokenizer
+
+            req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.skip_special_tokens)
+        limit = self.opts.disable_by_batch_size
+        req.speculate = self.proposer is not None and (limit is None or len(self.waiting) + len(self.running) < limit)
+        if params.logprobs is not None:
+            req.logprobs = []
+        self.requests[request_id] = req
+        self.waiting.append(req)
+        self.counters.prompt_tokens += len(prompt_token_ids)
+        return req
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self.requests.get(request_id)
+        if req is None or req.finished:
+            return False
+        req.finish_reason = "abort"
+        self._finish(req, aborted=True)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> list[RequestOutput]:
+        self._admit()
+        if not self.running:
+            return []
+        prefill = [r for r in self.running if r.in_prefill]
+        touched = self._prefill(prefill) if prefill else self._decode(list(self.running))
+        if self.spec_log is not None:
+            self.spec_log.maybe_log()
+        return [self.output_of(r) for r in touched]
+
+    def _admit(self) -> None:
+        while self.waiting and self.cache.num_free:
+            req = self.waiting.popleft()
+            req.slot = self.cache.allocate()
+            req.status = Status.RUNNING
+            self.running.append(req)
+            if self.proposer is not None:
+                self.proposer.add_request(req)
+
+    def _prefill(self, reqs: list[Request]) -> list[Request]:
+        """Chunked prefill of waiting prompts; one padded forward over the chosen requests."""
+        reqs = sorted(reqs, key=lambda r: r.slot)
+        budget = self.opts.max_num_batched_tokens
+        rows, chosen = [], []
+        for r in reqs:
+            n = min(r.num_prompt - r.num_computed, budget)
+            if n <= 0 or (rows and self._padding_waste(rows, r, n)):
+                break
+            final = r.num_computed + n == r.num_prompt
+            rows.append(RowInput(r.slot, r.num_computed, r.prompt_token_ids[r.num_computed : r.num_computed + n],
+                                 logits_from=n - 1 if final else n))
+            chosen.append(r)
+            budget -= n
+        out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
+        finals = []
+        for r, row in zip(chosen, rows):
+            r.num_computed += len(row.token_ids)
+            if not r.in_prefill:
+                finals.append(r)
+        if finals:
+            step = sample_step(finals, [[] for _ in finals], out.logits, "strict", None, self.generator)
+            self._commit(finals, step.tokens, step)
+        return finals
+
+    def _padding_waste(self, rows: list[RowInput], r: Request, n: int) -> bool:
+        span = max(max(x.slot for x in rows), r.slot) - min(min(x.slot for x in rows), r.slot) + 1
+        q = max(max(len(x.token_ids) for x in rows), n)
+        real = sum(len(x.token_ids) for x in rows) + n
+        return span * q > 2 * real + 64
+
+    def _decode(self, reqs: list[Request]) -> list[Request]:
+        drafts = [[] for _ in reqs]
+        draft_probs = tree_masks = None
+        spec = [r for r in reqs if r.speculate]
+        if spec and self.proposer is not None:
+            caps = [self._draft_cap(r) for r in spec]
+            prop = self.proposer.propose(spec, caps)
+            by_id = {r.request_id: d[:c] for r, d, c in zip(spec, prop.token_ids, caps)}
+            drafts = [by_id.get(r.request_id, []) for r in reqs]
+            if prop.draft_probs is not None:
+                draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
+            tree_masks = prop.tree_masks
+        rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
+        out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
+        o = self.opts
+        step = sample_step(reqs, drafts, out.logits, o.rejection_sample_method, draft_probs, self.generator,
+                           o.synthetic_acceptance_rate)
+        stats = SpecDecodingStats(o.num_speculative_tokens) if self.proposer else None
+        for r, d, n in zip(reqs, drafts, step.num_accepted):
+            r.num_computed += 1 + n  # roll back the rejected drafts: O(1)
+            if d:
+                r.num_draft_tokens += len(d)
+                r.num_accepted_tokens += n
+                if stats is not None:
+                    stats.observe_draft(len(d), n)
+        if stats is not None:
+            self.counters.spec.add(stats)
+            self.spec_log.observe(stats)
+            self.last_step_stats = stats
+        del tree_masks
+        self._commit(reqs, step.tokens, step)
+        if self.proposer is not None:
+            live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
+            self.proposer.on_step_end([r for r, _ in live], out, [n for _, n in live])
+        return reqs
+
+    def _align_draft_probs(self, reqs, spec, probs: torch.Tensor, drafts) -> torch.Tensor:
+        k = max(len(d) for d in drafts) if drafts else 0
+        if len(spec) == len(reqs) and probs.shape[1] == k:
+            return probs
+        idx = {r.request_id: i for i, r in enumerate(spec)}
+        full = torch.zeros(len(reqs), k, probs.shape[-1], device=probs.device, dtype=probs.dtype)
+        for b, r in enumerate(reqs):
+            if r.request_id in idx and drafts[b]:
+                full[b, : len(drafts[b])] = probs[idx[r.request_id], : len(drafts[b])]
+        return full
+
+    def _draft_cap(self, r: Request) -> int:
+        left_tokens = (r.params.max_tokens or 1 << 30) - len(r.output_token_ids) - 1
+        left_ctx = self.opts.max_model_len - r.num_tokens - 1
+        return max(0, min(self.opts.num_speculative_tokens, left_tokens, left_ctx))
+
+    # ------------------------------------------------------------------ commit
+    def _commit(self, reqs: list[Request], tokens: list[list[int]], step) -> None:
+        now = time.monotonic()
+        for b, (r, toks) in enumerate(zip(reqs, tokens)):
+            if r.first_token_time is None:
+                r.first_token_time = now
+            r.last_token_time = now
+            added = commit_tokens(r, toks, self.opts.max_model_len, step, b)
+            self.counters.generation_tokens += added
+            if r.finish_reason is not None:
+                self._finish(r)
+
+    def _finish(self, req: Request, aborted: bool = False) -> None:
+        if req.status is Status.RUNNING:
+            self.running.remove(req)
+            self.cache.free(req.slot)
+            req.slot = None
+        elif req.status is Status.WAITING:
+            self.waiting.remove(req)
+        req.status = Status.FINISHED
+        if self.proposer is not None:
+            self.proposer.remove_request(req, aborted)
+        if aborted:
+            self.counters.requests_aborted += 1
+        else:
+            self.counters.requests_finished += 1
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request (its output has been delivered)."""
+        req = self.requests.get(request_id)
+        if req is not None and req.finished:
+            del self.requests[request_id]
+
+    def output_of(self, r: Request) -> RequestOutput:
+        comp = CompletionOutput(0, r.text, list(r.output_token_ids),
+                                r.cumulative_logprob if r.logprobs is not None else None,
+                                r.logprobs, r.finish_reason, r.stop_reason)
+        return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, [comp], r.finished,
+                             r.num_draft_tokens, r.num_accepted_tokens)

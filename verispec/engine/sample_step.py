@@ -1,0 +1,116 @@
+"""From target logits of scored rows to emitted tokens: plain sampling and speculative verification.
+
+Plain decoding is the K = 0 case of the same code: the target distribution at every position is shaped by
+the same sampler functions either way, which is what keeps speculation lossless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from verispec.engine.request import Request
+from verispec.layers import sampler as S
+from verispec.spec.verify import draw_uniform, rejection_sample
+
+
+@dataclass
+class StepTokens:
+    tokens: list[list[int]]  # per request: accepted drafts then one recovered/bonus token
+    num_accepted: list[int]
+    logprobs: S.Logprobs | None  # per scored row (flattened [B*(K+1)]) when any request asked
+    row_stride: int  # K + 1
+
+
+def _penalty_state(reqs: list[Request], vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    prompt_mask = torch.zeros(len(reqs), vocab, dtype=torch.bool, device=device)  # [B, V]
+    counts = torch.zeros(len(reqs), vocab, dtype=torch.long, device=device)  # [B, V]
+    for i, r in enumerate(reqs):
+        prompt_mask[i, torch.tensor(r.prompt_token_ids, device=device)] = True
+        if r.output_token_ids:
+            out = torch.tensor(r.output_token_ids, device=device)
+            counts[i].index_add_(0, out, torch.ones_like(out))
+    return prompt_mask, counts
+
+
+def _suppress_early_stops(logits: torch.Tensor, reqs: list[Request], stride: int) -> None:
+    """min_tokens: EOS and stop_token_ids cannot be sampled before min_tokens outputs. logits [B, K+1, V]."""
+    for i, r in enumerate(reqs):
+        left = r.params.min_tokens - len(r.output_token_ids)
+        if left > 0:
+            ids = list(r.params.all_stop_token_ids | (set() if r.params.ignore_eos else set(r.eos_token_ids)))
+            if ids:
+                logits[i, : min(left, stride), ids] = float("-inf")
+
+
+def sample_step(
+    reqs: list[Request],
+    drafts: list[list[int]],
+    logits: torch.Tensor,  # [N, V], N = sum(len(drafts[b]) + 1), rows in request order
+    method: str,
+    draft_probs: torch.Tensor | None,  # [B, K, V]
+    default_generator: torch.Generator | None,
+    synthetic_rate: float | None = None,
+) -> StepTokens:
+    b, v = len(reqs), logits.shape[-1]
+    dev = logits.device
+    k = max((len(d) for d in drafts), default=0)
+    stride = k + 1
+    n_rows = [len(d) + 1 for d in drafts]
+    if k == 0 or all(n == stride for n in n_rows):
+        padded = logits.view(b, stride, v)  # [B, K+1, V]
+    else:  # pad ragged rows by repeating their last row (padded positions are never emitted)
+        starts = torch.tensor([0] + n_rows[:-1], device=dev).cumsum(0)
+        offs = torch.minimum(torch.arange(stride, device=dev)[None], torch.tensor(n_rows, device=dev)[:, None] - 1)
+        padded = logits.index_select(0, (starts[:, None] + offs).reshape(-1)).view(b, stride, v)
+    raw = padded
+    params = [r.params for r in reqs]
+    st = S.SamplingTensors.from_params(params, dev, v).repeat_interleave([stride] * b)
+    proc = padded
+    if any(p.min_tokens > 0 for p in params):
+        proc = proc.clone()
+        _suppress_early_stops(proc, reqs, stride)
+    flat = proc.reshape(b * stride, v)
+    if st.any_penalties:
+        mask, counts = _penalty_state(reqs, v, dev)
+        draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev).view(b, k)
+        counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
+        flat = S.apply_penalties(flat, mask.repeat_interleave(stride, 0), counts, st)
+    argmax = S.greedy(flat).view(b, stride)  # [B, K+1]
+    probs = noise = None
+    if not st.all_greedy:
+        probs = S.logits_to_probs(flat, st).view(b, stride, v)
+        gens = [r.generator for r in reqs]
+        noise = S.draw_noise([stride] * b, gens, v, dev, default_generator).view(b, stride, v)
+    greedy_rows = torch.tensor([p.is_greedy for p in params], device=dev)
+    if k == 0:
+        out = argmax if probs is None else torch.where(greedy_rows[:, None], argmax, S.sample(probs, noise))
+        out_list = out.view(b).tolist()  # the one host sync of the step
+        tokens, accepted = [[t] for t in out_list], [0] * b
+    else:
+        draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev)  # [B, K]
+        uniform = None
+        if probs is not None and method != "strict":
+            uniform = draw_uniform((b, k), [r.generator for r in reqs], dev)
+        out, n_acc = rejection_sample(
+            method,
+            draft_t,
+            probs,
+            greedy_rows,
+            target_argmax=argmax,
+            draft_probs=draft_probs,
+            uniform_samples=uniform,
+            exp_noise=noise,
+            synthetic_acceptance_rate=synthetic_rate,
+        )
+        n_list = n_acc.tolist()
+        rows = out.tolist()
+        tokens = [row[: n + 1] for row, n in zip(rows, n_list)]
+        accepted = n_list
+    lp = None
+    want = max((p.logprobs or 0) for p in params) if any(p.logprobs is not None for p in params) else None
+    if want is not None:
+        emitted = torch.tensor([t + [0] * (stride - len(t)) for t in tokens], device=dev).view(-1)
+        lp = S.compute_logprobs(raw.reshape(b * stride, v), emitted, want)
+    return StepTokens(tokens, accepted, lp, stride)

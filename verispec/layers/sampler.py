@@ -1,0 +1,267 @@
+"""Batched logits processing and sampling.
+
+Every row N is one (request, position) pair. Plain decoding has one row per request; speculative
+verification has K+1 rows per request. Both paths go through exactly the same functions, so the
+target distribution at every position is computed by identical math, which is what makes
+speculation lossless.
+
+Pipeline (vLLM semantics, v0 order):
+    raw logits -> apply_penalties -> [greedy rows: argmax]
+               -> logits_to_probs (temperature, top-k, top-p, min-p, renormalise) -> sample
+Logprobs are computed from the RAW logits (vLLM's default ``raw_logprobs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import NamedTuple
+
+import torch
+
+from verispec.sampling_params import SamplingParams
+
+_TINY = torch.finfo(torch.float32).tiny
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters as device tensors, plus host flags to skip disabled features.
+
+    Greedy rows get temperature 1 and disabled top-k/top-p/min-p (they use argmax anyway);
+    penalties still apply to them. top_k is clamped to [1, V]; disabled == V.
+    """
+
+    temperature: torch.Tensor  # [N] float32
+    top_k: torch.Tensor  # [N] int64, V when disabled
+    top_p: torch.Tensor  # [N] float32
+    min_p: torch.Tensor  # [N] float32
+    presence_penalty: torch.Tensor  # [N] float32
+    frequency_penalty: torch.Tensor  # [N] float32
+    repetition_penalty: torch.Tensor  # [N] float32
+    is_greedy: torch.Tensor  # [N] bool
+    all_greedy: bool
+    any_penalties: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+
+    @classmethod
+    def from_params(
+        cls, params: Sequence[SamplingParams], device: torch.device | str, vocab_size: int
+    ) -> SamplingTensors:
+        """One row per entry of ``params`` (repeat entries, or use ``repeat_interleave``, for multi-row)."""
+        greedy = [p.is_greedy for p in params]
+        temperature = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
+        top_k = [
+            vocab_size if g or p.top_k <= 0 else min(p.top_k, vocab_size) for p, g in zip(params, greedy)
+        ]
+        top_p = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
+        min_p = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
+        presence = [p.presence_penalty for p in params]
+        frequency = [p.frequency_penalty for p in params]
+        repetition = [p.repetition_penalty for p in params]
+
+        def f32(xs: list[float]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.float32, device=device)
+
+        return cls(
+            temperature=f32(temperature),
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            top_p=f32(top_p),
+            min_p=f32(min_p),
+            presence_penalty=f32(presence),
+            frequency_penalty=f32(frequency),
+            repetition_penalty=f32(repetition),
+            is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            all_greedy=all(greedy),
+            any_penalties=any(x != 0.0 for x in presence)
+            or any(x != 0.0 for x in frequency)
+            or any(x != 1.0 for x in repetition),
+            any_top_k=any(k < vocab_size for k in top_k),
+            any_top_p=any(p < 1.0 for p in top_p),
+            any_min_p=any(m > 0.0 for m in min_p),
+        )
+
+    def repeat_interleave(
+        self, counts: Sequence[int] | torch.Tensor, total: int | None = None
+    ) -> SamplingTensors:
+        """Expand per-request rows to per-row: request i's row repeated counts[i] times.
+
+        E.g. counts = num_drafts + 1 for verification. Pass ``counts`` as a list (or give ``total``)
+        to avoid a host sync. Host flags are kept (conservative if a request gets 0 rows).
+        """
+        if not isinstance(counts, torch.Tensor):
+            total = sum(counts) if total is None else total
+            counts = torch.tensor(list(counts), dtype=torch.int64)
+        counts = counts.to(self.temperature.device, non_blocking=True)
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                v = torch.repeat_interleave(v, counts, dim=0, output_size=total)
+            out[f.name] = v
+        return SamplingTensors(**out)
+
+
+def apply_penalties(
+    logits: torch.Tensor,  # [N, V]
+    prompt_mask: torch.Tensor,  # [N, V] bool: token appears in the prompt
+    output_counts: torch.Tensor,  # [N, V] int: occurrences in the output so far
+    st: SamplingTensors,
+) -> torch.Tensor:  # [N, V] float32
+    """vLLM penalties: repetition on prompt|output tokens (divide positive, multiply negative logits),
+    frequency subtracts freq * count, presence subtracts presence * (count > 0)."""
+    logits = logits.float()
+    output_mask = output_counts > 0  # [N, V]
+    rep = st.repetition_penalty[:, None]  # [N, 1]
+    seen = prompt_mask | output_mask  # [N, V]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)  # [N, V]
+    logits = torch.where(seen, penalised, logits)
+    logits = logits - st.frequency_penalty[:, None] * output_counts.to(torch.float32)
+    logits = logits - st.presence_penalty[:, None] * output_mask.to(torch.float32)
+    return logits
+
+
+def draft_aware_counts(
+    output_counts: torch.Tensor,  # [B, V] int
+    draft_token_ids: torch.Tensor,  # [B, K] int, -1 padded
+) -> torch.Tensor:  # [B, K+1, V]
+    """Output counts seen at each verification position: position j counts drafts[:j] as output.
+
+    So the penalties at verify position j equal those plain decoding would apply after accepting
+    drafts[:j]. Uses scatter_add (same result as one_hot + cumsum, without a [B, K, V] temporary).
+    """
+    B, K = draft_token_ids.shape
+    valid = draft_token_ids >= 0  # [B, K]
+    ids = draft_token_ids.clamp_min(0)  # [B, K]
+    pos = torch.arange(K + 1, device=ids.device)  # [K+1]
+    before = pos[:, None] > torch.arange(K, device=ids.device)[None, :]  # [K+1, K]: draft i < position j
+    add = (before[None] & valid[:, None, :]).to(output_counts.dtype)  # [B, K+1, K]
+    counts = output_counts[:, None, :].expand(B, K + 1, output_counts.shape[-1]).clone()  # [B, K+1, V]
+    return counts.scatter_add_(2, ids[:, None, :].expand(B, K + 1, K), add)
+
+
+def apply_top_k_top_p(
+    logits: torch.Tensor,  # [N, V] float32
+    top_k: torch.Tensor | None,  # [N] int64 in [1, V] or None
+    top_p: torch.Tensor | None,  # [N] float32 or None
+) -> torch.Tensor:  # [N, V], dropped tokens set to -inf
+    """vLLM top-k / top-p with one shared ascending sort. Top-k keeps ties with the k-th value;
+    top-p keeps the smallest set with cumulative prob >= top_p (the top token always kept)."""
+    if top_k is None and top_p is None:
+        return logits
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)  # [N, V]
+    if top_k is not None:
+        kth = logits_sort.gather(1, (logits.shape[-1] - top_k)[:, None])  # [N, 1]
+        logits_sort = logits_sort.masked_fill(logits_sort < kth, float("-inf"))
+    if top_p is not None:
+        cum = logits_sort.softmax(dim=-1).cumsum(dim=-1)  # [N, V] ascending
+        drop = cum <= (1.0 - top_p)[:, None]  # [N, V]
+        drop[:, -1] = False
+        logits_sort = logits_sort.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, logits_idx, logits_sort)
+
+
+def apply_min_p(
+    probs: torch.Tensor,  # [N, V] float32
+    min_p: torch.Tensor,  # [N] float32
+) -> torch.Tensor:  # [N, V] unnormalised
+    """Zero tokens with prob < min_p * max prob."""
+    top = probs.amax(dim=-1, keepdim=True)  # [N, 1]
+    return probs.masked_fill(probs < min_p[:, None] * top, 0.0)
+
+
+def logits_to_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """logits [N, V] -> probs [N, V] float32: temperature, top-k, top-p, min-p, renormalise.
+
+    Greedy rows use temperature 1 with no truncation (their probs are the plain softmax)."""
+    logits = logits.float()
+    if not st.all_greedy:
+        logits = logits / st.temperature[:, None]  # [N, V]
+    logits = apply_top_k_top_p(logits, st.top_k if st.any_top_k else None, st.top_p if st.any_top_p else None)
+    probs = logits.softmax(dim=-1)  # [N, V]
+    if st.any_min_p:
+        probs = apply_min_p(probs, st.min_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def sample(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Exponential race: argmax(probs / noise), noise ~ Exp(1) [N, V] -> tokens [N] int64.
+
+    P(token i) = probs[i] / sum(probs): probs need not be normalised (e.g. a rejection residual)."""
+    return (probs / noise.clamp_min(_TINY)).argmax(dim=-1)
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] -> argmax tokens [N] int64."""
+    return logits.argmax(dim=-1)
+
+
+def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
+    """Per-request generator for a seeded request (create once per request, keep across steps)."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def draw_noise(
+    n_rows_per_request: Sequence[int],
+    generators: Sequence[torch.Generator | None],
+    vocab_size: int,
+    device: torch.device | str,
+    default_generator: torch.Generator | None = None,
+) -> torch.Tensor:  # [N, V] float32 ~ Exp(1), N = sum(n_rows_per_request)
+    """Exp(1) noise; seeded requests draw their rows from their own generator, all unseeded rows
+    come from one batched draw. A seeded request's noise is thus independent of the batch."""
+    total = sum(n_rows_per_request)
+    if all(g is None for g in generators):
+        return torch.empty(total, vocab_size, device=device).exponential_(generator=default_generator)
+    n_unseeded = sum(n for n, g in zip(n_rows_per_request, generators) if g is None)
+    shared = torch.empty(n_unseeded, vocab_size, device=device).exponential_(generator=default_generator)
+    chunks, off = [], 0
+    for n, g in zip(n_rows_per_request, generators):  # loop over requests, not tokens
+        if g is None:
+            chunks.append(shared[off : off + n])
+            off += n
+        else:
+            chunks.append(torch.empty(n, vocab_size, device=device).exponential_(generator=g))
+    return torch.cat(chunks, dim=0)
+
+
+class Logprobs(NamedTuple):
+    token_logprob: torch.Tensor  # [N] float32
+    top_ids: torch.Tensor  # [N, num_top] int64
+    top_logprobs: torch.Tensor  # [N, num_top] float32
+    token_rank: torch.Tensor  # [N] int64, 1-based (1 + #tokens with strictly higher logprob)
+
+
+def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> Logprobs:
+    """Logprobs of ``token_ids`` [N] and the top ``num_top`` from log_softmax of RAW logits [N, V]."""
+    logprobs = logits.float().log_softmax(dim=-1)  # [N, V]
+    token_logprob = logprobs.gather(1, token_ids[:, None]).squeeze(1)  # [N]
+    token_rank = (logprobs > token_logprob[:, None]).sum(dim=-1) + 1  # [N]
+    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1)  # [N, num_top]
+    return Logprobs(token_logprob, top_ids, top_logprobs, token_rank)
+
+
+def sample_tokens(
+    logits: torch.Tensor,  # [N, V]
+    st: SamplingTensors,
+    noise: torch.Tensor | None,  # [N, V] ~ Exp(1); may be None when st.all_greedy
+    prompt_mask: torch.Tensor | None = None,  # [N, V] bool, needed when st.any_penalties
+    output_counts: torch.Tensor | None = None,  # [N, V] int, needed when st.any_penalties
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Plain decoding: penalties, then greedy rows argmax, random rows sample from logits_to_probs.
+
+    Returns (tokens [N] int64, probs [N, V] float32 or None when all rows are greedy)."""
+    if st.any_penalties:
+        assert prompt_mask is not None and output_counts is not None, (
+            "penalties need prompt_mask/output_counts"
+        )
+        logits = apply_penalties(logits, prompt_mask, output_counts, st)
+    argmax_tokens = greedy(logits)  # [N]
+    if st.all_greedy:
+        return argmax_tokens, None
+    assert noise is not None, "noise is required unless all rows are greedy"
+    probs = logits_to_probs(logits, st)  # [N, V]
+    return torch.where(st.is_greedy, argmax_tokens, sample(probs, noise)), probs

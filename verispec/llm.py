@@ -1,0 +1,246 @@
+"""Offline API in vLLM's shape: LLM(...).generate / .chat / .get_metrics."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from verispec.engine.engine import EngineOptions, LLMEngine
+from verispec.engine.kv_cache import KVCache, plan_cache
+from verispec.engine.model_runner import ModelRunner
+from verispec.loader.checkpoint import DEFAULT_MODEL, load_checkpoint
+from verispec.metrics import Metric
+from verispec.outputs import RequestOutput
+from verispec.sampling_params import SamplingParams
+from verispec.spec import SUPPORTED_METHODS, DraftContext, build_proposer
+from verispec.spec_config import SpeculativeConfig
+
+PromptType = str | Mapping[str, Any]
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device={device!r} is not supported; allowed: auto, cpu, cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was requested but CUDA is not available")
+    return torch.device(device)
+
+
+def default_kv_budget(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.5)
+    try:
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        avail = 8 << 30
+    return int(min(avail * 0.25, 8 << 30))
+
+
+def _draft_hf_config(spec: Mapping[str, Any]) -> dict | None:
+    """Read the draft's config (method inference, n_predict) without loading its weights where possible."""
+    model = spec.get("model") if isinstance(spec, Mapping) else None
+    if not isinstance(model, str) or model in ("ngram", "[ngram]"):
+        return None
+    from pathlib import Path
+
+    from verispec.loader.checkpoint import ALIASES, resolve_model_path
+    from verispec.loader.hf import read_hf_config
+
+    if model not in ALIASES and not Path(model).expanduser().exists():
+        raise ValueError(f"speculative_config.model {model!r} not found: pass an HF folder or a .gguf file")
+    path = resolve_model_path(model)
+    if path.is_dir():
+        return read_hf_config(path)
+    return None
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 16,
+        seed: int = 0,
+        device: str = "auto",
+        skip_tokenizer_init: bool = False,
+        speculative_config: Mapping[str, Any] | str | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        max_num_batched_tokens: int = 1024,
+    ):
+        if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be a positive integer, got {max_num_seqs!r}")
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+            raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
+        self.device = pick_device(device)
+        self.ckpt = load_checkpoint(model, self.device, dtype, tokenizer, skip_tokenizer_init)
+        cfg = self.ckpt.config
+        spec = None
+        if speculative_config is not None:
+            if isinstance(speculative_config, str):
+                import json
+
+                try:
+                    speculative_config = json.loads(speculative_config)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+            if not isinstance(speculative_config, Mapping):
+                raise ValueError("speculative_config must be a dict (or a JSON object string)")
+            spec = SpeculativeConfig.from_dict(
+                speculative_config,
+                target_max_model_len=max_model_len or cfg.max_position_embeddings,
+                draft_hf_config=_draft_hf_config(speculative_config),
+                supported_methods=SUPPORTED_METHODS,
+            )
+        self.speculative_config = spec
+        k = spec.num_speculative_tokens if spec else 0
+        budget = kv_cache_memory_bytes or default_kv_budget(self.device)
+        if spec is not None and spec.method == "draft_model":
+            budget //= 2
+        plan = plan_cache(cfg, max_num_seqs, max_model_len, budget, lookahead=k)
+        dt = self.ckpt.model.embed_tokens.weight.dtype
+        t_alloc = plan.max_model_len + k + 1
+        cache = KVCache(cfg, plan.num_slots, t_alloc, self.device, dt)
+        runner = ModelRunner(self.ckpt.model, cache, self.device)
+        proposer = None
+        if spec is not None:
+            proposer = build_proposer(spec, DraftContext(self.ckpt, plan.num_slots, t_alloc, self.device, dt, seed))
+        opts = EngineOptions(
+            max_model_len=plan.max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens,
+            num_speculative_tokens=k,
+            rejection_sample_method=spec.rejection_sample_method if spec else "strict",
+            synthetic_acceptance_rate=spec.synthetic_acceptance_rate if spec else None,
+            disable_by_batch_size=spec.disable_by_batch_size if spec else None,
+        )
+        self.tokenizer = self.ckpt.tokenizer
+        self.engine = LLMEngine(runner, self.tokenizer, opts, proposer, self.ckpt.eos_token_ids, seed)
+        self.max_model_len = plan.max_model_len
+        self._counter = 0
+
+    # ------------------------------------------------------------------ prompts
+    def _to_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer; pass {'prompt_token_ids': [...]} instead")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, Mapping):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if not isinstance(ids, Sequence) or not all(isinstance(t, int) for t in ids):
+                    raise ValueError("prompt_token_ids must be a list of ints")
+                return prompt.get("prompt"), list(ids)
+            if "prompt" in prompt:
+                return self._to_ids(prompt["prompt"])
+        raise ValueError("each prompt must be a str or a dict with 'prompt_token_ids' (or 'prompt')")
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, Mapping)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling_params")
+        encoded = [self._to_ids(p) for p in prompts]  # validate everything before adding anything
+        ids = []
+        for (text, toks), sp in zip(encoded, params):
+            ids.append(self._add(text, toks, sp))
+        return self._run(ids, use_tqdm)
+
+    def _add(self, text: str | None, toks: list[int], sp: SamplingParams) -> list[str]:
+        base = str(self._counter)
+        self._counter += 1
+        children = []
+        for j in range(sp.n):
+            child = sp if sp.n == 1 else _child_params(sp, j)
+            rid = base if sp.n == 1 else f"{base}_{j}"
+            self.engine.add_request(rid, text, toks, child)
+            children.append(rid)
+        return children
+
+    def _run(self, groups: list[list[str]], use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(groups), desc="Processed prompts", disable=not use_tqdm or len(groups) < 2)
+        pending = {rid for g in groups for rid in g}
+        done: dict[str, RequestOutput] = {}
+        try:
+            while pending:
+                for out in self.engine.step():
+                    if out.finished and out.request_id in pending:
+                        pending.discard(out.request_id)
+                        done[out.request_id] = out
+                        self.engine.release(out.request_id)
+                        bar.update(sum(1 for g in groups if g[-1] == out.request_id and all(x in done for x in g)))
+        except BaseException:
+            for rid in pending:
+                self.engine.abort_request(rid)
+                self.engine.release(rid)
+            raise
+        finally:
+            bar.close()
+        if self.engine.spec_log is not None:
+            self.engine.spec_log.maybe_log(force=True)
+        return [_merge([done[rid] for rid in g]) for g in groups]
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        if self.tokenizer is None:
+            raise ValueError("chat() needs a tokenizer (skip_tokenizer_init=True was given)")
+        if not messages:
+            raise ValueError("messages must be a non-empty list")
+        convs = [messages] if isinstance(messages[0], Mapping) else list(messages)
+        prompts = []
+        for conv in convs:
+            for m in conv:
+                if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+                    raise ValueError("each message must be a dict with 'role' and 'content'")
+            text = self.tokenizer.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt)
+            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def get_metrics(self) -> list[Metric]:
+        return self.engine.counters.to_metrics(len(self.engine.running), len(self.engine.waiting))
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+
+def _child_params(sp: SamplingParams, j: int) -> SamplingParams:
+    import dataclasses
+
+    seed = None if sp.seed is None else sp.seed + j
+    return dataclasses.replace(sp, n=1, seed=seed)
+
+
+def _merge(outs: list[RequestOutput]) -> RequestOutput:
+    first = outs[0]
+    if len(outs) == 1:
+        return first
+    comps = []
+    for j, o in enumerate(outs):
+        c = o.outputs[0]
+        c.index = j
+        comps.append(c)
+    rid = first.request_id.rsplit("_", 1)[0]
+    return RequestOutput(rid, first.prompt, first.prompt_token_ids, comps, True,
+                         sum(o.num_draft_tokens for o in outs), sum(o.num_accepted_tokens for o in outs))

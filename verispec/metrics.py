@@ -1,0 +1,137 @@
+"""Speculative-decoding statistics (pure), vLLM's periodic log line, and metric objects for get_metrics()."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+logger = logging.getLogger("verispec")
+
+
+@dataclass
+class SpecDecodingStats:
+    """Counts for one engine step (or an aggregate of steps)."""
+
+    num_spec_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        if num_draft_tokens <= 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for i in range(min(num_accepted_tokens, self.num_spec_tokens)):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+    def add(self, other: SpecDecodingStats) -> None:
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        for i, n in enumerate(other.num_accepted_tokens_per_pos):
+            self.num_accepted_tokens_per_pos[i] += n
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted / drafts (the bonus/recovered token counts), as vLLM reports it."""
+        return 1.0 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    def per_position_rates(self) -> list[float]:
+        return [n / self.num_drafts if self.num_drafts else 0.0 for n in self.num_accepted_tokens_per_pos]
+
+
+def format_spec_log(s: SpecDecodingStats, elapsed_s: float) -> str:
+    """vLLM's SpecDecodingLogging line."""
+    rates = ", ".join(f"{r:.3f}" for r in s.per_position_rates())
+    dt = max(elapsed_s, 1e-9)
+    return (
+        f"SpecDecoding metrics: Mean acceptance length: {s.mean_acceptance_length:.2f}, "
+        f"Accepted throughput: {s.num_accepted_tokens / dt:.2f} tokens/s, "
+        f"Drafted throughput: {s.num_draft_tokens / dt:.2f} tokens/s, "
+        f"Accepted: {s.num_accepted_tokens} tokens, Drafted: {s.num_draft_tokens} tokens, "
+        f"Per-position acceptance rate: {rates}, "
+        f"Avg Draft acceptance rate: {100 * s.acceptance_rate:.1f}%"
+    )
+
+
+class SpecDecodingLogging:
+    """Accumulates step stats and logs one line every `interval_s` seconds."""
+
+    def __init__(self, num_spec_tokens: int, interval_s: float = 10.0):
+        self.k, self.interval = num_spec_tokens, interval_s
+        self._reset(time.monotonic())
+
+    def _reset(self, now: float) -> None:
+        self.window = SpecDecodingStats(self.k)
+        self.since = now
+
+    def observe(self, step: SpecDecodingStats) -> None:
+        self.window.add(step)
+
+    def maybe_log(self, force: bool = False) -> str | None:
+        now = time.monotonic()
+        if not force and now - self.since < self.interval:
+            return None
+        if self.window.num_drafts == 0:
+            self._reset(now)
+            return None
+        line = format_spec_log(self.window, now - self.since)
+        logger.info(line)
+        self._reset(now)
+        return line
+
+
+@dataclass
+class Metric:
+    """One exported value, like vllm.v1.metrics.reader: name, value, labels."""
+
+    name: str
+    value: float
+    labels: dict[str, str] = field(default_factory=dict)
+    kind: str = "counter"  # counter | gauge
+
+
+@dataclass
+class EngineCounters:
+    """Cumulative counters since engine start (exported by get_metrics() and /metrics)."""
+
+    num_spec_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    spec: SpecDecodingStats | None = None
+
+    def to_metrics(self, num_running: int, num_waiting: int) -> list[Metric]:
+        out = [
+            Metric("vllm:prompt_tokens", self.prompt_tokens),
+            Metric("vllm:generation_tokens", self.generation_tokens),
+            Metric("vllm:request_success", self.requests_finished),
+            Metric("vllm:request_aborted", self.requests_aborted),
+            Metric("vllm:num_requests_running", num_running, kind="gauge"),
+            Metric("vllm:num_requests_waiting", num_waiting, kind="gauge"),
+        ]
+        if self.spec is not None:
+            s = self.spec
+            out += [
+                Metric("vllm:spec_decode_num_drafts", s.num_drafts),
+                Metric("vllm:spec_decode_num_draft_tokens", s.num_draft_tokens),
+                Metric("vllm:spec_decode_num_accepted_tokens", s.num_accepted_tokens),
+            ]
+            out += [
+                Metric("vllm:spec_decode_num_accepted_tokens_per_pos", n, {"position": str(i)})
+                for i, n in enumerate(s.num_accepted_tokens_per_pos)
+            ]
+        return out

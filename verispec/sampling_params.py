@@ -1,0 +1,155 @@
+"""Per-request sampling parameters, shaped like vLLM's ``SamplingParams``."""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass, field
+from numbers import Real
+
+# Temperatures below this are treated as greedy (argmax), as in vLLM.
+SAMPLING_EPS = 1e-5
+
+
+def _as_float(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__}).")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}.")
+    return value
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r} (bool).")
+    try:
+        return operator.index(value)  # accepts int and numpy integers, rejects floats/str
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).") from None
+
+
+def _as_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be a bool, got {value!r} ({type(value).__name__}).")
+    return value
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters for one request (vLLM semantics).
+
+    temperature == 0 means greedy. top_k of 0 or -1 disables top-k (both are accepted, as in vLLM).
+    ``stop`` is normalised to a list of strings and ``stop_token_ids`` to a list of ints.
+    max_tokens=None means "up to the model's context length" (vLLM semantics).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        self._normalise_types()
+        self._verify_args()
+
+    def _normalise_types(self) -> None:
+        self.n = _as_int("n", self.n)
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
+            setattr(self, name, _as_float(name, getattr(self, name)))
+        self.top_k = _as_int("top_k", self.top_k)
+        if self.seed is not None:
+            self.seed = _as_int("seed", self.seed)
+            if self.seed == -1:  # vLLM: -1 means "no seed"
+                self.seed = None
+        if self.max_tokens is not None:
+            self.max_tokens = _as_int("max_tokens", self.max_tokens)
+        self.min_tokens = _as_int("min_tokens", self.min_tokens)
+        if self.logprobs is not None:
+            self.logprobs = _as_int("logprobs", self.logprobs)
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            setattr(self, name, _as_bool(name, getattr(self, name)))
+        self.stop = _normalise_stop(self.stop)
+        self.stop_token_ids = _normalise_stop_token_ids(self.stop_token_ids)
+
+    def _verify_args(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}.")
+        if self.temperature < 0.0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k}.")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero (in (0, inf)), got {self.repetition_penalty}."
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}."
+            )
+        if self.logprobs is not None and self.logprobs < 0:
+            raise ValueError(f"logprobs must be non-negative, got {self.logprobs}.")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """Explicit stop token ids. The engine adds the EOS id itself unless ``ignore_eos``."""
+        return set(self.stop_token_ids)
+
+
+def _normalise_stop(stop: object) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise ValueError(f"stop must be a string, a list of strings or None, got {stop!r}.")
+    if any(s == "" for s in stop):
+        raise ValueError("stop cannot contain an empty string.")
+    return list(stop)
+
+
+def _normalise_stop_token_ids(ids: object) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"stop_token_ids must be a list of integers, got {ids!r}.")
+    out = [_as_int("stop_token_ids", i) for i in ids]
+    if any(i < 0 for i in out):
+        raise ValueError(f"stop_token_ids must be non-negative integers, got {out}.")
+    return out

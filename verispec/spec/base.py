@@ -1,0 +1,35 @@
+"""The one protocol every speculative method implements; the engine never looks at a method's name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from verispec.engine.model_runner import RunnerOutput
+    from verispec.engine.request import Request
+
+
+@dataclass
+class Proposal:
+    token_ids: list[list[int]]  # per request, 0..k_max[b] drafts (host lists: the runner builds inputs from them)
+    draft_probs: torch.Tensor | None = None  # [B, K, V] draft distribution for `probabilistic`; None = one-hot
+    tree_masks: list[torch.Tensor | None] | None = None  # per request [q, q] ancestor-or-self; None = chains
+
+
+class Proposer(Protocol):
+    aux_layers: tuple[int, ...]  # target layers whose hidden states the proposer needs (EAGLE-3), else ()
+
+    def add_request(self, req: Request) -> None: ...
+
+    def remove_request(self, req: Request, aborted: bool) -> None: ...
+
+    def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
+        """Drafts for each request's next step (after its newest committed token), at most k_max[b] each."""
+        ...
+
+    def on_step_end(self, reqs: list[Request], target: RunnerOutput, num_accepted: list[int]) -> None:
+        """Called after verification; target holds logits/hidden states of every scored position."""
+        ...

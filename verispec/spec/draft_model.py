@@ -1,0 +1,88 @@
+"""`draft_model`: a smaller model with the same vocabulary drafts K tokens autoregressively.
+
+It owns a KV cache laid out like the target's (one slot per request, O(1) rollback). Before drafting, it
+catches up on the tokens the target committed since its last step (prompt on the first step), then runs K
+batched single-token forwards, keeping the draft distribution q for `probabilistic` verification.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.engine.kv_cache import KVCache
+from verispec.engine.model_runner import ModelRunner, RowInput
+from verispec.engine.request import Request
+from verispec.layers import sampler as S
+from verispec.spec.base import Proposal
+
+
+class DraftModelProposer:
+    aux_layers: tuple[int, ...] = ()
+
+    def __init__(self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0):
+        self.runner, self.k, self.keep_probs = runner, num_speculative_tokens, keep_probs
+        self.cache: KVCache = runner.cache
+        self.vocab = runner.model.cfg.vocab_size
+        self.slot: dict[str, int] = {}
+        self.computed: dict[str, int] = {}  # tokens of the request whose K/V the draft cache holds
+        self.generator = S.make_generator(seed + 1, runner.device)
+
+    def add_request(self, req: Request) -> None:
+        slot = self.cache.allocate()
+        assert slot is not None, "draft cache has as many slots as the target's"
+        self.slot[req.request_id], self.computed[req.request_id] = slot, 0
+
+    def remove_request(self, req: Request, aborted: bool) -> None:
+        slot = self.slot.pop(req.request_id, None)
+        if slot is not None:
+            self.cache.free(slot)
+        self.computed.pop(req.request_id, None)
+
+    def _catch_up_rows(self, reqs: list[Request]) -> list[RowInput]:
+        rows = []
+        for r in reqs:
+            toks = r.all_token_ids
+            done = min(self.computed[r.request_id], len(toks) - 1)  # rollback of rejected drafts: O(1)
+            rows.append(RowInput(self.slot[r.request_id], done, toks[done:], logits_from=len(toks) - done - 1))
+            self.computed[r.request_id] = len(toks)
+        return rows
+
+    @torch.inference_mode()
+    def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
+        k = max(k_max, default=0)
+        if k == 0:
+            return Proposal([[] for _ in reqs])
+        out = self.runner.run(self._catch_up_rows(reqs))  # logits [B, V] at each request's newest token
+        params = [r.params for r in reqs]
+        st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab)
+        tokens, probs = [], []
+        logits = out.logits
+        for i in range(k):
+            q = S.logits_to_probs(logits, st)  # [B, V]
+            if st.all_greedy:
+                tok = S.greedy(logits)
+            else:
+                noise = S.draw_noise([1] * len(reqs), [None] * len(reqs), self.vocab, logits.device, self.generator)
+                tok = torch.where(st.is_greedy, S.greedy(logits), S.sample(q, noise))
+            tokens.append(tok)
+            if self.keep_probs:
+                probs.append(q)
+            if i + 1 < k:
+                rows = [RowInput(self.slot[r.request_id], self.computed[r.request_id] + i, [0]) for r in reqs]
+                logits = self._step(rows, tok)
+        drafts_t = torch.stack(tokens, dim=1)  # [B, K]
+        drafts = [d[:c] for d, c in zip(drafts_t.tolist(), k_max)]
+        return Proposal(drafts, torch.stack(probs, dim=1) if self.keep_probs else None)
+
+    def _step(self, rows: list[RowInput], tok: torch.Tensor) -> torch.Tensor:
+        """One batched draft forward feeding `tok` [B] (kept on device: no host sync per draft token)."""
+        ids, positions, ctx, _ = self.runner.build_context(rows)
+        lo = ctx.slot_lo
+        slots = torch.tensor([r.slot - lo for r in rows], device=tok.device)
+        ids[slots, 0] = tok
+        m = self.runner.model
+        hidden, _ = m(ids, positions, ctx, (self.cache.k, self.cache.v))
+        return m.compute_logits(hidden[slots, 0])  # [B, V]
+
+    def on_step_end(self, reqs, target, num_accepted) -> None:
+        return None

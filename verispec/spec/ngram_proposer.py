@@ -1,0 +1,49 @@
+"""`ngram` (prompt lookup): drafts are the tokens that followed the longest earlier match of the context's suffix."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from verispec.engine.request import Request
+from verispec.spec.base import Proposal
+from verispec.spec.ngram import ngram_propose
+
+
+class NgramProposer:
+    aux_layers: tuple[int, ...] = ()
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        self._ctx: dict[str, np.ndarray] = {}  # growing int32 buffer per request (amortised appends)
+        self._len: dict[str, int] = {}
+
+    def add_request(self, req: Request) -> None:
+        buf = np.zeros(max(64, 2 * req.num_prompt), dtype=np.int32)
+        buf[: req.num_prompt] = req.prompt_token_ids
+        self._ctx[req.request_id], self._len[req.request_id] = buf, req.num_prompt
+
+    def remove_request(self, req: Request, aborted: bool) -> None:
+        self._ctx.pop(req.request_id, None)
+        self._len.pop(req.request_id, None)
+
+    def _context(self, req: Request) -> np.ndarray:
+        rid = req.request_id
+        buf, n = self._ctx[rid], self._len[rid]
+        total = req.num_tokens
+        if total > n:  # append the newly committed output tokens
+            if total > len(buf):
+                buf = np.resize(buf, 2 * total)
+                self._ctx[rid] = buf
+            buf[n:total] = req.output_token_ids[n - req.num_prompt :]
+            self._len[rid] = total
+        return buf[:total]
+
+    def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
+        drafts = [
+            ngram_propose(self._context(r), self.min_n, self.max_n, k).tolist() if k > 0 else []
+            for r, k in zip(reqs, k_max)
+        ]
+        return Proposal(drafts)
+
+    def on_step_end(self, reqs, target, num_accepted) -> None:
+        return None

@@ -1,0 +1,471 @@
+"""Speculative decoding config: vLLM's ``--speculative-config`` keys, defaults, rules and error messages.
+
+``SpeculativeConfig.from_dict`` / ``from_json`` validate a user's config and return a new, resolved, frozen
+config. Pure: no file I/O, no torch; the caller loads the draft's config.json and passes it as ``draft_hf_config``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import json
+import logging
+import math
+import warnings
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# vLLM's MTP_MODEL_TYPES: deprecated method names (each becomes "mtp" with a warning) and MTP draft model_types.
+MTP_MODEL_TYPES = tuple(
+    "deepseek_mtp mimo_mtp glm4_moe_mtp ernie_mtp qwen3_next_mtp longcat_flash_mtp pangu_ultra_moe_mtp".split()
+)
+NGRAM_METHODS = ("ngram", "ngram_gpu")
+# Methods without draft weights; `model` defaults to the method name, as in vLLM.
+MODEL_FREE_METHODS = ("ngram", "ngram_gpu", "suffix", "extract_hidden_states")
+# Methods that need `model`: a draft model, EAGLE head or extra weights.
+MODEL_METHODS = ("draft_model", "eagle", "eagle3", "dflash", "medusa", "mlp_speculator")
+# Methods with draft weights; "mtp" without `model` uses the target checkpoint's own MTP layers.
+DRAFT_WEIGHT_METHODS = (*MODEL_METHODS, "mtp")
+SPECULATIVE_METHODS = (*MODEL_FREE_METHODS, *DRAFT_WEIGHT_METHODS)
+PARALLEL_DRAFTING_METHODS = ("eagle", "eagle3", "dflash", "draft_model")
+REJECTION_SAMPLE_METHODS = ("strict", "probabilistic", "synthetic")
+
+# vLLM's hf_config_override: checkpoints whose MTP layers make them drafts of model_type *_mtp.
+_MTP_MODEL_TYPE_OVERRIDES = {"deepseek_v3": "deepseek_mtp", "deepseek_v32": "deepseek_mtp"}
+_MTP_MODEL_TYPE_OVERRIDES |= {"ernie4_5_moe": "ernie_mtp", "qwen3_next": "qwen3_next_mtp"}
+_MTP_MODEL_TYPE_OVERRIDES |= {"longcat_flash": "longcat_flash_mtp", "pangu_ultra_moe": "pangu_ultra_moe_mtp"}
+_MTP_ARCH_OVERRIDES = {"MiMoForCausalLM": "mimo_mtp", "Glm4MoeForCausalLM": "glm4_moe_mtp"}
+# config.json keys a model's maximum length is read from (the smallest present wins, as in vLLM).
+_MAX_LEN_KEYS = (
+    "max_position_embeddings n_positions max_seq_len seq_length model_max_length max_sequence_length "
+    "max_seq_length seq_len"
+).split()
+# vLLM fields the engine populates; never user keys.
+_INTERNAL_KEYS = (
+    "target_model_config target_parallel_config draft_parallel_config draft_load_config "
+    "enable_chunked_prefill disable_log_stats"
+).split()
+_AUX_LAYERS_KEY = "eagle_aux_hidden_state_layer_ids"
+_NO_MODEL = "num_speculative_tokens was provided but without speculative model"
+# Range rules: key -> (check, rule in vLLM's message style).
+_BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_model_len": (lambda v: v is None or v >= 1, "must be >= 1"),
+    "suffix_decoding_max_tree_depth": (lambda v: v >= 1, "must be >= 1"),
+    "suffix_decoding_max_cached_requests": (lambda v: v >= 0, "must be >= 0"),
+    "suffix_decoding_max_spec_factor": (lambda v: v >= 0, "must be >= 0"),
+    "suffix_decoding_min_token_prob": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
+    "posterior_threshold": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "posterior_alpha": (lambda v: v >= 0, "must be >= 0"),
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# Expected type of a user key -> (name for messages, check).
+_TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "int": ("an int", _is_int),
+    "float": ("a float", lambda v: (_is_int(v) or isinstance(v, float)) and not math.isnan(v)),
+    "bool": ("a bool", lambda v: isinstance(v, bool)),
+    "str": ("a str", lambda v: isinstance(v, str)),
+    "tree": ("a str or a list of tuples of ints", lambda v: isinstance(v, (str, list, tuple))),
+    "mapping": ("a mapping", lambda v: isinstance(v, Mapping)),
+}
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """A resolved speculative decoding config. Build it with ``from_dict`` / ``from_json``."""
+
+    method: str | None = None
+    model: str | None = None
+    num_speculative_tokens: int | None = None
+    draft_tensor_parallel_size: int | None = None
+    max_model_len: int | None = None  # resolved: the draft's effective max length
+    quantization: str | None = None
+    revision: str | None = None
+    code_revision: str | None = None
+    enforce_eager: bool | None = None
+    disable_by_batch_size: int | None = None
+    disable_padded_drafter_batch: bool = False
+    disable_logprobs: bool = True
+    prompt_lookup_min: int | None = None  # resolved: 0 for non-ngram methods, as in vLLM
+    prompt_lookup_max: int | None = None
+    speculative_token_tree: str | None = None  # resolved: str(list of tuples), sorted breadth-first
+    parallel_drafting: bool = False
+    rejection_sample_method: str = "strict"
+    synthetic_acceptance_rate: float | None = None
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
+    # Block / Entropy Verify (vLLM Ascend's rejection_sampler_config, flattened into this config).
+    enable_block_verify: bool = False
+    enable_entropy_verify: bool = False
+    posterior_threshold: float = 0.95
+    posterior_alpha: float = 0.4
+    # Given as draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids (extract_hidden_states only).
+    eagle_aux_hidden_state_layer_ids: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_dict(
+        cls,
+        config: Mapping[str, Any],
+        *,
+        target_max_model_len: int | None = None,
+        target_tensor_parallel_size: int = 1,
+        draft_hf_config: Mapping[str, Any] | None = None,
+        supported_methods: Collection[str] | None = None,
+    ) -> SpeculativeConfig:
+        """Validate ``config`` (never mutated) and return a new, resolved config."""
+        _check_target(target_max_model_len, target_tensor_parallel_size)
+        values = {f.name: f.default for f in dataclasses.fields(cls)} | _parse_user_dict(config)
+        draft = _DraftInfo.parse(draft_hf_config)
+        values["method"] = _resolve_method(values, draft, supported_methods)
+        _resolve_method_keys(values, draft)
+        _resolve_sizes(values, draft, target_max_model_len, target_tensor_parallel_size)
+        _check_ranges(values)
+        return cls(**values)
+
+    @classmethod
+    def from_json(cls, text: str, **kwargs: Any) -> SpeculativeConfig:
+        """``from_dict`` for a JSON object string, as given to ``--speculative-config``; same kwargs."""
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+        return cls.from_dict(config, **kwargs)
+
+    @property
+    def num_lookahead_slots(self) -> int:
+        """Extra KV slots per step: one per speculative token, as each must be scored."""
+        return self.num_speculative_tokens or 0
+
+    @property
+    def token_tree(self) -> list[tuple[int, ...]]:
+        """The parsed ``speculative_token_tree``, in breadth-first order."""
+        return ast.literal_eval(self.speculative_token_tree) if self.speculative_token_tree else []
+
+    def use_eagle(self) -> bool:
+        return self.method in ("eagle", "eagle3", "mtp", "dflash")
+
+    def to_dict(self) -> dict[str, Any]:
+        """User-facing keys with resolved values; JSON-serialisable and accepted back by ``from_dict``."""
+        out = dataclasses.asdict(self)
+        layer_ids = out.pop(_AUX_LAYERS_KEY)
+        if layer_ids is not None:
+            out["draft_model_config"] = {"hf_config": {_AUX_LAYERS_KEY: list(layer_ids)}}
+        return out
+
+
+def _user_key_types() -> dict[str, tuple[str, bool]]:
+    """User key -> (expected type, null allowed): the field's annotation; null where the default is None."""
+    fields = dataclasses.fields(SpeculativeConfig)
+    types = {f.name: (str(f.type).split(" | ")[0], f.default is None) for f in fields}
+    del types[_AUX_LAYERS_KEY]
+    return types | {"speculative_token_tree": ("tree", True), "draft_model_config": ("mapping", True)}
+
+
+_KEY_TYPES = _user_key_types()
+ALLOWED_KEYS = frozenset(_KEY_TYPES)
+
+
+@dataclass(frozen=True)
+class _DraftInfo:
+    """What the draft's config.json tells us, after vLLM's hf_config_override."""
+
+    model_type: str | None = None
+    n_predict: int | None = None
+    max_model_len: int | None = None
+
+    @classmethod
+    def parse(cls, hf: Mapping[str, Any] | None) -> _DraftInfo:
+        if hf is None:
+            return cls()
+        if not isinstance(hf, Mapping):
+            raise ValueError(f"draft_hf_config must be a mapping (config.json), got {type(hf).__name__}")
+        model_type = hf.get("model_type") if isinstance(hf.get("model_type"), str) else None
+        archs = hf.get("architectures") or [None]
+        arch = archs[0] if isinstance(archs, list) and isinstance(archs[0], str) else None
+        mtp_type = _MTP_MODEL_TYPE_OVERRIDES.get(model_type or "") or _MTP_ARCH_OVERRIDES.get(arch or "")
+        n_predict = hf.get("n_predict")
+        if mtp_type or model_type in MTP_MODEL_TYPES:
+            model_type = mtp_type or model_type
+            default = 1 if model_type == "longcat_flash_mtp" else n_predict
+            n_predict = hf.get("num_nextn_predict_layers", default)
+        if n_predict is not None and not (_is_int(n_predict) and n_predict > 0):
+            raise ValueError(f"draft_hf_config n_predict={n_predict!r} must be a positive int")
+        lengths = [hf[k] for k in _MAX_LEN_KEYS if _is_int(hf.get(k)) and hf[k] > 0]
+        return cls(model_type, n_predict, min(lengths) if lengths else None)
+
+
+def _check_target(max_model_len: int | None, tensor_parallel_size: int) -> None:
+    if max_model_len is not None and not (_is_int(max_model_len) and max_model_len >= 1):
+        raise ValueError(f"target_max_model_len={max_model_len!r} must be an int >= 1")
+    if not (_is_int(tensor_parallel_size) and tensor_parallel_size >= 1):
+        raise ValueError(f"target_tensor_parallel_size={tensor_parallel_size!r} must be an int >= 1")
+
+
+def _parse_user_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Reject misplaced / unknown keys and wrongly typed values; return a new dict of the given keys."""
+    if not isinstance(config, Mapping):
+        raise ValueError(f"speculative_config must be a mapping (JSON object), got {type(config).__name__}")
+    if "tensor_parallel_size" in config:
+        raise ValueError(
+            "'tensor_parallel_size' is not a valid argument in the speculative_config. "
+            "Please pass 'draft_tensor_parallel_size' instead."
+        )
+    for key in _INTERNAL_KEYS:
+        if key in config:
+            raise ValueError(f"'{key}' is populated internally and cannot be set in speculative_config")
+    unknown = [key for key in config if key not in ALLOWED_KEYS]
+    if unknown:
+        names = ", ".join(repr(key) for key in unknown)
+        close = [m for key in unknown for m in difflib.get_close_matches(str(key), ALLOWED_KEYS, n=1)]
+        hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+        allowed = ", ".join(sorted(ALLOWED_KEYS))
+        raise ValueError(f"Unknown key(s) {names} in speculative_config{hint}. Allowed keys: {allowed}")
+    return {key: _coerce(key, value) for key, value in config.items()}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    kind, nullable = _KEY_TYPES[key]
+    type_name, check = _TYPES[kind]
+    if value is None and nullable:
+        return None
+    if check(value):
+        return float(value) if kind == "float" else value
+    expected = type_name + (" or null" if nullable else "")
+    raise ValueError(f"speculative_config key '{key}' must be {expected}, got {value!r}")
+
+
+def _resolve_method(values: dict[str, Any], draft: _DraftInfo, supported: Collection[str] | None) -> str:
+    method = _normalize_method(values["method"], values["model"], values["num_speculative_tokens"], draft)
+    if supported is not None and method not in supported:
+        raise ValueError(
+            f"speculative method '{method}' is not supported by this build yet; "
+            f"supported methods: {', '.join(sorted(supported))}"
+        )
+    if method == "mtp" and draft.model_type is not None and draft.model_type not in MTP_MODEL_TYPES:
+        raise ValueError(
+            f"method 'mtp' needs a checkpoint with MTP layers, but the draft model_type is "
+            f"'{draft.model_type}' (MTP model types: {', '.join(MTP_MODEL_TYPES)})"
+        )
+    return method
+
+
+def _normalize_method(method: str | None, model: str | None, n: int | None, draft: _DraftInfo) -> str:
+    if method is None:
+        if model is None:
+            detail = "" if n is None else f" ({_NO_MODEL})"
+            raise ValueError(f"speculative_config must set `method` or `model`{detail}")
+        return _infer_method(model, draft.model_type)
+    if method == "[ngram]":
+        return "ngram"
+    if method in MTP_MODEL_TYPES:
+        warnings.warn(f"method `{method}` is deprecated and replaced with mtp.", FutureWarning, stacklevel=4)
+        return "mtp"
+    if method not in SPECULATIVE_METHODS:
+        aliases = ", ".join(("[ngram]", *MTP_MODEL_TYPES))
+        raise ValueError(
+            f"Unknown speculative method '{method}'. Valid methods: {', '.join(SPECULATIVE_METHODS)} "
+            f"(deprecated aliases: {aliases})"
+        )
+    return method
+
+
+def _infer_method(model: str, draft_model_type: str | None) -> str:
+    """vLLM's detection from the model name and the draft's (overridden) model_type."""
+    if model in ("ngram", "[ngram]"):
+        return "ngram"
+    for marker, method in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash")):
+        if marker in model.lower():
+            return method
+    if draft_model_type in ("medusa", "mlp_speculator"):
+        return draft_model_type
+    return "mtp" if draft_model_type in MTP_MODEL_TYPES else "draft_model"
+
+
+def _resolve_method_keys(values: dict[str, Any], draft: _DraftInfo) -> None:
+    """Resolve model, ngram bounds, num_speculative_tokens and the token tree for the resolved method."""
+    method = values["method"]
+    values[_AUX_LAYERS_KEY] = _aux_layer_ids(values.pop("draft_model_config", None), method)
+    values["model"] = _resolve_model(method, values["model"], values["num_speculative_tokens"])
+    lookup = _resolve_prompt_lookup(method, values["prompt_lookup_min"], values["prompt_lookup_max"])
+    values["prompt_lookup_min"], values["prompt_lookup_max"] = lookup
+    _check_bounds(values)
+    num_tokens = values["num_speculative_tokens"] = _resolve_num_tokens(method, values, draft)
+    values["speculative_token_tree"] = _resolve_tree(values["speculative_token_tree"], num_tokens)
+
+
+def _aux_layer_ids(draft_model_config: Mapping[str, Any] | None, method: str) -> tuple[int, ...] | None:
+    if draft_model_config is None:
+        return None
+    hf = draft_model_config.get("hf_config", {})
+    bad_hf = not isinstance(hf, Mapping) or set(hf) - {_AUX_LAYERS_KEY}
+    if method != "extract_hidden_states" or set(draft_model_config) - {"hf_config"} or bad_hf:
+        raise ValueError(
+            "'draft_model_config' is populated internally; speculative_config accepts it only for method "
+            f"'extract_hidden_states', as {{'hf_config': {{'{_AUX_LAYERS_KEY}': [<layer ids>]}}}}"
+        )
+    layer_ids = hf.get(_AUX_LAYERS_KEY)
+    if layer_ids is None:
+        return None
+    if not isinstance(layer_ids, (list, tuple)) or not all(_is_int(i) and i >= 0 for i in layer_ids):
+        raise ValueError(f"{_AUX_LAYERS_KEY}={layer_ids!r} must be a list of layer indices >= 0")
+    return tuple(layer_ids)
+
+
+def _resolve_model(method: str, model: str | None, num_tokens: int | None) -> str | None:
+    if (model is not None and model != "[ngram]") or method == "mtp":
+        return model
+    if method in MODEL_FREE_METHODS:
+        return method
+    prefix = "" if num_tokens is None else f"{_NO_MODEL}. "
+    raise ValueError(f"{prefix}Speculative method '{method}' requires `model` (draft model / EAGLE head).")
+
+
+def _resolve_prompt_lookup(method: str, lookup_min: int | None, lookup_max: int | None) -> tuple[int, int]:
+    if method not in NGRAM_METHODS:
+        return 0, 0
+    if lookup_min is None and lookup_max is None:
+        lookup_min = lookup_max = 5
+    lookup_min = lookup_max if lookup_min is None else lookup_min
+    lookup_max = lookup_min if lookup_max is None else lookup_max
+    assert lookup_min is not None and lookup_max is not None
+    if lookup_min < 1:
+        raise ValueError(f"prompt_lookup_min={lookup_min} must be > 0")
+    if lookup_max < 1:
+        raise ValueError(f"prompt_lookup_max={lookup_max} must be > 0")
+    if lookup_min > lookup_max:
+        raise ValueError(f"prompt_lookup_min={lookup_min} must be <= prompt_lookup_max={lookup_max}")
+    return lookup_min, lookup_max
+
+
+def _resolve_num_tokens(method: str, values: dict[str, Any], draft: _DraftInfo) -> int:
+    num_tokens = values["num_speculative_tokens"]
+    if method == "suffix" and num_tokens is None:
+        num_tokens = values["suffix_decoding_max_tree_depth"]
+        logger.warning("Defaulted num_speculative_tokens to %s for suffix decoding.", num_tokens)
+    if method == "extract_hidden_states" and num_tokens not in (None, 1):
+        raise ValueError(f"extract_hidden_states requires num_speculative_tokens=1, got {num_tokens}")
+    num_tokens = 1 if method == "extract_hidden_states" else num_tokens
+    n_predict = draft.n_predict if method in DRAFT_WEIGHT_METHODS else None
+    if n_predict is not None and num_tokens is None:
+        num_tokens = n_predict  # default to the max value defined in the draft model config
+    elif n_predict is not None and num_tokens > n_predict and num_tokens % n_predict != 0:
+        raise ValueError(f"num_speculative_tokens:{num_tokens} must be divisible by {n_predict=}")
+    if num_tokens is None:
+        raise ValueError(
+            "num_speculative_tokens must be provided with speculative model unless "
+            "the draft model config contains an n_predict parameter."
+        )
+    if num_tokens <= 0:
+        raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({num_tokens}).")
+    if method == "mtp" and num_tokens > (n_predict or 1):
+        logger.warning("num_speculative_tokens > 1 reruns the same MTP layer; acceptance may be lower")
+    return num_tokens
+
+
+def _resolve_tree(tree: str | list[Any] | tuple[Any, ...] | None, num_tokens: int) -> str:
+    """A chain of ``num_tokens`` by default; else the parsed tree sorted breadth-first."""
+    if tree is None:
+        return str([(i + 1) * (0,) for i in range(num_tokens)])
+    return str(sorted(_parse_tree(tree), key=lambda t: (len(t), t)))
+
+
+def _parse_tree(tree: str | list[Any] | tuple[Any, ...]) -> list[tuple[int, ...]]:
+    example = "e.g. '[(0,), (1,), (0, 0)]'"
+    if isinstance(tree, str):
+        try:
+            tree = ast.literal_eval(tree)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+            raise ValueError(f"speculative_token_tree could not be parsed ({e}); {example}") from None
+    if not isinstance(tree, (list, tuple)) or not tree:
+        raise ValueError(f"speculative_token_tree must be a non-empty list of tuples, {example}")
+    choices: list[tuple[int, ...]] = []
+    for node in tree:
+        if not isinstance(node, (list, tuple)) or not node or not all(_is_int(i) and i >= 0 for i in node):
+            raise ValueError(f"speculative_token_tree node {node!r} must be a non-empty tuple of ints >= 0")
+        choices.append(tuple(node))
+    if len(set(choices)) != len(choices):
+        raise ValueError(f"speculative_token_tree has duplicate nodes: {tree!r}")
+    for node in choices:
+        if len(node) > 1 and node[:-1] not in choices:
+            raise ValueError(f"speculative_token_tree node {node} has no parent {node[:-1]}")
+    return choices
+
+
+def _resolve_sizes(values: dict[str, Any], draft: _DraftInfo, target_len: int | None, target_tp: int) -> None:
+    method, draft_tp = values["method"], values["draft_tensor_parallel_size"]
+    values["draft_tensor_parallel_size"] = _resolve_draft_tp(draft_tp, method, target_tp)
+    draft_len = draft.max_model_len if method in DRAFT_WEIGHT_METHODS else None
+    values["max_model_len"] = _resolve_max_model_len(values["max_model_len"], draft_len, target_len)
+
+
+def _resolve_draft_tp(draft_tp: int | None, method: str, target_tp: int) -> int | None:
+    """vLLM's _verify_and_get_draft_tp: 1 or the target's; defaults to the target's (1 for mlp_speculator)."""
+    speculative_draft_tensor_parallel_size = draft_tp
+    if draft_tp is not None and draft_tp not in (1, target_tp):
+        raise ValueError(
+            f"{speculative_draft_tensor_parallel_size=} cannot be "
+            "other value than 1 or target model tensor_parallel_size"
+        )
+    if draft_tp is not None or method not in DRAFT_WEIGHT_METHODS:
+        return draft_tp
+    if method == "mlp_speculator":
+        if target_tp > 1:
+            logger.warning("mlp_speculator cannot run with tp>1; setting draft_tensor_parallel_size=1")
+        return 1
+    return target_tp
+
+
+def _resolve_max_model_len(
+    speculative_max_model_len: int | None, draft_max_model_len: int | None, target_max_model_len: int | None
+) -> int | None:
+    """vLLM's _maybe_override_draft_max_model_len: the user's value if it fits both, else the smaller."""
+    if speculative_max_model_len is None:
+        known = [n for n in (draft_max_model_len, target_max_model_len) if n is not None]
+        return min(known) if known else None
+    if draft_max_model_len is not None and speculative_max_model_len > draft_max_model_len:
+        raise ValueError(f"{speculative_max_model_len=} cannot be larger than {draft_max_model_len=}")
+    if target_max_model_len is not None and speculative_max_model_len > target_max_model_len:
+        raise ValueError(f"{speculative_max_model_len=} cannot be larger than {target_max_model_len=}")
+    return speculative_max_model_len
+
+
+def _check_ranges(values: dict[str, Any]) -> None:
+    disable_by_batch_size = values["disable_by_batch_size"]
+    if disable_by_batch_size is not None and disable_by_batch_size < 2:
+        raise ValueError(
+            "Expect the batch size threshold of disabling speculative decoding is > 1, "
+            f"but got {disable_by_batch_size=}"
+        )
+    if values["parallel_drafting"] and values["method"] not in PARALLEL_DRAFTING_METHODS:
+        raise ValueError(
+            f"parallel_drafting is only compatible with EAGLE and draft-model methods "
+            f"({', '.join(PARALLEL_DRAFTING_METHODS)}), got method '{values['method']}'"
+        )
+    _check_rejection_sampling(values)
+
+
+def _check_rejection_sampling(values: dict[str, Any]) -> None:
+    method, rate = values["rejection_sample_method"], values["synthetic_acceptance_rate"]
+    if method not in REJECTION_SAMPLE_METHODS:
+        choices = ", ".join(map(repr, REJECTION_SAMPLE_METHODS))
+        raise ValueError(f"rejection_sample_method must be one of {choices}, got {method!r}")
+    if method == "synthetic" and (rate is None or not 0.0 <= rate <= 1.0):
+        raise ValueError(f"synthetic_acceptance_rate must be in [0, 1], but got {rate}")
+    if method != "synthetic" and rate is not None:
+        raise ValueError("synthetic_acceptance_rate is only valid with rejection_sample_method='synthetic'")
+
+
+def _check_bounds(values: dict[str, Any]) -> None:
+    for key, (check, rule) in _BOUNDS.items():
+        if not check(values[key]):
+            raise ValueError(f"{key}={values[key]} {rule}")
