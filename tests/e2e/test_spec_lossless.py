@@ -1,0 +1,161 @@
+"""Speculation changes nothing: greedy token-for-token equality, and sampled tokens follow the target's law."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec import LLM, SamplingParams
+
+BATCHES = (1, 4, 16)
+
+
+def _prompts(n: int, seed: int = 0) -> list[dict]:
+    """Mixed-length prompts with repeated spans so that n-gram drafts exist and get both accepted and rejected."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        motif = torch.randint(3, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+        noise = torch.randint(3, 300, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
+        out.append({"prompt_token_ids": noise + motif * 4 + noise[:3]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama):
+    """Plain greedy outputs for every batch size's prompts."""
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    return {b: [o.outputs[0].token_ids for o in llm.generate(_prompts(b, seed=b), sp, use_tqdm=False)]
+            for b in BATCHES}
+
+
+def _spec_configs(tiny_llama: str, tiny_draft: str, k: int) -> dict[str, dict]:
+    return {
+        "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        "draft_model_self": {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": k},
+        "draft_model_poor": {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": k},
+    }
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("method", ["ngram", "draft_model_self", "draft_model_poor"])
+def test_greedy_equality(tiny_llama, tiny_draft, reference, method, k):
+    cfg = _spec_configs(tiny_llama, tiny_draft, k)[method]
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    for b in BATCHES:
+        outs = llm.generate(_prompts(b, seed=b), sp, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == reference[b], f"{method} k={k} batch={b}"
+    spec = llm.engine.counters.spec
+    assert spec.num_draft_tokens > 0
+    if method == "draft_model_self":
+        assert spec.num_accepted_tokens == spec.num_draft_tokens  # a model drafting for itself is always right
+    if method == "draft_model_poor":
+        assert spec.num_accepted_tokens < spec.num_draft_tokens
+
+
+def test_stop_inside_accepted_draft(tiny_llama, reference):
+    """Stop token ids and max_tokens inside an accepted draft end the request where plain decoding would."""
+    plain = reference[4]
+    cfg = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 5}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    prompts = _prompts(4, seed=4)
+    for i, p in enumerate(prompts):
+        stop_id = plain[i][7]
+        out = llm.generate(p, SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_id], ignore_eos=True))
+        assert out[0].outputs[0].token_ids == plain[i][: plain[i].index(stop_id) + 1]
+        out = llm.generate(p, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
+        assert out[0].outputs[0].token_ids == plain[i][:9]
+
+
+def test_mixed_greedy_and_sampled_batch(tiny_llama, tiny_draft, reference):
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3,
+           "rejection_sample_method": "probabilistic"}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    prompts = _prompts(16, seed=16)
+    sps = [SamplingParams(temperature=0 if i % 2 == 0 else 0.8, max_tokens=24, ignore_eos=True, seed=i)
+           for i in range(16)]
+    outs = llm.generate(prompts, sps, use_tqdm=False)
+    for i in range(0, 16, 2):
+        assert outs[i].outputs[0].token_ids == reference[16][i]
+    again = llm.generate(prompts, sps, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in outs]  # seeded: reproducible
+
+
+def test_disable_by_batch_size(tiny_llama, reference):
+    cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "disable_by_batch_size": 2}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == reference[4]
+    assert sum(o.num_draft_tokens > 0 for o in outs) == 2  # only the first two requests speculate
+
+
+def test_metrics_and_per_request_counts(tiny_llama):
+    cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    m = {(x.name, x.labels.get("position")): x.value for x in llm.get_metrics()}
+    assert m[("vllm:spec_decode_num_draft_tokens", None)] == sum(o.num_draft_tokens for o in outs)
+    assert m[("vllm:spec_decode_num_accepted_tokens", None)] == sum(o.num_accepted_tokens for o in outs)
+    per_pos = [m[("vllm:spec_decode_num_accepted_tokens_per_pos", str(i))] for i in range(3)]
+    assert sum(per_pos) == m[("vllm:spec_decode_num_accepted_tokens", None)]
+    assert per_pos[0] >= per_pos[1] >= per_pos[2]
+    assert m[("vllm:generation_tokens", None)] == 6 * 24
+
+
+# ------------------------------------------------------------------ distribution
+
+
+def _target_probs(llm: LLM, prompt: list[int], first: list[int], top_p: float) -> torch.Tensor:
+    """Exact P(second token) = sum_t1 p(t1) p(t2 | t1), from the target's own logits. -> [V]."""
+    from verispec.engine.model_runner import RowInput
+    from verispec.layers import sampler as S
+
+    runner = llm.engine.runner
+    v = runner.model.cfg.vocab_size
+    st = S.SamplingTensors.from_params([SamplingParams(temperature=1.0, top_p=top_p)], "cpu", v)
+    out = runner.run([RowInput(0, 0, prompt, logits_from=len(prompt) - 1)])
+    p1 = S.logits_to_probs(out.logits, st)[0]  # [V]
+    support = p1.nonzero().flatten().tolist()
+    rows = [RowInput(i, 0, prompt + [t], logits_from=len(prompt)) for i, t in enumerate(support)]
+    p2 = torch.zeros(v)
+    for start in range(0, len(rows), 16):  # 16 cache slots
+        chunk = [RowInput(j, 0, r.token_ids, r.logits_from) for j, r in enumerate(rows[start : start + 16])]
+        logits = runner.run(chunk).logits
+        stc = S.SamplingTensors.from_params([SamplingParams(temperature=1.0, top_p=top_p)] * len(chunk), "cpu", v)
+        p2 += (p1[support[start : start + 16]][:, None] * S.logits_to_probs(logits, stc)).sum(0)
+    return p2
+
+
+def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
+    expected = probs * n
+    big = expected >= 5
+    obs = torch.cat([counts[big], counts[~big].sum(0, keepdim=True)]).double()
+    exp = torch.cat([expected[big], expected[~big].sum(0, keepdim=True)]).double()
+    keep = exp > 0
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    df = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
+
+
+@pytest.mark.parametrize("method, top_p", [("probabilistic", 1.0), ("strict", 1.0), ("probabilistic", 0.9)])
+def test_sampled_tokens_follow_target_distribution(tiny_llama, tiny_draft, method, top_p):
+    """Second output token (the first one produced by verification, against a deliberately poor draft) has
+    exactly the target's marginal distribution: chi-square p-value must not be tiny; a wrong law must fail."""
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 2,
+           "rejection_sample_method": method}
+    llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=1234)
+    prompt = [11, 42, 7, 99, 5]
+    n = 4000
+    sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=3, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
+    v = llm.engine.runner.model.cfg.vocab_size
+    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    spec = llm.engine.counters.spec
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens  # the draft is poor but not useless
+    p2 = _target_probs(llm, prompt, [], top_p)
+    assert _chi2_pvalue(counts, p2, n) > 1e-4
+    # the same test has power: the draft model's own law (what a broken verifier would emit) is rejected
+    uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
+    assert _chi2_pvalue(counts, uniform_mix / uniform_mix.sum(), n) < 1e-4

@@ -1,0 +1,5 @@
+import sys
+
+from verispec.cli import main
+
+sys.exit(main())

