@@ -39,7 +39,7 @@ def default_kv_budget(device: torch.device) -> int:
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
         avail = 8 << 30
-    return int(min(avail * 0.25, 8 << 30))
+    return int(min(avail * 0.3, 4 << 30))
 
 
 def _draft_hf_config(spec: Mapping[str, Any]) -> dict | None:

@@ -159,3 +159,20 @@ def test_sampled_tokens_follow_target_distribution(tiny_llama, tiny_draft, metho
     # the same test has power: the draft model's own law (what a broken verifier would emit) is rejected
     uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
     assert _chi2_pvalue(counts, uniform_mix / uniform_mix.sum(), n) < 1e-4
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_suffix_greedy_equality_and_learning(tiny_llama, batch):
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = _prompts(batch, seed=30 + batch)
+    ref = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
+    cfg = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_cached_requests": 100}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    first = llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in first] == ref
+    second = llm.generate(prompts, sp, use_tqdm=False)  # outputs now sit in the global tree
+    assert [o.outputs[0].token_ids for o in second] == ref
+    acc1 = sum(o.num_accepted_tokens for o in first) / max(1, sum(o.num_draft_tokens for o in first))
+    acc2 = sum(o.num_accepted_tokens for o in second) / max(1, sum(o.num_draft_tokens for o in second))
+    assert acc2 > acc1 and acc2 > 0.8

