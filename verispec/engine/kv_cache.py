@@ -1,6 +1,7 @@
 """Slot-major KV cache with O(1) rollback.
 
-One slot per running sequence: K and V per layer are [num_slots, H_kv, T_alloc, D]. A sequence's valid
+One slot per running sequence: each layer holds K and V stacked on the head axis, [num_slots, 2*H_kv, T_alloc, D]
+(one write per layer per step). A sequence's valid
 length lives on its Request (num_computed); truncating it is moving that integer back, never a copy.
 The last column (T_alloc - 1) is a scratch column that padded query rows write into and nobody reads.
 """
@@ -60,9 +61,9 @@ def plan_cache(
 
 class KVCache:
     def __init__(self, cfg: ModelConfig, num_slots: int, t_alloc: int, device: torch.device, dtype: torch.dtype):
-        shape = (num_slots, cfg.num_kv_heads, t_alloc, cfg.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        shape = (num_slots, 2 * cfg.num_kv_heads, t_alloc, cfg.head_dim)
+        # zeros, not empty: masked keys are multiplied by 0 in attention and must never be NaN garbage
+        self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.num_slots, self.t_alloc = num_slots, t_alloc
         self.scratch = t_alloc - 1
         self._free = list(range(num_slots))  # min-heap: lowest slot first keeps active slots dense
@@ -79,5 +80,5 @@ class KVCache:
 
     def move(self, slot: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Copy cache columns src -> dst inside one slot (tree verification compaction). src/dst [n]."""
-        for layer in (*self.k, *self.v):
+        for layer in self.kv:
             layer[slot, :, dst] = layer[slot, :, src]

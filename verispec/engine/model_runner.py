@@ -100,7 +100,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, rows: list[RowInput], aux_layers: tuple[int, ...] = ()) -> RunnerOutput:
         ids, positions, ctx, flat = self.build_context(rows)
-        hidden, aux = self.model(ids, positions, ctx, (self.cache.k, self.cache.v), aux_layers)
+        hidden, aux = self.model(ids, positions, ctx, self.cache.kv, aux_layers)
         d = hidden.shape[-1]
         if len(flat) == hidden.shape[0] * hidden.shape[1]:
             sel = hidden.reshape(-1, d)

@@ -1,6 +1,6 @@
 """Causal / tree attention over the slot-major KV cache.
 
-The cache for one layer is [num_slots, H_kv, T_alloc, D]. A forward covers a contiguous slot range
+The cache for one layer is [num_slots, 2*H_kv, T_alloc, D] (K heads then V heads). A forward covers a contiguous slot range
 [lo, hi) so the keys it reads are a *view* of the cache (no per-step copy that grows with context).
 """
 
@@ -26,7 +26,7 @@ class AttnContext:
 
 
 def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> torch.Tensor:
-    """Write x [S, H, Q, D] into cache rows [lo, hi); return the readable view [S, H, kv_len, D]."""
+    """Write new K|V x [S, 2*Hkv, Q, D] into cache rows [lo, hi); return the readable view [S, 2*Hkv, kv_len, D]."""
     view = cache[ctx.slot_lo : ctx.slot_hi]
     view[ctx.rows, :, ctx.cache_pos] = x.transpose(1, 2)
     return view[:, :, : ctx.kv_len]

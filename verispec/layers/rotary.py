@@ -33,14 +33,15 @@ def _llama3_scale(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
 def rope_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype = torch.float32
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [S, Q] -> cos, sin [S, 1, Q, D] (broadcast over heads), computed in float32."""
-    freqs = positions.unsqueeze(-1).float() * inv_freq  # [S, Q, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1).unsqueeze(1)  # [S, 1, Q, D]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    """positions [S, Q] -> cos, signed sin [S, 1, Q, D] (broadcast over heads), computed in float32.
+
+    The sin half that multiplies x1 is negated so that rotate_half(x) * sin == roll(x, D/2) * signed_sin.
+    """
+    freqs = (positions.unsqueeze(-1).float() * inv_freq).unsqueeze(1)  # [S, 1, Q, D/2]
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [S, H, Q, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x [S, H, Q, D] -> x * cos + rotate_half(x) * sin (HF layout), in three kernels."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)

@@ -30,18 +30,17 @@ class Attention(nn.Module):
         pre = cfg.query_pre_attn_scalar
         self.scale = (pre if pre else self.d) ** -0.5
 
-    def forward(self, x, rope, ctx: AttnContext, k_cache, v_cache) -> torch.Tensor:
+    def forward(self, x, rope, ctx: AttnContext, kv_cache) -> torch.Tensor:
         s, nq, _ = x.shape  # [S, Q, hidden]
-        qkv = self.qkv_proj(x).view(s, nq, self.hq + 2 * self.hkv, self.d).transpose(1, 2)  # [S, H*, Q, D]
-        q, k, v = qkv.split((self.hq, self.hkv, self.hkv), dim=1)
+        hq, hkv = self.hq, self.hkv
+        qkv = self.qkv_proj(x).view(s, nq, hq + 2 * hkv, self.d).transpose(1, 2)  # [S, Hq+2Hkv, Q, D]
+        qk = qkv[:, : hq + hkv]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        cos, sin = rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        k_all = write_kv(k_cache, ctx, k)  # [S, Hkv, T, D]
-        v_all = write_kv(v_cache, ctx, v)
+            qk = torch.cat((self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])), dim=1)
+        qkv[:, : hq + hkv] = apply_rope(qk, *rope)  # RoPE on q and k together, in place
+        kv = write_kv(kv_cache, ctx, qkv[:, hq:])  # one cache write for K and V: [S, 2Hkv, T, D]
         mask = ctx.sliding_mask if self.sliding else ctx.mask
-        o = attention(q, k_all, v_all, mask, self.scale, self.cfg.attn_logit_softcapping)  # [S, Hq, Q, D]
+        o = attention(qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping)
         return self.o_proj(o.transpose(1, 2).reshape(s, nq, self.hq * self.d))
 
 
@@ -73,9 +72,9 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, eps)
 
-    def forward(self, h, ropes, ctx, k_cache, v_cache) -> torch.Tensor:
+    def forward(self, h, ropes, ctx, kv_cache) -> torch.Tensor:
         rope = ropes[1] if self.sliding else ropes[0]
-        a = self.self_attn(self.input_layernorm(h), rope, ctx, k_cache, v_cache)
+        a = self.self_attn(self.input_layernorm(h), rope, ctx, kv_cache)
         if self.sandwich:
             h = h + self.post_attention_layernorm(a)
             return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
@@ -108,7 +107,7 @@ class DecoderLM(nn.Module):
         input_ids: torch.Tensor,  # [S, Q]
         positions: torch.Tensor,  # [S, Q] RoPE positions
         ctx: AttnContext,
-        kv: tuple[list[torch.Tensor], list[torch.Tensor]],
+        kv: list[torch.Tensor],  # per layer [slots, 2*Hkv, T, D]
         aux_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Returns (final normed hidden [S, Q, hidden], residual-stream inputs of the aux layers)."""
@@ -119,7 +118,7 @@ class DecoderLM(nn.Module):
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 aux.append(h)
-            h = layer(h, ropes, ctx, kv[0][i], kv[1][i])
+            h = layer(h, ropes, ctx, kv[i])
         return self.norm(h), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

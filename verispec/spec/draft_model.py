@@ -82,7 +82,7 @@ class DraftModelProposer:
         slots = torch.tensor([r.slot - lo for r in rows], device=tok.device)
         ids[slots, 0] = tok
         m = self.runner.model
-        hidden, _ = m(ids, positions, ctx, (self.cache.k, self.cache.v))
+        hidden, _ = m(ids, positions, ctx, self.cache.kv)
         return m.compute_logits(hidden[slots, 0])  # [B, V]
 
     def on_step_end(self, reqs, target, num_accepted) -> None:
