@@ -1,0 +1,104 @@
+"""Speculative vs plain decoding, side by side in one run, plus transformers' prompt lookup decoding as the peer.
+
+    .venv/bin/python benchmarks/spec_decode.py --workload code-edit --batch-size 1 \
+        --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
+
+Prints one table (tokens, drafts, acceptance, tok/s, speedup) and writes JSON to bench_results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from verispec.bench import BenchResult, print_table, time_llm
+from verispec.sampling_params import SamplingParams
+from verispec.workloads import WORKLOADS, build_workload
+
+
+def transformers_run(model: str, prompts: list[list[int]], max_tokens: int, eos: int, lookup: int | None,
+                     hf=None) -> tuple[BenchResult, list[list[int]], object]:
+    """Greedy HF generate, one prompt at a time (prompt lookup decoding supports batch 1 only)."""
+    if hf is None:
+        from transformers import AutoModelForCausalLM
+
+        from verispec.loader.checkpoint import resolve_model_path
+
+        path = resolve_model_path(model)
+        kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent if kw else path), dtype=torch.float32, **kw).eval()
+    extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
+    outs, n = [], 0
+    with torch.inference_mode():
+        hf.generate(torch.tensor([prompts[0][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=eos)
+        t = time.perf_counter()
+        for p in prompts:
+            o = hf.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos,
+                            pad_token_id=eos, **extra)
+            outs.append(o[0, len(p):].tolist())
+            n += len(outs[-1])
+        dt = time.perf_counter() - t
+    label = f"transformers{' prompt-lookup' if lookup else ''}"
+    return BenchResult(label, dt, n, n / dt), outs, hf
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--workload", default="code-edit", choices=WORKLOADS)
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--speculative-config", "-sc", action="append", default=None,
+                    help="JSON; repeat to compare several methods in the same run")
+    ap.add_argument("--rounds", type=int, default=1, help="serve the workload this many times (suffix learns)")
+    ap.add_argument("--peer", action="store_true", help="also run transformers greedy + prompt lookup (batch 1)")
+    ap.add_argument("--output", default=None)
+    args = ap.parse_args()
+    from verispec import LLM
+
+    specs = [json.loads(s) for s in (args.speculative_config or
+                                     ['{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'])]
+    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048)
+    plain = LLM(args.model, **kw)
+    tok = plain.tokenizer
+    convs = build_workload(args.workload, args.num_prompts)
+    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    prompts = prompts * args.rounds
+    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    base, base_outs = time_llm(plain, prompts, sp, "verispec plain")
+    ref = [o.outputs[0].token_ids for o in base_outs]
+    rows, identical = [base], {}
+    del plain
+    for spec in specs:
+        llm = LLM(args.model, speculative_config=spec, **kw)
+        label = "verispec " + spec.get("method", str(spec.get("model")))
+        res, outs = time_llm(llm, prompts, sp, label)
+        rows.append(res)
+        identical[label] = sum(o.outputs[0].token_ids == r for o, r in zip(outs, ref))
+        del llm
+    if args.peer and args.batch_size == 1:
+        eos = tok.eos_token_ids[0]
+        hf_plain, hf_outs, hf = transformers_run(args.model, prompts, args.max_tokens, eos, None)
+        hf_pld, pld_outs, _ = transformers_run(args.model, prompts, args.max_tokens, eos, 4, hf)
+        rows += [hf_plain, hf_pld]
+        identical["transformers"] = sum(a == b for a, b in zip(hf_outs, ref))
+        identical["transformers prompt-lookup"] = sum(a == b for a, b in zip(pld_outs, ref))
+    print(f"model={args.model} workload={args.workload} prompts={len(prompts)} batch={args.batch_size} "
+          f"max_tokens={args.max_tokens} threads={torch.get_num_threads()}")
+    print_table(rows, base)
+    print("identical greedy outputs vs verispec plain: " + ", ".join(f"{k} {v}/{len(prompts)}"
+                                                                      for k, v in identical.items()))
+    out = Path(args.output or f"bench_results/spec_decode_{args.workload}_b{args.batch_size}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"args": vars(args), "rows": [asdict(r) for r in rows], "identical": identical},
+                              indent=2))
+
+
+if __name__ == "__main__":
+    main()

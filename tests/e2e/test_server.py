@@ -1,0 +1,726 @@
+"""`verispec serve` end to end: the real server process on a loopback port, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.tiny_models import write_tiny_checkpoint
+from verispec import LLM, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "sk-test-key"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+PROMPTS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "import numpy as np\nx = np.arange(10)\n",
+    "Speculative decoding drafts tokens",
+]
+
+
+# ---------------------------------------------------------------------------------------------- launcher
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, args: list[str], log: Path, env: dict | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        cmd = [sys.executable, "-m", "verispec.server.cli", *args, "--port", str(self.port)]
+        self._log_file = open(log, "w")  # noqa: SIM115 (closed in stop())
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+
+    def wait_ready(self, timeout: float = 180.0) -> Server:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server did not become healthy:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+
+    def client(self, api_key: str = API_KEY, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
+
+    def metrics(self) -> dict[tuple, float]:
+        """{(sample name, sorted labels without model_name): value}."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
+                out[(s.name, labels)] = s.value
+        return out
+
+    def metric(self, name: str, **labels) -> float:
+        return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def wait_for(cond, timeout: float = 20.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    return str(write_tiny_checkpoint(tmp_path_factory.mktemp("server") / "llama", "llama"))
+
+
+@pytest.fixture(scope="module")
+def servers(ckpt, tmp_path_factory):
+    """Both tiny servers, started in parallel: plain (config file + flag overrides, API key) and ngram."""
+    d = tmp_path_factory.mktemp("serve")
+    plain_cfg = d / "plain.yaml"
+    plain_cfg.write_text(
+        f"model: {ckpt}\nserved-model-name: tiny\nmax_model_len: 256\nmax-num-seqs: 4\n"
+        f"api-key: {API_KEY}\ndisable-uvicorn-access-log: true\n"
+    )
+    spec_cfg = d / "spec.yaml"  # nested mapping for the speculative config
+    spec_cfg.write_text(
+        "served_model_name: [tiny, tiny-alias]\nmax-model-len: 256\nmax-num-seqs: 2\n"
+        "max-queue: 1\nspeculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n"
+        "  prompt_lookup_max: 3\n"
+    )
+    plain = Server(["--config", str(plain_cfg), "--max-num-seqs", "8"], d / "plain.log")
+    spec = Server([ckpt, "--config", str(spec_cfg)], d / "spec.log")
+    try:
+        yield {"plain": plain.wait_ready(), "spec": spec.wait_ready()}
+    finally:
+        plain.stop()
+        spec.stop()
+
+
+@pytest.fixture(scope="module")
+def plain(servers) -> Server:
+    return servers["plain"]
+
+
+@pytest.fixture(scope="module")
+def spec(servers) -> Server:
+    return servers["spec"]
+
+
+@pytest.fixture(scope="module")
+def llm(ckpt) -> LLM:
+    """The offline reference (no speculation)."""
+    return LLM(ckpt, max_model_len=256, max_num_seqs=8)
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+# ---------------------------------------------------------------------------------------------- basics
+
+
+def test_models_health_version_and_config_precedence(plain, spec):
+    assert [m.id for m in plain.client().models.list().data] == ["tiny"]
+    assert [m.id for m in spec.client().models.list().data] == ["tiny", "tiny-alias"]
+    health = httpx.get(f"{plain.url}/health").json()
+    assert health["status"] == "ok" and health["num_kv_slots"] == 8  # --max-num-seqs beats the file's 4
+    assert httpx.get(f"{spec.url}/health").json()["num_kv_slots"] == 2
+    assert httpx.get(f"{plain.url}/version").json()["version"]
+    text = httpx.get(f"{spec.url}/metrics").text
+    for name in (
+        "vllm:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:request_success_total",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:time_to_first_token_seconds",
+        "vllm:inter_token_latency_seconds",
+        "vllm:e2e_request_latency_seconds",
+    ):
+        assert name in text, name
+    assert 'position="2"' in text and 'model_name="tiny"' in text
+
+
+@pytest.mark.parametrize("which", ["plain", "spec"])
+def test_completions_greedy_equal_offline(which, servers, llm):
+    srv = servers[which]
+    client = srv.client()
+    for i, prompt in enumerate(PROMPTS):
+        n = 12 + 5 * i
+        ref = llm.generate(prompt, greedy(n), use_tqdm=False)[0].outputs[0]
+        r = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=n, temperature=0, extra_body={"ignore_eos": True}
+        )
+        assert r.choices[0].text == ref.text
+        assert r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == len(ref.token_ids) == n
+        assert r.usage.prompt_tokens == len(llm.tokenizer.encode(prompt))
+        chunks = list(
+            client.completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=n,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+        )
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == ref.text
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == n
+    # token-id prompts
+    ids = llm.tokenizer.encode(PROMPTS[0])
+    r = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert (
+        r.choices[0].text
+        == llm.generate({"prompt_token_ids": ids}, greedy(10), use_tqdm=False)[0].outputs[0].text
+    )
+    if which == "spec":
+        m = srv.metrics()
+        drafts = m[("vllm:spec_decode_num_drafts_total", ())]
+        draft_tokens = m[("vllm:spec_decode_num_draft_tokens_total", ())]
+        accepted = m[("vllm:spec_decode_num_accepted_tokens_total", ())]
+        per_pos = [
+            m[("vllm:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(i)),))]
+            for i in range(3)
+        ]
+        assert drafts > 0 and draft_tokens >= drafts and 0 <= accepted <= draft_tokens
+        assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
+
+
+@pytest.mark.parametrize("which", ["plain", "spec"])
+def test_chat_greedy_equal_offline(which, servers, llm):
+    client = servers[which].client()
+    messages = [{"role": "system", "content": "You edit code."}, {"role": "user", "content": PROMPTS[0]}]
+    ref = llm.chat(messages, greedy(20), use_tqdm=False)[0]
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_completion_tokens=20,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == ref.outputs[0].text
+    assert r.usage.prompt_tokens == len(ref.prompt_token_ids) and r.usage.completion_tokens == 20
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},  # vLLM's extension
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.outputs[0].text
+    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 20
+    so_far = [c.usage.completion_tokens for c in chunks[1:-1]]  # tokens delivered so far, in every chunk
+    assert so_far == sorted(so_far) and so_far[-1] == 20
+
+
+def test_n_seeds_and_stop_strings(plain, llm):
+    client = plain.client()
+    prompt = PROMPTS[1]
+    ref = llm.generate(
+        prompt, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=16, ignore_eos=True), use_tqdm=False
+    )[0]
+    kw = dict(
+        model="tiny",
+        prompt=prompt,
+        n=3,
+        temperature=1.0,
+        seed=7,
+        max_tokens=16,
+        extra_body={"ignore_eos": True},
+    )
+    r = client.completions.create(**kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [o.text for o in ref.outputs]
+    assert r.usage.completion_tokens == 48
+    assert [c.text for c in client.completions.create(**kw).choices] == [
+        o.text for o in ref.outputs
+    ]  # seeded
+    texts = ["", "", ""]
+    for chunk in client.completions.create(**kw, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [o.text for o in ref.outputs]
+
+    free = llm.generate(prompt, greedy(40), use_tqdm=False)[0].outputs[0].text
+    stop = next(
+        free[i : i + 3]
+        for i in range(4, len(free) - 3)
+        if free[i : i + 3].strip() and free.index(free[i : i + 3]) == i
+    )
+    want = free[: free.index(stop)]
+    r = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=40,
+        temperature=0,
+        stop=[stop, "@@@@"],
+        extra_body={"ignore_eos": True},
+    )
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=40,
+            temperature=0,
+            stop=stop,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        if c.choices
+    )
+    assert streamed == want  # the stop string never leaks, not even partially
+
+
+def test_prompt_batches_and_content_parts(plain, llm):
+    client = plain.client()
+    refs = llm.generate(
+        PROMPTS[:2],
+        SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=6, ignore_eos=True),
+        use_tqdm=False,
+    )
+    r = client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[:2],
+        n=2,
+        temperature=0.8,
+        seed=3,
+        max_tokens=6,
+        extra_body={"ignore_eos": True},
+    )
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]  # prompt-major, as OpenAI / vLLM order them
+    assert [c.text for c in r.choices] == [o.text for ref in refs for o in ref.outputs]
+    assert r.usage.prompt_tokens == sum(len(ref.prompt_token_ids) for ref in refs)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
+    ref = llm.chat([{"role": "user", "content": "hello"}], greedy(5), use_tqdm=False)[0].outputs[0].text
+    c = client.chat.completions.create(
+        model="tiny", messages=parts, max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+    )
+    assert c.choices[0].message.content == ref
+
+
+def test_logprobs(plain):
+    client = plain.client()
+    r = client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[0],
+        max_tokens=5,
+        temperature=0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert all(1 <= len(t) <= 3 for t in lp.top_logprobs) and all(x <= 0 for x in lp.token_logprobs)
+    c = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
+    content = c.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 3 for t in content)
+    assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
+
+
+# ---------------------------------------------------------------------------------------------- concurrency
+
+
+def test_32_concurrent_streaming_clients(plain, llm):
+    prompts = [f"{PROMPTS[i % 4]} {' '.join(['word'] * (i % 7))} #{i}" for i in range(32)]
+    lens = [8 + (i * 5) % 25 for i in range(32)]
+    refs = llm.generate(prompts, [greedy(n) for n in lens], use_tqdm=False)
+    before = plain.metrics()
+
+    async def one(client, i):
+        text, usage = "", None
+        stream = await client.completions.create(
+            model="tiny",
+            prompt=prompts[i],
+            max_tokens=lens[i],
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+            if chunk.usage:
+                usage = chunk.usage
+        return text, usage
+
+    async def bad(client):  # invalid requests interleaved with the good ones must not disturb them
+        with pytest.raises(openai.BadRequestError):
+            await client.completions.create(model="tiny", prompt="x", max_tokens=-3)
+        with pytest.raises(openai.BadRequestError):
+            await client.completions.create(model="tiny", prompt=[5] * 300, max_tokens=4)
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=f"{plain.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        results = await asyncio.gather(*[one(client, i) for i in range(32)], *[bad(client) for _ in range(4)])
+        await client.close()
+        return results[:32]
+
+    results = asyncio.run(main())
+    for (text, usage), ref, n in zip(results, refs, lens):
+        assert text == ref.outputs[0].text  # not corrupted by batching with 31 others
+        assert usage.completion_tokens == n
+    after = plain.metrics()
+
+    def delta(name, labels=()):
+        return after.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    assert delta("vllm:generation_tokens_total") == sum(u.completion_tokens for _, u in results)
+    assert delta("vllm:prompt_tokens_total") == sum(u.prompt_tokens for _, u in results)
+    assert delta("vllm:request_success_total", (("finished_reason", "length"),)) == 32
+    assert delta("vllm:e2e_request_latency_seconds_count") == 32
+    assert delta("vllm:time_to_first_token_seconds_count") == 32
+    assert after[("verispec:kv_cache_free_slots", ())] == 8 and after[("vllm:num_requests_running", ())] == 0
+
+
+def test_disconnect_aborts_and_frees_cache(plain):
+    client = plain.client()
+    aborted0 = plain.metric("vllm:request_aborted_total")
+    stream = client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[2],
+        max_tokens=230,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    it = iter(stream)
+    next(it), next(it)
+    assert plain.metric("verispec:kv_cache_free_slots") == 7
+    stream.close()  # client goes away mid-stream
+    wait_for(lambda: plain.metric("vllm:request_aborted_total") == aborted0 + 1, what="streaming abort")
+    assert (
+        plain.metric("verispec:kv_cache_free_slots") == 8 and plain.metric("vllm:num_requests_running") == 0
+    )
+    assert httpx.get(f"{plain.url}/health").json()["free_kv_slots"] == 8
+
+    # non-streaming (n=4): the client drops the connection while the request runs
+    body = json.dumps(
+        {"model": "tiny", "prompt": PROMPTS[2], "max_tokens": 230, "n": 4, "ignore_eos": True}
+    ).encode()
+    with socket.create_connection(("127.0.0.1", plain.port)) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_for(lambda: httpx.get(f"{plain.url}/health").json()["running"] == 4, what="request running")
+    wait_for(lambda: plain.metric("vllm:request_aborted_total") == aborted0 + 5, what="non-streaming abort")
+    assert plain.metric("verispec:kv_cache_free_slots") == 8
+
+
+def test_overload_returns_503(spec):
+    """2 KV slots + --max-queue 1: three long requests fit, the fourth is refused with 503."""
+    client = spec.client()
+    msgs = [{"role": "user", "content": "count"}]
+    streams = []
+    try:
+        for _ in range(3):
+            s = client.chat.completions.create(
+                model="tiny",
+                messages=msgs,
+                max_tokens=200,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            next(iter(s))  # the role chunk: the request is in
+            streams.append(s)
+        with pytest.raises(openai.APIStatusError) as e:
+            client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5)
+        assert e.value.status_code == 503 and "overloaded" in e.value.message
+        assert e.value.body["type"] == "ServiceUnavailableError"
+    finally:
+        for s in streams:
+            s.close()
+    wait_for(lambda: spec.metric("verispec:kv_cache_free_slots") == 2, what="slots freed")
+    r = client.chat.completions.create(model="tiny-alias", messages=msgs, max_tokens=3)
+    assert r.usage.completion_tokens <= 3
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+ERROR_CASES = [
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "top_p": 3}, 400, "top_p"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": "many"}, 400, "n"),
+    ("/v1/completions", {"model": "tiny", "prompt": [7] * 300}, 400, "maximum context length"),
+    ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 500}, 400, "maximum context length"),
+    (
+        "/v1/completions",
+        {"model": "tiny", "prompt": "hi", "stream": True, "max_tokens": 0},
+        400,
+        "max_tokens",
+    ),
+    ("/v1/completions", {"model": "tiny", "prompt": [99999]}, 400, "vocabulary"),
+    ("/v1/completions", {"model": "tiny"}, 400, "prompt"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "The model `gpt-4` does not exist."),
+    ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}, 400, "messages"),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2},
+        400,
+        "top_logprobs",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stop": [""]},
+        400,
+        "stop",
+    ),
+    ("/v1/no-such-route", {}, 404, "not found"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,needle", ERROR_CASES)
+def test_error_cases(plain, path, body, status, needle):
+    r = httpx.post(
+        f"{plain.url}{path}", json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30
+    )
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
+    assert needle in err["message"]
+
+
+def test_errors_through_openai_client(plain):
+    client = plain.client()
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
+        client.completions.create(model="tiny", prompt="hi", max_tokens=-5)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.AuthenticationError):
+        plain.client(api_key="wrong").models.list()
+    r = httpx.post(
+        f"{plain.url}/v1/completions",
+        content=b"{not json",
+        timeout=10,
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    assert httpx.get(f"{plain.url}/v1/models").status_code == 401  # no key
+    assert (
+        httpx.get(f"{plain.url}/v1/models", headers={"Authorization": "Bearer nope"}).json()["error"]["code"]
+        == 401
+    )
+    assert httpx.get(f"{plain.url}/metrics").status_code == 200  # not behind the key, like vLLM
+    r = client.completions.create(model="tiny", prompt="still alive", max_tokens=3)  # the server survived
+    assert r.usage.completion_tokens <= 3
+
+
+def test_engine_step_failure_only_fails_that_batch(ckpt):
+    """In-process: a step that raises fails the running requests; the engine thread keeps serving."""
+    from verispec.server.async_engine import AsyncEngine, EngineError, EngineRequest
+
+    local = LLM(ckpt, max_model_len=64, max_num_seqs=2)
+    real_step, calls = local.engine.step, []
+
+    def flaky_step():
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return real_step()
+
+    local.engine.step = flaky_step
+
+    async def main():
+        ae = AsyncEngine(local, None, max_queue=4)
+        ae.start()
+        try:
+            g = await ae.submit([EngineRequest("a", None, [5, 6, 7], greedy(6))])
+            with pytest.raises(EngineError, match="boom"):
+                async for _ in g:
+                    pass
+            with pytest.raises(ValueError, match="maximum model length"):
+                await ae.submit([EngineRequest("b", None, [5] * 80, greedy(4))])
+            g = await ae.submit([EngineRequest("c", None, [5, 6, 7], greedy(6))])
+            outs = [out async for _, out in g]
+            assert outs[-1].finished and len(outs[-1].outputs[0].token_ids) == 6
+            assert local.engine.cache.num_free == 2 and not local.engine.requests
+        finally:
+            ae.shutdown()
+
+    asyncio.run(main())
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_config_resolution(tmp_path, monkeypatch):
+    import argparse
+
+    from verispec.cli import build_parser
+    from verispec.server.cli import add_serve_args, resolve_config
+
+    monkeypatch.setenv("VERISPEC_API_KEY", "from-env")
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "port: 9001\nmax_num_seqs: 3\nspeculative-config:\n  method: ngram\n"
+        "  num_speculative_tokens: 2\nserved-model-name: a\n"
+    )
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    cfg = resolve_config(p.parse_args(["m", "--config", str(cfg_file), "--port", "9002"]))
+    assert (cfg.model, cfg.port, cfg.max_num_seqs, cfg.served_model_name) == ("m", 9002, 3, ["a"])
+    assert cfg.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+    assert cfg.api_key == "from-env" and cfg.host == "127.0.0.1"
+    cfg = resolve_config(
+        p.parse_args(["--config", str(cfg_file), "-sc", json.dumps(NGRAM), "--api-key", "k"])
+    )
+    assert cfg.speculative_config == NGRAM and cfg.api_key == "k" and cfg.model == "smollm2-135m-instruct"
+    bad = tmp_path / "bad.yaml"
+    for text, needle in [
+        ("max_num_seq: 3\n", "unknown option"),
+        ("port: eighty\n", "integer"),
+        ("speculative-config: [1]\n", "mapping"),
+        ("- a\n", "mapping"),
+        ("a: [\n", "YAML"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=needle):
+            resolve_config(p.parse_args(["--config", str(bad)]))
+    args = build_parser().parse_args(
+        ["serve", "m", "--port", "1234", "-sc", "{}"]
+    )  # the main CLI's subcommand
+    assert args.port == 1234 and callable(args.func)
+
+
+def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("no_such_option: 1\n")
+    cases = [
+        ["--port", "eighty"],
+        ["m", "-sc", "{not json"],
+        ["m", "--config", str(bad)],
+        [str(tmp_path / "missing-model")],
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "verispec.server.cli", *c],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in cases
+    ]
+    for c, proc in zip(cases, procs):
+        out, err = proc.communicate(timeout=120)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert proc.returncode == 2, (c, err)
+        assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in err, (c, err)
+
+
+def test_spec_decode_log_line_in_server_log(spec):
+    """vLLM's periodic 'SpecDecoding metrics' line (every 10 s while drafting) lands in the server log."""
+    client = spec.client()
+    deadline = time.monotonic() + 30
+    while "SpecDecoding metrics:" not in spec.log.read_text() and time.monotonic() < deadline:
+        client.completions.create(
+            model="tiny", prompt=PROMPTS[1], max_tokens=30, temperature=0, extra_body={"ignore_eos": True}
+        )
+        time.sleep(0.5)
+    assert "SpecDecoding metrics: Mean acceptance length" in spec.log.read_text()
+
+
+# ---------------------------------------------------------------------------------------------- SmolLM2
+
+
+@pytest.mark.slow
+def test_smollm2_chat_with_and_without_speculation(smollm2_gguf_file, tmp_path):
+    """The real model: the ngram-speculating server's greedy chat equals offline decoding without speculation."""
+    server = Server(
+        ["smollm2-135m-instruct", "--max-model-len", "512", "--max-num-seqs", "2", "-sc", json.dumps(NGRAM)],
+        tmp_path / "smollm2.log",
+    )
+    result: dict = {}
+
+    def offline():  # load the reference while the server starts
+        ref_llm = LLM("smollm2-135m-instruct", max_model_len=512, max_num_seqs=2)
+        result["ref"] = ref_llm.chat(messages, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[
+            0
+        ]
+
+    messages = [{"role": "user", "content": "Repeat exactly: def add(a, b): return a + b"}]
+    t = threading.Thread(target=offline)
+    t.start()
+    try:
+        server.wait_ready()
+        r = server.client().chat.completions.create(
+            model="smollm2-135m-instruct", messages=messages, max_tokens=10, temperature=0
+        )
+        t.join()
+        ref = result["ref"].outputs[0]
+        assert r.choices[0].message.content == ref.text and r.choices[0].message.content
+        assert r.usage.completion_tokens == len(ref.token_ids)
+        assert server.metric("vllm:spec_decode_num_drafts_total") > 0  # speculation really ran
+    finally:
+        t.join()
+        server.stop()

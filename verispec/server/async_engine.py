@@ -1,0 +1,299 @@
+"""Async front end over the single-threaded LLMEngine.
+
+One dedicated engine thread owns the engine: it drains an inbox of add/abort commands between steps, steps the
+engine, and pushes outputs to per-HTTP-request asyncio queues with `loop.call_soon_threadsafe`. Nothing else
+touches the engine. A failing request (bad input, or a step that raises) is failed on its own; the thread keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from verispec.llm import LLM
+from verispec.outputs import RequestOutput
+from verispec.sampling_params import SamplingParams
+from verispec.server.metrics import ServerMetrics
+
+logger = logging.getLogger("verispec.server")
+
+
+class QueueFullError(Exception):
+    """More requests are waiting than --max-queue allows (HTTP 503)."""
+
+
+class EngineError(Exception):
+    """The engine failed this request or is shutting down (HTTP 500)."""
+
+
+class RequestAborted(Exception):
+    """The request was aborted (its client went away)."""
+
+
+@dataclass
+class EngineRequest:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+class RequestGroup:
+    """The engine requests of one HTTP request (prompts x n); outputs arrive on one queue as (index, output)."""
+
+    def __init__(self, request_ids: list[str], loop: asyncio.AbstractEventLoop):
+        self.request_ids = request_ids
+        self.index = {rid: i for i, rid in enumerate(request_ids)}
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[str, RequestOutput | BaseException]] = asyncio.Queue()
+        self.arrival = time.monotonic()
+
+    def push(self, rid: str, item: RequestOutput | BaseException) -> None:  # called from the engine thread
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (rid, item))
+        except RuntimeError:  # event loop already closed (shutdown)
+            pass
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        left = set(self.request_ids)
+        while left:
+            rid, item = await self.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finished:
+                left.discard(rid)
+            yield self.index[rid], item
+
+
+@dataclass
+class _Track:
+    """Engine-thread bookkeeping for one engine request."""
+
+    group: RequestGroup
+    num_tokens: int = 0
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+class AsyncEngine:
+    def __init__(self, llm: LLM, metrics: ServerMetrics | None = None, max_queue: int = 256):
+        self.llm, self.engine, self.metrics = llm, llm.engine, metrics
+        self.max_queue = max_queue
+        self.num_slots = self.engine.cache.num_slots
+        self._inbox: deque[tuple] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._tracks: dict[str, _Track] = {}  # engine thread only
+        self._num_inflight = 0  # engine requests submitted and not yet finished (guarded by _lock)
+        self._stopping = False
+        self._closed = False  # set under _lock once the thread will read no more commands
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="verispec-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted beyond the KV slots (queued in the inbox or the engine's waiting list)."""
+        with self._lock:
+            return max(0, self._num_inflight - self.num_slots)
+
+    def stats(self) -> dict:
+        e = self.engine
+        return {
+            "running": len(e.running),
+            "waiting": len(e.waiting),
+            "free_kv_slots": e.cache.num_free,
+            "num_kv_slots": self.num_slots,
+        }
+
+    # ------------------------------------------------------------------ front-end API (event-loop thread)
+    async def submit(self, requests: list[EngineRequest]) -> RequestGroup:
+        """Add the requests atomically. Raises QueueFullError, ValueError (invalid input) or EngineError."""
+        loop = asyncio.get_running_loop()
+        group = RequestGroup([r.request_id for r in requests], loop)
+        ack: asyncio.Future = loop.create_future()
+        with self._lock:
+            if self._closed or self._stopping:
+                raise EngineError("the engine is not running (server shutting down)")
+            waiting = max(0, self._num_inflight - self.num_slots)
+            if self._num_inflight + len(requests) - self.num_slots > self.max_queue:
+                raise QueueFullError(
+                    f"Server overloaded: {waiting} requests are waiting and the queue limit is {self.max_queue} "
+                    "(--max-queue). Retry later."
+                )
+            self._num_inflight += len(requests)
+            self._inbox.append(("add", requests, group, ack))
+        self._wake.set()
+        try:
+            await ack
+        except asyncio.CancelledError:
+            self.abort(group.request_ids)
+            raise
+        return group
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort (no-op for finished ones). Frees KV slots as soon as the engine thread sees the command."""
+        self._send(("abort", list(request_ids)))
+
+    def _send(self, cmd: tuple) -> None:
+        with self._lock:
+            self._inbox.append(cmd)
+        self._wake.set()
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            while not self._stopping:
+                self._drain_inbox()
+                if self.engine.has_unfinished():
+                    self._step()
+                else:
+                    self._sync_metrics()
+                    if self.engine.spec_log is not None:
+                        self.engine.spec_log.maybe_log()
+                    self._wake.wait(1.0)
+        except BaseException:  # a bug in the loop itself: fail everyone, never hang clients
+            logger.exception("engine loop crashed")
+        finally:
+            self._stopping = True
+            with self._lock:
+                self._closed = True  # submit() refuses from now on; drain what already arrived
+            self._drain_inbox()
+            for rid in list(self._tracks):
+                self._fail(rid, EngineError("the server is shutting down"))
+
+    def _drain_inbox(self) -> None:
+        self._wake.clear()
+        with self._lock:
+            cmds = list(self._inbox)
+            self._inbox.clear()
+        for cmd in cmds:
+            if cmd[0] == "add":
+                self._add(*cmd[1:])
+            else:
+                for rid in cmd[1]:
+                    self._abort(rid)
+        if cmds:
+            self._sync_metrics()
+
+    def _add(self, requests: list[EngineRequest], group: RequestGroup, ack: asyncio.Future) -> None:
+        added: list[str] = []
+        error: BaseException | None = None
+        if self._stopping:
+            error = EngineError("the server is shutting down")
+        for r in requests if error is None else ():
+            try:
+                self.engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params)
+            except Exception as e:  # ValueError: invalid input -> 400; anything else -> 500
+                error = e if isinstance(e, ValueError) else EngineError(f"failed to add request: {e!r}")
+                break
+            self._tracks[r.request_id] = _Track(group)
+            added.append(r.request_id)
+        if error is not None:
+            for rid in added:
+                self._tracks.pop(rid, None)
+                self.engine.abort_request(rid)
+                self.engine.release(rid)
+            self._done(len(requests))
+        group.loop.call_soon_threadsafe(_resolve, ack, error)
+
+    def _abort(self, rid: str) -> None:
+        track = self._tracks.pop(rid, None)
+        if track is None:
+            return
+        self.engine.abort_request(rid)
+        self.engine.release(rid)
+        self._done(1)
+        track.group.push(rid, RequestAborted(f"request {rid} was aborted"))
+
+    def _fail(self, rid: str, error: BaseException) -> None:
+        track = self._tracks.pop(rid, None)
+        try:
+            self.engine.abort_request(rid)
+            self.engine.release(rid)
+        except Exception:
+            logger.exception("could not abort request %s", rid)
+        if track is not None:
+            self._done(1)
+            track.group.push(rid, error)
+
+    def _done(self, n: int) -> None:
+        with self._lock:
+            self._num_inflight -= n
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as e:
+            # We cannot tell which request broke the step: fail the batch that ran, keep the waiting ones.
+            logger.exception("engine step failed; failing the %d running requests", len(self.engine.running))
+            for r in list(self.engine.running):
+                self._fail(r.request_id, EngineError(f"engine step failed: {e!r}"))
+            self._sync_metrics()
+            return
+        self._sync_metrics()  # before delivery: a client that sees its last token also sees it counted
+        now = time.monotonic()
+        for out in outputs:
+            self._deliver(out, now)
+
+    def _deliver(self, out: RequestOutput, now: float) -> None:
+        rid = out.request_id
+        track = self._tracks.get(rid)
+        if track is None:  # aborted meanwhile
+            if out.finished:
+                self.engine.release(rid)
+            return
+        comp = out.outputs[0]
+        m = self.metrics
+        if len(comp.token_ids) > track.num_tokens:
+            if m is not None:
+                if track.first_token is None:
+                    m.observe_ttft(now - track.group.arrival)
+                else:
+                    m.observe_itl(now - track.last_token)
+            track.first_token = track.first_token or now
+            track.last_token = now
+            track.num_tokens = len(comp.token_ids)
+        if out.finished:
+            del self._tracks[rid]
+            self.engine.release(rid)
+            self._done(1)
+            if m is not None:
+                m.request_finished(comp.finish_reason)
+                m.observe_e2e(now - track.group.arrival)
+        track.group.push(rid, out)
+
+    def _sync_metrics(self) -> None:
+        if self.metrics is None:
+            return
+        e = self.engine
+        self.metrics.sync_counters(e.counters)
+        self.metrics.update_gauges(len(e.running), len(e.waiting), e.cache.num_free)
+
+
+def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
