@@ -32,28 +32,31 @@ def load_decoder_weights(model: DecoderLM, tensors: dict[str, torch.Tensor], sou
         with torch.no_grad():
             param.copy_(value.to(param.dtype))
 
+    def dense(module, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> None:
+        try:
+            module.load(weight.to(module.weight.dtype), None if bias is None else bias.to(module.weight.dtype), name)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+
     put(model.embed_tokens.weight, get("embed_tokens.weight"), "embed_tokens.weight")
     put(model.norm.weight, get("norm.weight"), "norm.weight", norm=True)
     head = tensors.get("lm_head.weight")
     if head is None or cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight  # tied: one tensor, no copy
-    else:
-        put(model.lm_head.weight, head, "lm_head.weight")
+        head = model.embed_tokens.weight  # tied: the head keeps its own packed copy
+    dense(model.lm_head, head, None, "lm_head.weight")
     for i, layer in enumerate(model.layers):
         p = f"layers.{i}."
         at = layer.self_attn
         qkv = torch.cat([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"], dim=0)
-        put(at.qkv_proj.weight, qkv, p + "self_attn.qkv_proj.weight")
-        if cfg.attention_bias:
-            bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"], dim=0)
-            put(at.qkv_proj.bias, bias, p + "self_attn.qkv_proj.bias")
-        put(at.o_proj.weight, get(p + "self_attn.o_proj.weight"), p + "self_attn.o_proj.weight")
+        bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if cfg.attention_bias else None
+        dense(at.qkv_proj, qkv, bias, p + "self_attn.qkv_proj")
+        dense(at.o_proj, get(p + "self_attn.o_proj.weight"), None, p + "self_attn.o_proj.weight")
         if cfg.qk_norm:
             put(at.q_norm.weight, get(p + "self_attn.q_norm.weight"), p + "q_norm", norm=True)
             put(at.k_norm.weight, get(p + "self_attn.k_norm.weight"), p + "k_norm", norm=True)
         gate_up = torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], dim=0)
-        put(layer.mlp.gate_up_proj.weight, gate_up, p + "mlp.gate_up_proj.weight")
-        put(layer.mlp.down_proj.weight, get(p + "mlp.down_proj.weight"), p + "mlp.down_proj.weight")
+        dense(layer.mlp.gate_up_proj, gate_up, None, p + "mlp.gate_up_proj")
+        dense(layer.mlp.down_proj, get(p + "mlp.down_proj.weight"), None, p + "mlp.down_proj.weight")
         put(layer.input_layernorm.weight, get(p + "input_layernorm.weight"), p + "input_layernorm", norm=True)
         put(
             layer.post_attention_layernorm.weight,

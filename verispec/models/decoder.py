@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
+from verispec.layers.linear import Dense
 from verispec.layers.attention import AttnContext, attention, write_kv
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
@@ -23,8 +24,8 @@ class Attention(nn.Module):
         self.cfg, self.sliding = cfg, sliding
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         out = (self.hq + 2 * self.hkv) * self.d
-        self.qkv_proj = nn.Linear(cfg.hidden_size, out, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.hq * self.d, cfg.hidden_size, bias=False)
+        self.qkv_proj = Dense(cfg.hidden_size, out, bias=cfg.attention_bias)
+        self.o_proj = Dense(self.hq * self.d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         pre = cfg.query_pre_attn_scalar
@@ -48,8 +49,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Dense(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Dense(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gelu = cfg.hidden_act.startswith("gelu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -91,7 +92,7 @@ class DecoderLM(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.embed_scale = cfg.hidden_size**0.5 if cfg.is_gemma else 1.0
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
         self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False)
