@@ -42,7 +42,9 @@ def bench_verispec(llm, prompts: list[list[int]], new_tokens: int) -> tuple[floa
     from verispec import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    llm.generate(
+        [{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False
+    )
     t = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     dt = time.perf_counter() - t
@@ -56,8 +58,13 @@ def bench_transformers(model, prompts: list[list[int]], new_tokens: int, pad_id:
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
     with torch.inference_mode():
-        model.generate(input_ids=ids[:1, -4:], attention_mask=mask[:1, -4:], max_new_tokens=4, do_sample=False,
-                       pad_token_id=pad_id)
+        model.generate(
+            input_ids=ids[:1, -4:],
+            attention_mask=mask[:1, -4:],
+            max_new_tokens=4,
+            do_sample=False,
+            pad_token_id=pad_id,
+        )
         t = time.perf_counter()
         model.generate(input_ids=ids, attention_mask=mask, **kw)
         dt = time.perf_counter() - t
@@ -77,8 +84,10 @@ def main() -> None:
 
     llm = LLM(args.model, max_model_len=1024, max_num_seqs=8)
     tok = llm.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-               for p in PROMPTS]
+    prompts = [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
+        for p in PROMPTS
+    ]
     weight_bytes = sum(p.numel() * p.element_size() for p in llm.ckpt.model.parameters())
     bw = measure_bandwidth_gbs()
     roofline = bw * 1e9 / weight_bytes
@@ -88,17 +97,29 @@ def main() -> None:
 
         path = resolve_model_path(args.model)
         kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent if kw else path), dtype=torch.float32, **kw).eval()
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(path.parent if kw else path), dtype=torch.float32, **kw
+        ).eval()
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
         ps = (prompts * (b // len(prompts) + 1))[:b]
         ours, _ = bench_verispec(llm, ps, args.new_tokens)
-        theirs = bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0])[0] if hf is not None else None
-        rows.append({"batch": b, "verispec_tok_s": ours, "transformers_tok_s": theirs,
-                     "speedup_vs_transformers": ours / theirs if theirs else None,
-                     "fraction_of_roofline": ours / roofline if b == 1 else None})
-    print(f"model={args.model} weights={weight_bytes / 1e6:.0f} MB float32 bandwidth={bw:.1f} GB/s "
-          f"roofline(batch 1)={roofline:.1f} tok/s threads={torch.get_num_threads()}")
+        theirs = (
+            bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0])[0] if hf is not None else None
+        )
+        rows.append(
+            {
+                "batch": b,
+                "verispec_tok_s": ours,
+                "transformers_tok_s": theirs,
+                "speedup_vs_transformers": ours / theirs if theirs else None,
+                "fraction_of_roofline": ours / roofline if b == 1 else None,
+            }
+        )
+    print(
+        f"model={args.model} weights={weight_bytes / 1e6:.0f} MB float32 bandwidth={bw:.1f} GB/s "
+        f"roofline(batch 1)={roofline:.1f} tok/s threads={torch.get_num_threads()}"
+    )
     print(f"{'batch':>5} {'verispec tok/s':>15} {'transformers tok/s':>19} {'speedup':>8} {'% roofline':>11}")
     for r in rows:
         t = f"{r['transformers_tok_s']:.1f}" if r["transformers_tok_s"] else "-"
@@ -106,11 +127,23 @@ def main() -> None:
         f = f"{100 * r['fraction_of_roofline']:.0f}%" if r["fraction_of_roofline"] else "-"
         print(f"{r['batch']:>5} {r['verispec_tok_s']:>15.1f} {t:>19} {s:>8} {f:>11}")
     if len(rows) > 1:
-        print(f"batch {rows[-1]['batch']} / batch 1 throughput: {rows[-1]['verispec_tok_s'] / rows[0]['verispec_tok_s']:.2f}x")
+        print(
+            f"batch {rows[-1]['batch']} / batch 1 throughput: {rows[-1]['verispec_tok_s'] / rows[0]['verispec_tok_s']:.2f}x"
+        )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"model": args.model, "bandwidth_gbs": bw, "weight_bytes": weight_bytes,
-                                             "roofline_tok_s": roofline, "rows": rows, "cpu_count": os.cpu_count()},
-                                            indent=2))
+    Path(args.output).write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "bandwidth_gbs": bw,
+                "weight_bytes": weight_bytes,
+                "roofline_tok_s": roofline,
+                "rows": rows,
+                "cpu_count": os.cpu_count(),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

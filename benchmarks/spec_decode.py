@@ -21,8 +21,9 @@ from verispec.sampling_params import SamplingParams
 from verispec.workloads import WORKLOADS, build_workload
 
 
-def transformers_run(model: str, prompts: list[list[int]], max_tokens: int, eos: int, lookup: int | None,
-                     hf=None) -> tuple[BenchResult, list[list[int]], object]:
+def transformers_run(
+    model: str, prompts: list[list[int]], max_tokens: int, eos: int, lookup: int | None, hf=None
+) -> tuple[BenchResult, list[list[int]], object]:
     """Greedy HF generate, one prompt at a time (prompt lookup decoding supports batch 1 only)."""
     if hf is None:
         from transformers import AutoModelForCausalLM
@@ -31,16 +32,24 @@ def transformers_run(model: str, prompts: list[list[int]], max_tokens: int, eos:
 
         path = resolve_model_path(model)
         kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent if kw else path), dtype=torch.float32, **kw).eval()
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(path.parent if kw else path), dtype=torch.float32, **kw
+        ).eval()
     extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
     outs, n = [], 0
     with torch.inference_mode():
         hf.generate(torch.tensor([prompts[0][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=eos)
         t = time.perf_counter()
         for p in prompts:
-            o = hf.generate(torch.tensor([p]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos,
-                            pad_token_id=eos, **extra)
-            outs.append(o[0, len(p):].tolist())
+            o = hf.generate(
+                torch.tensor([p]),
+                max_new_tokens=max_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=eos,
+                **extra,
+            )
+            outs.append(o[0, len(p) :].tolist())
             n += len(outs[-1])
         dt = time.perf_counter() - t
     label = f"transformers{' prompt-lookup' if lookup else ''}"
@@ -54,16 +63,30 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--speculative-config", "-sc", action="append", default=None,
-                    help="JSON; repeat to compare several methods in the same run")
-    ap.add_argument("--rounds", type=int, default=1, help="serve the workload this many times (suffix learns)")
-    ap.add_argument("--peer", action="store_true", help="also run transformers greedy + prompt lookup (batch 1)")
+    ap.add_argument(
+        "--speculative-config",
+        "-sc",
+        action="append",
+        default=None,
+        help="JSON; repeat to compare several methods in the same run",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=1, help="serve the workload this many times (suffix learns)"
+    )
+    ap.add_argument(
+        "--peer", action="store_true", help="also run transformers greedy + prompt lookup (batch 1)"
+    )
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     from verispec import LLM
 
-    specs = [json.loads(s) for s in (args.speculative_config or
-                                     ['{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'])]
+    specs = [
+        json.loads(s)
+        for s in (
+            args.speculative_config
+            or ['{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}']
+        )
+    ]
     kw = dict(max_num_seqs=args.batch_size, max_model_len=2048)
     plain = LLM(args.model, **kw)
     tok = plain.tokenizer
@@ -89,15 +112,20 @@ def main() -> None:
         rows += [hf_plain, hf_pld]
         identical["transformers"] = sum(a == b for a, b in zip(hf_outs, ref))
         identical["transformers prompt-lookup"] = sum(a == b for a, b in zip(pld_outs, ref))
-    print(f"model={args.model} workload={args.workload} prompts={len(prompts)} batch={args.batch_size} "
-          f"max_tokens={args.max_tokens} threads={torch.get_num_threads()}")
+    print(
+        f"model={args.model} workload={args.workload} prompts={len(prompts)} batch={args.batch_size} "
+        f"max_tokens={args.max_tokens} threads={torch.get_num_threads()}"
+    )
     print_table(rows, base)
-    print("identical greedy outputs vs verispec plain: " + ", ".join(f"{k} {v}/{len(prompts)}"
-                                                                      for k, v in identical.items()))
+    print(
+        "identical greedy outputs vs verispec plain: "
+        + ", ".join(f"{k} {v}/{len(prompts)}" for k, v in identical.items())
+    )
     out = Path(args.output or f"bench_results/spec_decode_{args.workload}_b{args.batch_size}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "rows": [asdict(r) for r in rows], "identical": identical},
-                              indent=2))
+    out.write_text(
+        json.dumps({"args": vars(args), "rows": [asdict(r) for r in rows], "identical": identical}, indent=2)
+    )
 
 
 if __name__ == "__main__":

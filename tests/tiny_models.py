@@ -27,9 +27,15 @@ ARCH_CONFIGS = {
     "llama": dict(
         architectures=["LlamaForCausalLM"], model_type="llama", rope_theta=10000.0, tie_word_embeddings=False
     ),
-    "qwen2": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1e6, tie_word_embeddings=True),
+    "qwen2": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", rope_theta=1e6, tie_word_embeddings=True
+    ),
     "qwen3": dict(
-        architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1e6, tie_word_embeddings=True, head_dim=16
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        head_dim=16,
     ),
     "gemma3": dict(
         architectures=["Gemma3ForCausalLM"],
@@ -74,8 +80,9 @@ def build_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
 
 
-def write_tiny_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 3,
-                          shards: int = 1) -> Path:
+def write_tiny_checkpoint(
+    folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 3, shards: int = 1
+) -> Path:
     """Write a random seeded model of the given architecture to `folder` and return it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -100,7 +107,9 @@ def write_tiny_checkpoint(folder: Path, arch: str = "llama", seed: int = 0, num_
     )
     cfg.update(ARCH_CONFIGS[arch])
     if arch == "gemma3":
-        cfg["layer_types"] = [("full_attention" if (i + 1) % 3 == 0 else "sliding_attention") for i in range(num_layers)]
+        cfg["layer_types"] = [
+            ("full_attention" if (i + 1) % 3 == 0 else "sliding_attention") for i in range(num_layers)
+        ]
     config = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k != "architectures"})
     config.architectures = cfg["architectures"]
     torch.manual_seed(seed)

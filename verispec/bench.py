@@ -26,8 +26,16 @@ class BenchResult:
 def time_llm(llm, prompts: list[list[int]], sp: SamplingParams, label: str) -> tuple[BenchResult, list]:
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     before = llm.engine.counters.spec
-    base = (before.num_drafts, before.num_draft_tokens, before.num_accepted_tokens,
-            list(before.num_accepted_tokens_per_pos)) if before else None
+    base = (
+        (
+            before.num_drafts,
+            before.num_draft_tokens,
+            before.num_accepted_tokens,
+            list(before.num_accepted_tokens_per_pos),
+        )
+        if before
+        else None
+    )
     t = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     dt = time.perf_counter() - t
@@ -49,17 +57,33 @@ def print_table(rows: list[BenchResult], baseline: BenchResult) -> None:
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r.label:<28}{r.output_tokens:>8}{r.tok_per_s:>9.1f}{r.tok_per_s / baseline.tok_per_s:>8.2f}x"
-              f"{r.num_drafts:>8}{r.num_draft_tokens:>9}{r.num_accepted_tokens:>9}{r.mean_acceptance_length:>8.2f}  "
-              f"{', '.join(f'{x:.2f}' for x in r.per_position)}")
+        print(
+            f"{r.label:<28}{r.output_tokens:>8}{r.tok_per_s:>9.1f}{r.tok_per_s / baseline.tok_per_s:>8.2f}x"
+            f"{r.num_drafts:>8}{r.num_draft_tokens:>9}{r.num_accepted_tokens:>9}{r.mean_acceptance_length:>8.2f}  "
+            f"{', '.join(f'{x:.2f}' for x in r.per_position)}"
+        )
 
 
-def run_bench(model: str, workload: str, spec: dict | None, num_prompts: int, batch_size: int, max_tokens: int,
-              max_model_len: int | None, output: str | None, temperature: float = 0.0) -> dict:
+def run_bench(
+    model: str,
+    workload: str,
+    spec: dict | None,
+    num_prompts: int,
+    batch_size: int,
+    max_tokens: int,
+    max_model_len: int | None,
+    output: str | None,
+    temperature: float = 0.0,
+) -> dict:
     from verispec import LLM
 
     if spec is None:
-        spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+        spec = {
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "prompt_lookup_max": 4,
+            "prompt_lookup_min": 2,
+        }
     kw = dict(max_num_seqs=batch_size, max_model_len=max_model_len or 4096)
     plain = LLM(model, **kw)
     convs = build_workload(workload, num_prompts)
@@ -71,13 +95,23 @@ def run_bench(model: str, workload: str, spec: dict | None, num_prompts: int, ba
     fast = LLM(model, speculative_config=spec, **kw)
     res, outs = time_llm(fast, prompts, sp, f"{spec.get('method', spec.get('model'))}")
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, base_outs))
-    print(f"model={model} workload={workload} prompts={num_prompts} batch={batch_size} max_tokens={max_tokens} "
-          f"spec={json.dumps(spec)}")
+    print(
+        f"model={model} workload={workload} prompts={num_prompts} batch={batch_size} max_tokens={max_tokens} "
+        f"spec={json.dumps(spec)}"
+    )
     print_table([base, res], base)
     print(f"identical outputs (greedy check): {same}/{len(prompts)}")
-    result = {"model": model, "workload": workload, "batch_size": batch_size, "spec": spec,
-              "plain": asdict(base), "spec_run": asdict(res), "speedup": res.tok_per_s / base.tok_per_s,
-              "identical_outputs": same, "num_prompts": len(prompts)}
+    result = {
+        "model": model,
+        "workload": workload,
+        "batch_size": batch_size,
+        "spec": spec,
+        "plain": asdict(base),
+        "spec_run": asdict(res),
+        "speedup": res.tok_per_s / base.tok_per_s,
+        "identical_outputs": same,
+        "num_prompts": len(prompts),
+    }
     if output:
         with open(output, "w") as f:
             json.dump(result, f, indent=2)

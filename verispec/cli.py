@@ -38,15 +38,24 @@ def add_common_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--speculative-config", "-sc", default=None, help="JSON, e.g. '{\"method\": \"ngram\"}'")
+    p.add_argument("--speculative-config", "-sc", default=None, help='JSON, e.g. \'{"method": "ngram"}\'')
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from verispec import LLM, SamplingParams
 
-    llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, dtype=args.dtype,
-              device=args.device, seed=args.seed, speculative_config=_spec_config(args.speculative_config))
-    sp = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    llm = LLM(
+        args.model,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        speculative_config=_spec_config(args.speculative_config),
+    )
+    sp = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+    )
     if args.chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
         ids = llm.tokenizer.encode(text, add_special_tokens=False)
@@ -73,8 +82,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from verispec.bench import run_bench
 
-    run_bench(args.model, args.workload, _spec_config(args.speculative_config), args.num_prompts, args.batch_size,
-              args.max_tokens, args.max_model_len, args.output, args.temperature)
+    run_bench(
+        args.model,
+        args.workload,
+        _spec_config(args.speculative_config),
+        args.num_prompts,
+        args.batch_size,
+        args.max_tokens,
+        args.max_model_len,
+        args.output,
+        args.temperature,
+    )
     return 0
 
 

@@ -102,8 +102,12 @@ def model_config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") ->
     if rope_scaling is not None:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if kind not in ("default", "llama3", "linear"):
-            raise ValueError(f"{source}: unsupported rope_scaling type {kind!r}; supported: default, linear, llama3")
-        rope_scaling = tuple(sorted((k, v) for k, v in rope_scaling.items() if not isinstance(v, (list, dict))))
+            raise ValueError(
+                f"{source}: unsupported rope_scaling type {kind!r}; supported: default, linear, llama3"
+            )
+        rope_scaling = tuple(
+            sorted((k, v) for k, v in rope_scaling.items() if not isinstance(v, (list, dict)))
+        )
     if arch == "Qwen3ForCausalLM":
         default_bias = False
     else:

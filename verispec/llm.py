@@ -74,9 +74,14 @@ class LLM:
         speculative_config: Mapping[str, Any] | str | None = None,
         kv_cache_memory_bytes: int | None = None,
         max_num_batched_tokens: int = 1024,
+        spec_token_budget: int | None = None,
     ):
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be a positive integer, got {max_num_seqs!r}")
+        if spec_token_budget is not None and (
+            not isinstance(spec_token_budget, int) or spec_token_budget < 1
+        ):
+            raise ValueError(f"spec_token_budget must be a positive integer, got {spec_token_budget!r}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
         self.device = pick_device(device)
@@ -111,7 +116,9 @@ class LLM:
         runner = ModelRunner(self.ckpt.model, cache, self.device)
         proposer = None
         if spec is not None:
-            proposer = build_proposer(spec, DraftContext(self.ckpt, plan.num_slots, t_alloc, self.device, dt, seed))
+            proposer = build_proposer(
+                spec, DraftContext(self.ckpt, plan.num_slots, t_alloc, self.device, dt, seed)
+            )
         opts = EngineOptions(
             max_model_len=plan.max_model_len,
             max_num_batched_tokens=max_num_batched_tokens,
@@ -119,6 +126,7 @@ class LLM:
             rejection_sample_method=spec.rejection_sample_method if spec else "strict",
             synthetic_acceptance_rate=spec.synthetic_acceptance_rate if spec else None,
             disable_by_batch_size=spec.disable_by_batch_size if spec else None,
+            spec_token_budget=spec_token_budget or (32 if self.device.type == "cpu" else 2048),
         )
         self.tokenizer = self.ckpt.tokenizer
         self.engine = LLMEngine(runner, self.tokenizer, opts, proposer, self.ckpt.eos_token_ids, seed)
@@ -152,7 +160,11 @@ class LLM:
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
-        params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
+        params = (
+            list(sampling_params)
+            if isinstance(sampling_params, Sequence)
+            else [sampling_params] * len(prompts)
+        )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling_params")
         encoded = [self._to_ids(p) for p in prompts]  # validate everything before adding anything
@@ -185,7 +197,9 @@ class LLM:
                         pending.discard(out.request_id)
                         done[out.request_id] = out
                         self.engine.release(out.request_id)
-                        bar.update(sum(1 for g in groups if g[-1] == out.request_id and all(x in done for x in g)))
+                        bar.update(
+                            sum(1 for g in groups if g[-1] == out.request_id and all(x in done for x in g))
+                        )
         except BaseException:
             for rid in pending:
                 self.engine.abort_request(rid)
@@ -215,7 +229,9 @@ class LLM:
                 if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
                     raise ValueError("each message must be a dict with 'role' and 'content'")
             text = self.tokenizer.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt)
-            prompts.append({"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)})
+            prompts.append(
+                {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
+            )
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def get_metrics(self) -> list[Metric]:
@@ -242,5 +258,12 @@ def _merge(outs: list[RequestOutput]) -> RequestOutput:
         c.index = j
         comps.append(c)
     rid = first.request_id.rsplit("_", 1)[0]
-    return RequestOutput(rid, first.prompt, first.prompt_token_ids, comps, True,
-                         sum(o.num_draft_tokens for o in outs), sum(o.num_accepted_tokens for o in outs))
+    return RequestOutput(
+        rid,
+        first.prompt,
+        first.prompt_token_ids,
+        comps,
+        True,
+        sum(o.num_draft_tokens for o in outs),
+        sum(o.num_accepted_tokens for o in outs),
+    )

@@ -76,12 +76,22 @@ def build_workload(name: str, n: int) -> list[list[dict]]:
     """Returns n conversations (lists of chat messages)."""
     if name == "code-edit":
         code = _humaneval(n) or _code_snippets(n)
-        return [[{"role": "user", "content": f"{_EDITS[i % len(_EDITS)]}\n\n```python\n{c}```"}]
-                for i, c in enumerate(code)]
+        return [
+            [{"role": "user", "content": f"{_EDITS[i % len(_EDITS)]}\n\n```python\n{c}```"}]
+            for i, c in enumerate(code)
+        ]
     if name == "summarize":
         docs = _code_snippets(n, 1500)
-        return [[{"role": "user", "content": "Copy out every line of the following code that contains a "
-                  f"function call, exactly as written, one per line.\n\n```python\n{d}```"}] for d in docs]
+        return [
+            [
+                {
+                    "role": "user",
+                    "content": "Copy out every line of the following code that contains a "
+                    f"function call, exactly as written, one per line.\n\n```python\n{d}```",
+                }
+            ]
+            for d in docs
+        ]
     if name == "chat":
         qs = _mtbench(n) or _CHAT_FALLBACK
         qs = (qs * (n // len(qs) + 1))[:n]
@@ -89,5 +99,7 @@ def build_workload(name: str, n: int) -> list[list[dict]]:
     if name == "repeat-edit":  # outputs repeat across requests: the suffix-decoding use case
         code = _code_snippets(max(4, n // 4))
         instr = "Convert this function to use f-strings where possible and return the full updated code."
-        return [[{"role": "user", "content": f"{instr}\n\n```python\n{code[i % len(code)]}```"}] for i in range(n)]
+        return [
+            [{"role": "user", "content": f"{instr}\n\n```python\n{code[i % len(code)]}```"}] for i in range(n)
+        ]
     raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(WORKLOADS)}")

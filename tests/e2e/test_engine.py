@@ -33,7 +33,10 @@ def test_greedy_batch_invariance(llm):
 
 def test_seeded_sampling_batch_invariance(llm):
     prompts = _prompts(16, seed=1)
-    sps = [SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=100 + i, ignore_eos=True) for i in range(16)]
+    sps = [
+        SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=100 + i, ignore_eos=True)
+        for i in range(16)
+    ]
     batched = _ids(llm.generate(prompts, sps, use_tqdm=False))
     alone = [_ids(llm.generate(p, s, use_tqdm=False))[0] for p, s in zip(prompts, sps)]
     assert batched == alone
@@ -49,7 +52,9 @@ def test_more_requests_than_slots_are_queued(tiny_llama):
 
 
 def test_text_prompts_chat_and_order(llm):
-    outs = llm.generate(["def add(a, b):", "The quick brown fox"], SamplingParams(temperature=0, max_tokens=8))
+    outs = llm.generate(
+        ["def add(a, b):", "The quick brown fox"], SamplingParams(temperature=0, max_tokens=8)
+    )
     assert [o.prompt for o in outs] == ["def add(a, b):", "The quick brown fox"]
     assert all(o.outputs[0].finish_reason in ("stop", "length") for o in outs)
     chat = llm.chat([{"role": "user", "content": "hello"}], SamplingParams(temperature=0, max_tokens=4))
@@ -63,7 +68,9 @@ def test_stop_rules(llm):
     free = llm.generate(p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)[0]
     toks = free.outputs[0].token_ids
     stop_id = toks[5]
-    out = llm.generate(p, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_id], ignore_eos=True))[0]
+    out = llm.generate(
+        p, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[stop_id], ignore_eos=True)
+    )[0]
     first = toks.index(stop_id)
     assert out.outputs[0].token_ids == toks[: first + 1]
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop_id
@@ -87,8 +94,10 @@ def test_eos_and_min_tokens(llm):
 
 def test_max_model_len_stops(tiny_llama):
     small = LLM(tiny_llama, max_model_len=32, max_num_seqs=2)
-    out = small.generate({"prompt_token_ids": list(range(5, 25))}, SamplingParams(temperature=0, max_tokens=100,
-                                                                                   ignore_eos=True))[0]
+    out = small.generate(
+        {"prompt_token_ids": list(range(5, 25))},
+        SamplingParams(temperature=0, max_tokens=100, ignore_eos=True),
+    )[0]
     assert len(out.prompt_token_ids) + len(out.outputs[0].token_ids) == 32
     assert out.outputs[0].finish_reason == "length"
 
@@ -102,12 +111,16 @@ def test_logprobs_and_n(llm):
         assert tok in entry and entry[tok].rank == 1  # greedy picks the top token
         assert len(entry) >= 3
     multi = llm.generate(p, SamplingParams(temperature=1.0, n=3, max_tokens=5, seed=7, ignore_eos=True))[0]
-    assert [c.index for c in multi.outputs] == [0, 1, 2] and len({tuple(c.token_ids) for c in multi.outputs}) > 1
+    assert [c.index for c in multi.outputs] == [0, 1, 2] and len(
+        {tuple(c.token_ids) for c in multi.outputs}
+    ) > 1
 
 
 def test_skip_tokenizer_init(tiny_llama):
     llm = LLM(tiny_llama, skip_tokenizer_init=True, max_model_len=64)
-    out = llm.generate({"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    out = llm.generate(
+        {"prompt_token_ids": [5, 6, 7]}, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    )
     assert len(out[0].outputs[0].token_ids) == 3 and out[0].outputs[0].text == ""
     with pytest.raises(ValueError, match="tokenizer"):
         llm.generate("text prompt")

@@ -26,13 +26,20 @@ def reference(tiny_llama):
     """Plain greedy outputs for every batch size's prompts."""
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    return {b: [o.outputs[0].token_ids for o in llm.generate(_prompts(b, seed=b), sp, use_tqdm=False)]
-            for b in BATCHES}
+    return {
+        b: [o.outputs[0].token_ids for o in llm.generate(_prompts(b, seed=b), sp, use_tqdm=False)]
+        for b in BATCHES
+    }
 
 
 def _spec_configs(tiny_llama: str, tiny_draft: str, k: int) -> dict[str, dict]:
     return {
-        "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
         "draft_model_self": {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": k},
         "draft_model_poor": {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": k},
     }
@@ -50,7 +57,9 @@ def test_greedy_equality(tiny_llama, tiny_draft, reference, method, k):
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens > 0
     if method == "draft_model_self":
-        assert spec.num_accepted_tokens == spec.num_draft_tokens  # a model drafting for itself is always right
+        assert (
+            spec.num_accepted_tokens == spec.num_draft_tokens
+        )  # a model drafting for itself is always right
     if method == "draft_model_poor":
         assert spec.num_accepted_tokens < spec.num_draft_tokens
 
@@ -63,24 +72,34 @@ def test_stop_inside_accepted_draft(tiny_llama, reference):
     prompts = _prompts(4, seed=4)
     for i, p in enumerate(prompts):
         stop_id = plain[i][7]
-        out = llm.generate(p, SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_id], ignore_eos=True))
+        out = llm.generate(
+            p, SamplingParams(temperature=0, max_tokens=24, stop_token_ids=[stop_id], ignore_eos=True)
+        )
         assert out[0].outputs[0].token_ids == plain[i][: plain[i].index(stop_id) + 1]
         out = llm.generate(p, SamplingParams(temperature=0, max_tokens=9, ignore_eos=True))
         assert out[0].outputs[0].token_ids == plain[i][:9]
 
 
 def test_mixed_greedy_and_sampled_batch(tiny_llama, tiny_draft, reference):
-    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3,
-           "rejection_sample_method": "probabilistic"}
+    cfg = {
+        "method": "draft_model",
+        "model": tiny_draft,
+        "num_speculative_tokens": 3,
+        "rejection_sample_method": "probabilistic",
+    }
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     prompts = _prompts(16, seed=16)
-    sps = [SamplingParams(temperature=0 if i % 2 == 0 else 0.8, max_tokens=24, ignore_eos=True, seed=i)
-           for i in range(16)]
+    sps = [
+        SamplingParams(temperature=0 if i % 2 == 0 else 0.8, max_tokens=24, ignore_eos=True, seed=i)
+        for i in range(16)
+    ]
     outs = llm.generate(prompts, sps, use_tqdm=False)
     for i in range(0, 16, 2):
         assert outs[i].outputs[0].token_ids == reference[16][i]
     again = llm.generate(prompts, sps, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in outs]  # seeded: reproducible
+    assert [o.outputs[0].token_ids for o in again] == [
+        o.outputs[0].token_ids for o in outs
+    ]  # seeded: reproducible
 
 
 def test_disable_by_batch_size(tiny_llama, reference):
@@ -123,7 +142,9 @@ def _target_probs(llm: LLM, prompt: list[int], first: list[int], top_p: float) -
     for start in range(0, len(rows), 16):  # 16 cache slots
         chunk = [RowInput(j, 0, r.token_ids, r.logits_from) for j, r in enumerate(rows[start : start + 16])]
         logits = runner.run(chunk).logits
-        stc = S.SamplingTensors.from_params([SamplingParams(temperature=1.0, top_p=top_p)] * len(chunk), "cpu", v)
+        stc = S.SamplingTensors.from_params(
+            [SamplingParams(temperature=1.0, top_p=top_p)] * len(chunk), "cpu", v
+        )
         p2 += (p1[support[start : start + 16]][:, None] * S.logits_to_probs(logits, stc)).sum(0)
     return p2
 
@@ -143,9 +164,20 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
 def test_sampled_tokens_follow_target_distribution(tiny_llama, tiny_draft, method, top_p):
     """Second output token (the first one produced by verification, against a deliberately poor draft) has
     exactly the target's marginal distribution: chi-square p-value must not be tiny; a wrong law must fail."""
-    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 2,
-           "rejection_sample_method": method}
-    llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=1234)
+    cfg = {
+        "method": "draft_model",
+        "model": tiny_draft,
+        "num_speculative_tokens": 2,
+        "rejection_sample_method": method,
+    }
+    llm = LLM(
+        tiny_llama,
+        max_model_len=64,
+        max_num_seqs=64,
+        speculative_config=cfg,
+        seed=1234,
+        spec_token_budget=1024,
+    )
     prompt = [11, 42, 7, 99, 5]
     n = 4000
     sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=3, ignore_eos=True)

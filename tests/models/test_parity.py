@@ -18,7 +18,9 @@ def _pair(folder: str):
 
     ck = load_checkpoint(folder, torch.device("cpu"), skip_tokenizer_init=True)
     ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    runner = ModelRunner(ck.model, KVCache(ck.config, 4, 128, torch.device("cpu"), torch.float32), torch.device("cpu"))
+    runner = ModelRunner(
+        ck.model, KVCache(ck.config, 4, 128, torch.device("cpu"), torch.float32), torch.device("cpu")
+    )
     return runner, ref
 
 
@@ -29,8 +31,13 @@ def test_prefill_and_chunks_after_truncation(tiny_checkpoints, arch):
     with torch.no_grad():
         want = ref(ids).logits  # [3, 24, V]
     # three requests of different lengths in non-adjacent slots, in one padded forward
-    out = runner.run([RowInput(0, 0, ids[0, :12].tolist()), RowInput(2, 0, ids[2].tolist()),
-                      RowInput(1, 0, ids[1, :7].tolist())])
+    out = runner.run(
+        [
+            RowInput(0, 0, ids[0, :12].tolist()),
+            RowInput(2, 0, ids[2].tolist()),
+            RowInput(1, 0, ids[1, :7].tolist()),
+        ]
+    )
     got = out.logits.split([12, 24, 7])
     assert (got[0] - want[0, :12]).abs().max() < ATOL
     assert (got[1] - want[2]).abs().max() < ATOL
@@ -41,7 +48,9 @@ def test_prefill_and_chunks_after_truncation(tiny_checkpoints, arch):
     assert (a - want[0, 8:20]).abs().max() < ATOL
     assert (b - want[1, 7:11]).abs().max() < ATOL
     # single-token decode, logits only for the requested positions
-    out = runner.run([RowInput(0, 20, ids[0, 20:21].tolist()), RowInput(1, 11, ids[1, 11:14].tolist(), logits_from=2)])
+    out = runner.run(
+        [RowInput(0, 20, ids[0, 20:21].tolist()), RowInput(1, 11, ids[1, 11:14].tolist(), logits_from=2)]
+    )
     assert out.logits.shape[0] == 2
     assert (out.logits[0] - want[0, 20]).abs().max() < ATOL
     assert (out.logits[1] - want[1, 13]).abs().max() < ATOL

@@ -22,21 +22,27 @@ def smol(smollm2_gguf_path) -> LLM:
 @pytest.fixture(scope="module")
 def smol_prompts(smol) -> list[list[int]]:
     tok = smol.tokenizer
-    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-            for p in PROMPTS]
+    return [
+        tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
+        for p in PROMPTS
+    ]
 
 
 @pytest.fixture(scope="module")
 def smol_greedy(smol, smol_prompts) -> list[list[int]]:
     sp = SamplingParams(temperature=0, max_tokens=NEW)
-    return [o.outputs[0].token_ids for o in smol.generate([{"prompt_token_ids": p} for p in smol_prompts], sp)]
+    return [
+        o.outputs[0].token_ids for o in smol.generate([{"prompt_token_ids": p} for p in smol_prompts], sp)
+    ]
 
 
 def test_greedy_matches_transformers(smollm2_gguf_path, smol_prompts, smol_greedy):
     from transformers import AutoModelForCausalLM
 
     path = Path(smollm2_gguf_path)
-    ref = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ref = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     for ids, ours in zip(smol_prompts, smol_greedy):
         with torch.inference_mode():
             out = ref.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=2)
@@ -68,8 +74,13 @@ def test_suffix_warms_up_on_repeated_prompts(smollm2_gguf_path):
     llm = LLM(smollm2_gguf_path, max_model_len=512, max_num_seqs=8, speculative_config=cfg)
     tok = llm.tokenizer
     topics = ["cats", "rain", "tea", "maps", "bees", "jazz", "salt", "kites", "moss", "owls"] * 2
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": f"One sentence about {t}."}]),
-                          add_special_tokens=False) for t in topics]
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": f"One sentence about {t}."}]),
+            add_special_tokens=False,
+        )
+        for t in topics
+    ]
     sp = SamplingParams(temperature=0, max_tokens=24)
     rates = []
     for _ in range(10):

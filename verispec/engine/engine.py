@@ -28,11 +28,35 @@ class EngineOptions:
     synthetic_acceptance_rate: float | None = None
     disable_by_batch_size: int | None = None
     log_interval_s: float = 10.0
+    # Most tokens one decode step may score (committed + drafts). Verifying more rows than this turns the
+    # forward compute-bound (on a CPU from ~32 rows), so at large batch each request gets fewer drafts.
+    spec_token_budget: int = 32
+
+
+def fit_budget(drafts: list[list[int]], allowance: int) -> list[list[int]]:
+    """Trim drafts so that their total length is at most `allowance`, sharing it evenly (short drafts first)."""
+    if sum(len(d) for d in drafts) <= allowance:
+        return drafts
+    out = [d for d in drafts]
+    order = sorted(range(len(drafts)), key=lambda i: len(drafts[i]))
+    left = max(0, allowance)
+    for n, i in enumerate(order):
+        take = min(len(drafts[i]), left // (len(order) - n))
+        out[i] = drafts[i][:take]
+        left -= take
+    return out
 
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner, tokenizer, opts: EngineOptions, proposer: Proposer | None,
-                 eos_token_ids: tuple[int, ...], seed: int = 0):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        tokenizer,
+        opts: EngineOptions,
+        proposer: Proposer | None,
+        eos_token_ids: tuple[int, ...],
+        seed: int = 0,
+    ):
         self.runner, self.tokenizer, self.opts, self.proposer = runner, tokenizer, opts, proposer
         self.cache: KVCache = runner.cache
         self.eos_token_ids = eos_token_ids
@@ -47,7 +71,9 @@ class LLMEngine:
         self.last_step_stats: SpecDecodingStats | None = None
 
     # ------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params) -> Request:
+    def add_request(
+        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params
+    ) -> Request:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not prompt_token_ids:
@@ -70,9 +96,13 @@ class LLMEngine:
         if self.tokenizer is not None:
             from verispec.tokenizer import IncrementalDetokenizer
 
-            req.detokenizer = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids, params.skip_special_tokens)
+            req.detokenizer = IncrementalDetokenizer(
+                self.tokenizer, req.prompt_token_ids, params.skip_special_tokens
+            )
         limit = self.opts.disable_by_batch_size
-        req.speculate = self.proposer is not None and (limit is None or len(self.waiting) + len(self.running) < limit)
+        req.speculate = self.proposer is not None and (
+            limit is None or len(self.waiting) + len(self.running) < limit
+        )
         if params.logprobs is not None:
             req.logprobs = []
         self.requests[request_id] = req
@@ -125,8 +155,14 @@ class LLMEngine:
             if n <= 0 or (rows and self._padding_waste(rows, r, n)):
                 break
             final = r.num_computed + n == r.num_prompt
-            rows.append(RowInput(r.slot, r.num_computed, r.prompt_token_ids[r.num_computed : r.num_computed + n],
-                                 logits_from=n - 1 if final else n))
+            rows.append(
+                RowInput(
+                    r.slot,
+                    r.num_computed,
+                    r.prompt_token_ids[r.num_computed : r.num_computed + n],
+                    logits_from=n - 1 if final else n,
+                )
+            )
             chosen.append(r)
             budget -= n
         out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
@@ -153,7 +189,10 @@ class LLMEngine:
         if spec and self.proposer is not None:
             caps = [self._draft_cap(r) for r in spec]
             prop = self.proposer.propose(spec, caps)
-            by_id = {r.request_id: d[:c] for r, d, c in zip(spec, prop.token_ids, caps)}
+            kept = fit_budget(
+                [d[:c] for d, c in zip(prop.token_ids, caps)], self.opts.spec_token_budget - len(reqs)
+            )
+            by_id = {r.request_id: d for r, d in zip(spec, kept)}
             drafts = [by_id.get(r.request_id, []) for r in reqs]
             if prop.draft_probs is not None:
                 draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
@@ -161,8 +200,15 @@ class LLMEngine:
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
         out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
         o = self.opts
-        step = sample_step(reqs, drafts, out.logits, o.rejection_sample_method, draft_probs, self.generator,
-                           o.synthetic_acceptance_rate)
+        step = sample_step(
+            reqs,
+            drafts,
+            out.logits,
+            o.rejection_sample_method,
+            draft_probs,
+            self.generator,
+            o.synthetic_acceptance_rate,
+        )
         stats = SpecDecodingStats(o.num_speculative_tokens) if self.proposer else None
         for r, d, n in zip(reqs, drafts, step.num_accepted):
             r.num_computed += 1 + n  # roll back the rejected drafts: O(1)
@@ -232,8 +278,21 @@ class LLMEngine:
             del self.requests[request_id]
 
     def output_of(self, r: Request) -> RequestOutput:
-        comp = CompletionOutput(0, r.text, list(r.output_token_ids),
-                                r.cumulative_logprob if r.logprobs is not None else None,
-                                r.logprobs, r.finish_reason, r.stop_reason)
-        return RequestOutput(r.request_id, r.prompt, r.prompt_token_ids, [comp], r.finished,
-                             r.num_draft_tokens, r.num_accepted_tokens)
+        comp = CompletionOutput(
+            0,
+            r.text,
+            list(r.output_token_ids),
+            r.cumulative_logprob if r.logprobs is not None else None,
+            r.logprobs,
+            r.finish_reason,
+            r.stop_reason,
+        )
+        return RequestOutput(
+            r.request_id,
+            r.prompt,
+            r.prompt_token_ids,
+            [comp],
+            r.finished,
+            r.num_draft_tokens,
+            r.num_accepted_tokens,
+        )

@@ -56,11 +56,15 @@ def plan_cache(
             f"KV cache budget of {budget_bytes / GiB:.2f} GiB cannot hold one sequence of "
             f"max_model_len={max_model_len}; lower max_model_len"
         )
-    return CacheBudget(num_slots=int(slots), max_model_len=int(max_model_len), bytes_total=int(slots * t_alloc * per_tok))
+    return CacheBudget(
+        num_slots=int(slots), max_model_len=int(max_model_len), bytes_total=int(slots * t_alloc * per_tok)
+    )
 
 
 class KVCache:
-    def __init__(self, cfg: ModelConfig, num_slots: int, t_alloc: int, device: torch.device, dtype: torch.dtype):
+    def __init__(
+        self, cfg: ModelConfig, num_slots: int, t_alloc: int, device: torch.device, dtype: torch.dtype
+    ):
         shape = (num_slots, 2 * cfg.num_kv_heads, t_alloc, cfg.head_dim)
         # zeros, not empty: masked keys are multiplied by 0 in attention and must never be NaN garbage
         self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]

@@ -38,21 +38,32 @@ class ModelRunner:
         self.model, self.cache, self.device = model, cache, device
         self.window = model.cfg.sliding_window if model.cfg.layer_types else None
 
-    def build_context(self, rows: list[RowInput]) -> tuple[torch.Tensor, torch.Tensor, AttnContext, list[int]]:
+    def build_context(
+        self, rows: list[RowInput]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttnContext, list[int]]:
+        """-> (packed input ids [N], RoPE positions [S, Q], context, packed indices of the logits rows).
+
+        Tokens are packed in input-row order: projections and MLPs only ever see the N real tokens; attention
+        works on the padded [S, Q] layout of the slot range, gathering/scattering only when rows are ragged.
+        """
         lo = min(r.slot for r in rows)
         hi = max(r.slot for r in rows) + 1
         s, q = hi - lo, max(len(r.token_ids) for r in rows)
-        by_slot = {r.slot - lo: r for r in rows}
-        ids = [[0] * q for _ in range(s)]
         start, qlen = [0] * s, [0] * s
         depth = [list(range(q)) for _ in range(s)]
-        for i, r in by_slot.items():
-            ids[i][: len(r.token_ids)] = r.token_ids
-            start[i], qlen[i] = r.start, len(r.token_ids)
+        packed_ids: list[int] = []
+        pad_pos: list[int] = []  # padded flat position of each packed token
+        flat: list[int] = []
+        for r in rows:
+            i, n = r.slot - lo, len(r.token_ids)
+            start[i], qlen[i] = r.start, n
             if r.depths is not None:
-                depth[i][: len(r.depths)] = r.depths
+                depth[i][:n] = r.depths
+            flat.extend(range(len(packed_ids) + r.logits_from, len(packed_ids) + n))
+            pad_pos.extend(range(i * q, i * q + n))
+            packed_ids.extend(r.token_ids)
         dev = self.device
-        ids_t = torch.tensor(ids, dtype=torch.long, device=dev)  # [S, Q]
+        ids_t = torch.tensor(packed_ids, dtype=torch.long, device=dev)  # [N]
         start_t = torch.tensor(start, device=dev)[:, None]  # [S, 1]
         j = torch.arange(q, device=dev)[None]  # [1, Q]
         valid = j < torch.tensor(qlen, device=dev)[:, None]  # [S, Q]
@@ -78,8 +89,15 @@ class ModelRunner:
             sliding = base & near
             sliding[..., 0] |= ~valid[:, None]
         rows_idx = torch.arange(s, device=dev)[:, None]
-        ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding)
-        flat = [(r.slot - lo) * q + k for r in rows for k in range(r.logits_from, len(r.token_ids))]
+        identity = pad_pos == list(range(s * q))
+        unpack = pack = None
+        if not identity:
+            pack_t = torch.tensor(pad_pos, device=dev)  # [N] padded position of each packed token
+            unpack_l = [0] * (s * q)  # padded position -> packed row (padding reads row 0; it is masked)
+            for k, pp in enumerate(pad_pos):
+                unpack_l[pp] = k
+            unpack, pack = torch.tensor(unpack_l, device=dev), pack_t
+        ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack)
         return ids_t, positions, ctx, flat
 
     def _mask(self, start_t, valid, positions, kv_len, rows, lo, q) -> torch.Tensor:
@@ -101,13 +119,11 @@ class ModelRunner:
     def run(self, rows: list[RowInput], aux_layers: tuple[int, ...] = ()) -> RunnerOutput:
         ids, positions, ctx, flat = self.build_context(rows)
         hidden, aux = self.model(ids, positions, ctx, self.cache.kv, aux_layers)
-        d = hidden.shape[-1]
-        if len(flat) == hidden.shape[0] * hidden.shape[1]:
-            sel = hidden.reshape(-1, d)
-            aux_sel = [a.reshape(-1, d) for a in aux]
+        if len(flat) == hidden.shape[0]:
+            sel, aux_sel = hidden, aux
         else:
             idx = torch.tensor(flat, device=self.device)
-            sel = hidden.reshape(-1, d).index_select(0, idx)  # [N, hidden]
-            aux_sel = [a.reshape(-1, d).index_select(0, idx) for a in aux]
+            sel = hidden.index_select(0, idx)  # [n_logits, hidden]
+            aux_sel = [a.index_select(0, idx) for a in aux]
         counts = [len(r.token_ids) - r.logits_from for r in rows]
         return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel, counts)

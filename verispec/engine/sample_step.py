@@ -62,7 +62,9 @@ def sample_step(
         padded = logits.view(b, stride, v)  # [B, K+1, V]
     else:  # pad ragged rows by repeating their last row (padded positions are never emitted)
         starts = torch.tensor([0] + n_rows[:-1], device=dev).cumsum(0)
-        offs = torch.minimum(torch.arange(stride, device=dev)[None], torch.tensor(n_rows, device=dev)[:, None] - 1)
+        offs = torch.minimum(
+            torch.arange(stride, device=dev)[None], torch.tensor(n_rows, device=dev)[:, None] - 1
+        )
         padded = logits.index_select(0, (starts[:, None] + offs).reshape(-1)).view(b, stride, v)
     raw = padded
     params = [r.params for r in reqs]

@@ -23,6 +23,20 @@ class AttnContext:
     kv_len: int  # keys [0, kv_len) are read
     mask: torch.Tensor | None  # [S, 1, Q, kv_len] bool, True = attend (None: attend all, S == Q == 1)
     sliding_mask: torch.Tensor | None = None  # same, restricted to the sliding window (Gemma 3)
+    q_len: int = 1  # Q, the padded number of new tokens per row
+    unpack: torch.Tensor | None = None  # [S*Q] packed row feeding each padded position (None: identity)
+    pack: torch.Tensor | None = None  # [N] padded position of each packed token (None: identity)
+
+    def to_padded(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, F] packed tokens -> [S, Q, F]."""
+        if self.unpack is not None:
+            x = x.index_select(0, self.unpack)
+        return x.view(self.slot_hi - self.slot_lo, self.q_len, x.shape[-1])
+
+    def to_packed(self, x: torch.Tensor) -> torch.Tensor:
+        """[S, Q, F] -> [N, F] real tokens only."""
+        x = x.reshape(-1, x.shape[-1])
+        return x.index_select(0, self.pack) if self.pack is not None else x
 
 
 def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> torch.Tensor:

@@ -69,8 +69,13 @@ def resolve_model_path(model: str) -> Path:
 def pick_dtype(dtype: str | torch.dtype, device: torch.device, hf_config: dict) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
-             "bfloat16": torch.bfloat16}
+    names = {
+        "float32": torch.float32,
+        "float": torch.float32,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "bfloat16": torch.bfloat16,
+    }
     if dtype == "auto":
         if device.type == "cpu":
             return torch.float32  # no fast bf16 on this class of CPU
@@ -81,8 +86,13 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, hf_config: dict) 
     return names[dtype]
 
 
-def load_checkpoint(model: str, device: torch.device, dtype: str | torch.dtype = "auto",
-                    tokenizer: str | None = None, skip_tokenizer_init: bool = False) -> Checkpoint:
+def load_checkpoint(
+    model: str,
+    device: torch.device,
+    dtype: str | torch.dtype = "auto",
+    tokenizer: str | None = None,
+    skip_tokenizer_init: bool = False,
+) -> Checkpoint:
     path = resolve_model_path(model)
     tok = None
     if path.is_file():
@@ -133,7 +143,10 @@ def _init_rope(net: DecoderLM, cfg: ModelConfig) -> None:
 
 def _eos_ids(folder: Path, hf_config: dict) -> list[int]:
     ids: list[int] = []
-    for src in (hf_config, read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {}):
+    for src in (
+        hf_config,
+        read_json(folder / "generation_config.json") if (folder / "generation_config.json").is_file() else {},
+    ):
         e = src.get("eos_token_id")
         ids += e if isinstance(e, list) else ([e] if e is not None else [])
     return sorted(set(ids))

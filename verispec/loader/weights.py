@@ -28,13 +28,17 @@ def load_decoder_weights(model: DecoderLM, tensors: dict[str, torch.Tensor], sou
         if norm and gemma:
             value = value.float() + 1.0  # Gemma multiplies by (1 + w)
         if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(f"{source}: tensor '{name}' has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+            raise ValueError(
+                f"{source}: tensor '{name}' has shape {tuple(value.shape)}, expected {tuple(param.shape)}"
+            )
         with torch.no_grad():
             param.copy_(value.to(param.dtype))
 
     def dense(module, weight: torch.Tensor, bias: torch.Tensor | None, name: str) -> None:
         try:
-            module.load(weight.to(module.weight.dtype), None if bias is None else bias.to(module.weight.dtype), name)
+            module.load(
+                weight.to(module.weight.dtype), None if bias is None else bias.to(module.weight.dtype), name
+            )
         except ValueError as e:
             raise ValueError(f"{source}: {e}") from None
 

@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
-from verispec.layers.linear import Dense
 from verispec.layers.attention import AttnContext, attention, write_kv
+from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -32,17 +32,21 @@ class Attention(nn.Module):
         self.scale = (pre if pre else self.d) ** -0.5
 
     def forward(self, x, rope, ctx: AttnContext, kv_cache) -> torch.Tensor:
-        s, nq, _ = x.shape  # [S, Q, hidden]
+        """x [N, hidden] packed tokens -> [N, hidden]; attention itself runs on the padded [S, Q] layout."""
         hq, hkv = self.hq, self.hkv
-        qkv = self.qkv_proj(x).view(s, nq, hq + 2 * hkv, self.d).transpose(1, 2)  # [S, Hq+2Hkv, Q, D]
+        qkv = ctx.to_padded(self.qkv_proj(x))  # [S, Q, (Hq+2Hkv)*D]
+        s, nq = qkv.shape[0], qkv.shape[1]
+        qkv = qkv.view(s, nq, hq + 2 * hkv, self.d).transpose(1, 2)  # [S, Hq+2Hkv, Q, D]
         qk = qkv[:, : hq + hkv]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])), dim=1)
         qkv[:, : hq + hkv] = apply_rope(qk, *rope)  # RoPE on q and k together, in place
         kv = write_kv(kv_cache, ctx, qkv[:, hq:])  # one cache write for K and V: [S, 2Hkv, T, D]
         mask = ctx.sliding_mask if self.sliding else ctx.mask
-        o = attention(qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping)
-        return self.o_proj(o.transpose(1, 2).reshape(s, nq, self.hq * self.d))
+        o = attention(
+            qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping
+        )
+        return self.o_proj(ctx.to_packed(o.transpose(1, 2).reshape(s, nq, hq * self.d)))
 
 
 class MLP(nn.Module):
@@ -84,7 +88,7 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderLM(nn.Module):
-    """forward(input_ids [S, Q], positions [S, Q], ctx, kv) -> final normed hidden [S, Q, hidden]."""
+    """forward(input_ids [N] packed, positions [S, Q], ctx, kv) -> final normed hidden [N, hidden]."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -95,7 +99,9 @@ class DecoderLM(nn.Module):
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.embed_scale = cfg.hidden_size**0.5 if cfg.is_gemma else 1.0
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
-        self.register_buffer("inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False)
+        self.register_buffer(
+            "inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False
+        )
         local = cfg.rope_local_theta or cfg.rope_theta
         self.register_buffer("inv_freq_local", rope_inv_freq(cfg.head_dim, local), persistent=False)
 
@@ -105,16 +111,19 @@ class DecoderLM(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,  # [S, Q]
+        input_ids: torch.Tensor,  # [N] packed new tokens of all rows
         positions: torch.Tensor,  # [S, Q] RoPE positions
         ctx: AttnContext,
         kv: list[torch.Tensor],  # per layer [slots, 2*Hkv, T, D]
         aux_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Returns (final normed hidden [S, Q, hidden], residual-stream inputs of the aux layers)."""
+        """Returns (final normed hidden [N, hidden], residual-stream inputs of the aux layers, each [N, hidden])."""
         h = self.embed(input_ids)
         rope = rope_cos_sin(positions, self.inv_freq, h.dtype)
-        ropes = (rope, rope_cos_sin(positions, self.inv_freq_local, h.dtype) if self.cfg.layer_types else rope)
+        ropes = (
+            rope,
+            rope_cos_sin(positions, self.inv_freq_local, h.dtype) if self.cfg.layer_types else rope,
+        )
         aux: list[torch.Tensor] = []
         for i, layer in enumerate(self.layers):
             if i in aux_layers:

@@ -14,8 +14,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class Proposal:
-    token_ids: list[list[int]]  # per request, 0..k_max[b] drafts (host lists: the runner builds inputs from them)
-    draft_probs: torch.Tensor | None = None  # [B, K, V] draft distribution for `probabilistic`; None = one-hot
+    token_ids: list[
+        list[int]
+    ]  # per request, 0..k_max[b] drafts (host lists: the runner builds inputs from them)
+    draft_probs: torch.Tensor | None = (
+        None  # [B, K, V] draft distribution for `probabilistic`; None = one-hot
+    )
     tree_masks: list[torch.Tensor | None] | None = None  # per request [q, q] ancestor-or-self; None = chains
 
 

@@ -43,7 +43,9 @@ class DraftModelProposer:
         for r in reqs:
             n = r.num_tokens
             done = min(self.computed[r.request_id], n - 1)  # rollback of rejected drafts: O(1)
-            rows.append(RowInput(self.slot[r.request_id], done, r.tokens_from(done), logits_from=n - done - 1))
+            rows.append(
+                RowInput(self.slot[r.request_id], done, r.tokens_from(done), logits_from=n - done - 1)
+            )
             self.computed[r.request_id] = n
         return rows
 
@@ -77,13 +79,10 @@ class DraftModelProposer:
 
     def _step(self, rows: list[RowInput], tok: torch.Tensor) -> torch.Tensor:
         """One batched draft forward feeding `tok` [B] (kept on device: no host sync per draft token)."""
-        ids, positions, ctx, _ = self.runner.build_context(rows)
-        lo = ctx.slot_lo
-        slots = torch.tensor([r.slot - lo for r in rows], device=tok.device)
-        ids[slots, 0] = tok
+        _, positions, ctx, _ = self.runner.build_context(rows)  # rows in request order: packed ids = tok
         m = self.runner.model
-        hidden, _ = m(ids, positions, ctx, self.cache.kv)
-        return m.compute_logits(hidden[slots, 0])  # [B, V]
+        hidden, _ = m(tok, positions, ctx, self.cache.kv)  # [B, hidden]
+        return m.compute_logits(hidden)  # [B, V]
 
     def on_step_end(self, reqs, target, num_accepted) -> None:
         return None

@@ -10,7 +10,9 @@ from verispec.spec.suffix_tree import SuffixDecodingCache
 class SuffixProposer:
     aux_layers: tuple[int, ...] = ()
 
-    def __init__(self, max_tree_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float):
+    def __init__(
+        self, max_tree_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float
+    ):
         self.cache = SuffixDecodingCache(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
         self.depth = max_tree_depth
         self._seen: dict[str, int] = {}  # output tokens already appended to the request's tree

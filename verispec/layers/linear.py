@@ -1,0 +1,56 @@
+"""Dense layer tuned for decoding on the CPU.
+
+On CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
+uses): for the 1-40 row products of decoding and verification it runs 1.2-2x faster than nn.Linear, and
+its result for a row does not depend on how many rows are in the batch (bitwise), which keeps plain
+decoding and speculative verification numerically identical. Elsewhere (CUDA, no MKL) it is x @ W^T.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PACK_ROWS_HINT = 16
+
+
+def _mkl_packing_available() -> bool:
+    return (
+        hasattr(torch.ops, "mkl")
+        and hasattr(torch.ops.mkl, "_mkl_linear")
+        and torch.backends.mkl.is_available()
+    )
+
+
+class Dense(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # HF layout [out, in]
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self._packed: torch.Tensor | None = None
+
+    def load(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "") -> None:
+        if tuple(weight.shape) != tuple(self.weight.shape):
+            raise ValueError(
+                f"tensor '{name}' has shape {tuple(weight.shape)}, expected {tuple(self.weight.shape)}"
+            )
+        with torch.no_grad():
+            self.weight.copy_(weight)
+            if bias is not None:
+                self.bias.copy_(bias)
+        self.pack()
+
+    def pack(self) -> None:
+        w = self.weight
+        if w.device.type == "cpu" and w.dtype == torch.float32 and _mkl_packing_available():
+            self._packed = torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), PACK_ROWS_HINT)
+        else:
+            self._packed = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None:
+            return nn.functional.linear(x, self.weight, self.bias)
+        x2 = x.reshape(-1, self.in_features)  # [M, in]
+        y = torch.ops.mkl._mkl_linear(x2, self._packed, self.weight, self.bias, x2.shape[0])  # [M, out]
+        return y.view(*x.shape[:-1], self.out_features)
