@@ -1,5 +1,4 @@
 import math
-import time
 
 import pytest
 import torch
@@ -234,7 +233,6 @@ def test_draw_noise_unseeded_uses_default_generator():
 
 
 def test_sample_follows_probs_chi_square():
-    t0 = time.perf_counter()
     probs = torch.tensor([0.05, 0.1, 0.15, 0.2, 0.2, 0.3])
     n = 50_000
     noise = draw_noise([n], [make_generator(0, "cpu")], 6, "cpu")
@@ -245,7 +243,6 @@ def test_sample_follows_probs_chi_square():
     assert chi2 < 20.52, chi2  # df=5, p=0.001
     # unnormalised input gives the same draw (exponential race is scale invariant)
     assert torch.equal(sample(probs.expand(n, 6) * 4.0, noise), tokens)
-    assert time.perf_counter() - t0 < 2.0
 
 
 def test_sample_never_picks_zero_prob():
