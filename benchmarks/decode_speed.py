@@ -88,7 +88,11 @@ def main() -> None:
         tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
         for p in PROMPTS
     ]
-    weight_bytes = sum(p.numel() * p.element_size() for p in llm.ckpt.model.parameters())
+    # bytes streamed per decoded token: every weight except the embedding table (one row of it is gathered)
+    model = llm.ckpt.model
+    weight_bytes = sum(
+        p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n
+    )
     bw = measure_bandwidth_gbs()
     roofline = bw * 1e9 / weight_bytes
     hf = None

@@ -249,6 +249,21 @@ def test_gemma3_chat_template(gemma3_checkpoint, gemma3_hf_tokenizer):
         gemma3_checkpoint.tokenizer.apply_chat_template(CHAT)
 
 
+@pytest.mark.slow
+def test_gemma3_greedy_matches_transformers(gemma3_gguf_file, gemma3_hf_model):
+    """Our Gemma 3 runner (sliding + global layers, two RoPE bases, sandwich norms) generates what transformers does."""
+    from verispec import LLM, SamplingParams
+
+    llm = LLM(str(gemma3_gguf_file), max_model_len=256, max_num_seqs=2)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([out.prompt_token_ids])
+        with torch.inference_mode():
+            ref = gemma3_hf_model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=[1, 106])
+        assert ref[0, ids.shape[1] :].tolist() == out.outputs[0].token_ids, prompt
+
+
 # ---- error cases --------------------------------------------------------------------------------
 
 
