@@ -208,3 +208,16 @@ def test_suffix_greedy_equality_and_learning(tiny_llama, batch):
     acc1 = sum(o.num_accepted_tokens for o in first) / max(1, sum(o.num_draft_tokens for o in first))
     acc2 = sum(o.num_accepted_tokens for o in second) / max(1, sum(o.num_draft_tokens for o in second))
     assert acc2 > acc1 and acc2 > 0.8
+
+
+def test_logprobs_with_speculation_equal_plain(tiny_llama):
+    sp = SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True)
+    prompts = _prompts(3, seed=40)
+    plain = LLM(tiny_llama, max_model_len=256).generate(prompts, sp, use_tqdm=False)
+    cfg = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3}
+    spec = LLM(tiny_llama, max_model_len=256, speculative_config=cfg).generate(prompts, sp, use_tqdm=False)
+    for a, b in zip(plain, spec):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        for ea, eb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert ea.keys() == eb.keys()
+            assert all(abs(ea[t].logprob - eb[t].logprob) < 1e-4 and ea[t].rank == eb[t].rank for t in ea)
