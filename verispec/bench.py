@@ -84,9 +84,9 @@ def run_bench(
             "prompt_lookup_max": 4,
             "prompt_lookup_min": 2,
         }
-    kw = dict(max_num_seqs=batch_size, max_model_len=max_model_len or 4096)
+    convs = build_workload(workload, num_prompts)  # validates the workload name before loading anything
+    kw = dict(max_num_seqs=batch_size, max_model_len=max_model_len)
     plain = LLM(model, **kw)
-    convs = build_workload(workload, num_prompts)
     tok = plain.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0 if temperature else None)

@@ -18,6 +18,10 @@ from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 
 
+# Submodules are called through .forward(): nn.Module.__call__ costs a few microseconds of hook bookkeeping per
+# call, ~300 times per decode step, and nothing here uses hooks.
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, sliding: bool):
         super().__init__()
@@ -34,19 +38,19 @@ class Attention(nn.Module):
     def forward(self, x, rope, ctx: AttnContext, kv_cache) -> torch.Tensor:
         """x [N, hidden] packed tokens -> [N, hidden]; attention itself runs on the padded [S, Q] layout."""
         hq, hkv = self.hq, self.hkv
-        qkv = ctx.to_padded(self.qkv_proj(x))  # [S, Q, (Hq+2Hkv)*D]
+        qkv = ctx.to_padded(self.qkv_proj.forward(x))  # [S, Q, (Hq+2Hkv)*D]
         s, nq = qkv.shape[0], qkv.shape[1]
         qkv = qkv.view(s, nq, hq + 2 * hkv, self.d).transpose(1, 2)  # [S, Hq+2Hkv, Q, D]
         qk = qkv[:, : hq + hkv]
         if self.q_norm is not None:
-            qk = torch.cat((self.q_norm(qk[:, :hq]), self.k_norm(qk[:, hq:])), dim=1)
+            qk = torch.cat((self.q_norm.forward(qk[:, :hq]), self.k_norm.forward(qk[:, hq:])), dim=1)
         qkv[:, : hq + hkv] = apply_rope(qk, *rope)  # RoPE on q and k together, in place
         kv = write_kv(kv_cache, ctx, qkv[:, hq:])  # one cache write for K and V: [S, 2Hkv, T, D]
         mask = ctx.sliding_mask if self.sliding else ctx.mask
         o = attention(
             qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping
         )
-        return self.o_proj(ctx.to_packed(o.transpose(1, 2).reshape(s, nq, hq * self.d)))
+        return self.o_proj.forward(ctx.to_packed(o.transpose(1, 2).reshape(s, nq, hq * self.d)))
 
 
 class MLP(nn.Module):
@@ -58,9 +62,9 @@ class MLP(nn.Module):
         self.gelu = cfg.hidden_act.startswith("gelu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        gate, up = self.gate_up_proj.forward(x).split(self.inter, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up)
+        return self.down_proj.forward(act * up)
 
 
 class DecoderLayer(nn.Module):
@@ -79,12 +83,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, ropes, ctx, kv_cache) -> torch.Tensor:
         rope = ropes[1] if self.sliding else ropes[0]
-        a = self.self_attn(self.input_layernorm(h), rope, ctx, kv_cache)
+        a = self.self_attn.forward(self.input_layernorm.forward(h), rope, ctx, kv_cache)
         if self.sandwich:
-            h = h + self.post_attention_layernorm(a)
-            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+            h = h + self.post_attention_layernorm.forward(a)
+            return h + self.post_feedforward_layernorm.forward(
+                self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
+            )
         h = h + a
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
 
 
 class DecoderLM(nn.Module):
@@ -128,11 +134,11 @@ class DecoderLM(nn.Module):
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 aux.append(h)
-            h = layer(h, ropes, ctx, kv[i])
-        return self.norm(h), aux
+            h = layer.forward(h, ropes, ctx, kv[i])
+        return self.norm.forward(h), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., V] (float32)."""
-        logits = self.lm_head(hidden).float()
+        logits = self.lm_head.forward(hidden).float()
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -1,0 +1,70 @@
+"""`verispec generate` / `bench`: streaming output, and one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "verispec", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_generate_streams_text(tiny_llama):
+    r = _run("generate", tiny_llama, "-p", "def add(a, b):", "--max-tokens", "8")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() != "" or r.stdout == "\n"
+
+
+def test_generate_with_speculation_matches_plain(tiny_llama):
+    plain = _run("generate", tiny_llama, "-p", "The quick brown fox", "--max-tokens", "12")
+    spec = _run(
+        "generate",
+        tiny_llama,
+        "-p",
+        "The quick brown fox",
+        "--max-tokens",
+        "12",
+        "--speculative-config",
+        json.dumps({"method": "ngram", "num_speculative_tokens": 3}),
+    )
+    assert plain.returncode == spec.returncode == 0, spec.stderr
+    assert plain.stdout == spec.stdout
+
+
+def _bad_inputs(tmp: Path, tiny: str) -> list[tuple[list[str], str]]:
+    garbage = tmp / "garbage.gguf"
+    garbage.write_bytes(b"not a gguf file at all")
+    truncated = tmp / "trunc.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x01" * 8)
+    arch = tmp / "arch"
+    arch.mkdir()
+    (arch / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    return [
+        (["generate", "no-such-model", "-p", "x"], "not found"),
+        (["generate", str(tmp / "missing.gguf"), "-p", "x"], "not found"),
+        (["generate", str(garbage), "-p", "x"], str(garbage)),
+        (["generate", str(truncated), "-p", "x"], str(truncated)),
+        (["generate", str(arch), "-p", "x"], "unsupported architecture"),
+        (["generate", tiny, "-p", "x", "--speculative-config", "{bad json"], "JSON"),
+        (["generate", tiny, "-p", "x", "--speculative-config", '{"method": "ngram", "colour": 1}'], "colour"),
+        (["generate", tiny, "-p", "x", "--temperature", "-1"], "temperature"),
+        (["generate", tiny], "--prompt"),
+        (["bench", tiny, "--workload", "poetry"], "workload"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(10))
+def test_bad_input_exits_2_with_one_line(tiny_llama, tmp_path, case):
+    args, needle = _bad_inputs(tmp_path, tiny_llama)[case]
+    r = _run(*args)
+    assert r.returncode == 2, (args, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "Warning" not in ln]
+    assert len(lines) <= 2 and needle in r.stderr, r.stderr
