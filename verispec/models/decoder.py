@@ -17,7 +17,6 @@ from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
 
-
 # Submodules are called through .forward(): nn.Module.__call__ costs a few microseconds of hook bookkeeping per
 # call, ~300 times per decode step, and nothing here uses hooks.
 
