@@ -21,5 +21,7 @@ def _ruff() -> list[str]:
 
 @pytest.mark.parametrize("args", [["check"], ["format", "--check"]])
 def test_ruff(args):
-    r = subprocess.run(_ruff() + args + ["verispec", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(
+        _ruff() + args + ["verispec", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stdout + r.stderr
