@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from verispec.loader.checkpoint import DEFAULT_MODEL
@@ -20,15 +19,9 @@ def _fail(msg: str) -> int:
 
 
 def _spec_config(text: str | None) -> dict | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
-    if not isinstance(value, dict):
-        raise ValueError("--speculative-config must be a JSON object")
-    return value
+    from verispec.spec_config import parse_json_config
+
+    return None if text is None else parse_json_config(text)
 
 
 def add_common_model_args(p: argparse.ArgumentParser) -> None:

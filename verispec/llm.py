@@ -16,7 +16,7 @@ from verispec.metrics import Metric
 from verispec.outputs import RequestOutput
 from verispec.sampling_params import SamplingParams
 from verispec.spec import SUPPORTED_METHODS, DraftContext, build_proposer
-from verispec.spec_config import SpeculativeConfig
+from verispec.spec_config import SpeculativeConfig, parse_json_config
 
 PromptType = str | Mapping[str, Any]
 
@@ -90,12 +90,7 @@ class LLM:
         spec = None
         if speculative_config is not None:
             if isinstance(speculative_config, str):
-                import json
-
-                try:
-                    speculative_config = json.loads(speculative_config)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+                speculative_config = parse_json_config(speculative_config)
             if not isinstance(speculative_config, Mapping):
                 raise ValueError("speculative_config must be a dict (or a JSON object string)")
             spec = SpeculativeConfig.from_dict(

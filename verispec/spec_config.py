@@ -135,11 +135,18 @@ class SpeculativeConfig:
     @classmethod
     def from_json(cls, text: str, **kwargs: Any) -> SpeculativeConfig:
         """``from_dict`` for a JSON object string, as given to ``--speculative-config``; same kwargs."""
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"speculative_config is not valid JSON: {e}") from None
-        return cls.from_dict(config, **kwargs)
+        return cls.from_dict(parse_json_config(text), **kwargs)
+
+
+def parse_json_config(text: str) -> dict[str, Any]:
+    """A speculative_config given as a JSON string (``--speculative-config``) -> dict, or a clear ValueError."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError("speculative_config must be a JSON object, e.g. '{\"method\": \"ngram\"}'")
+    return config
 
     @property
     def num_lookahead_slots(self) -> int:
