@@ -145,7 +145,7 @@ def parse_json_config(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ValueError(f"speculative_config is not valid JSON: {e}") from None
     if not isinstance(config, dict):
-        raise ValueError("speculative_config must be a JSON object, e.g. '{\"method\": \"ngram\"}'")
+        raise ValueError('speculative_config must be a JSON object, e.g. \'{"method": "ngram"}\'')
     return config
 
     @property
