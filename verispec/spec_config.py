@@ -137,17 +137,6 @@ class SpeculativeConfig:
         """``from_dict`` for a JSON object string, as given to ``--speculative-config``; same kwargs."""
         return cls.from_dict(parse_json_config(text), **kwargs)
 
-
-def parse_json_config(text: str) -> dict[str, Any]:
-    """A speculative_config given as a JSON string (``--speculative-config``) -> dict, or a clear ValueError."""
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"speculative_config is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
-        raise ValueError('speculative_config must be a JSON object, e.g. \'{"method": "ngram"}\'')
-    return config
-
     @property
     def num_lookahead_slots(self) -> int:
         """Extra KV slots per step: one per speculative token, as each must be scored."""
@@ -168,6 +157,17 @@ def parse_json_config(text: str) -> dict[str, Any]:
         if layer_ids is not None:
             out["draft_model_config"] = {"hf_config": {_AUX_LAYERS_KEY: list(layer_ids)}}
         return out
+
+
+def parse_json_config(text: str) -> dict[str, Any]:
+    """A speculative_config given as a JSON string (``--speculative-config``) -> dict, or a clear ValueError."""
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"speculative_config must be a mapping (JSON object), got {type(config).__name__}")
+    return config
 
 
 def _user_key_types() -> dict[str, tuple[str, bool]]:
