@@ -276,6 +276,24 @@ def build_app(
         stop = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
         return 0 if req.include_stop_str_in_output or not stop else max(len(s) for s in stop) - 1
 
+    async def stream_events(
+        group, req, prompts, state, logprobs, make_choice, make_chunk
+    ) -> AsyncIterator[str]:
+        """The SSE loop shared by both endpoints: new text (and logprobs) per choice, then the usage chunk."""
+        continuous = req.continuous_usage
+        async for i, out in group:
+            st = state[i]
+            offset = st.sent_text
+            text, a, b = st.delta(out)
+            if not text and not out.finished and not (logprobs is not None and b > a):
+                continue
+            c = out.outputs[0]
+            entries = c.logprobs[a:b] if logprobs is not None and c.logprobs else None
+            choice = make_choice(i, text, entries, offset, c if out.finished else None)
+            yield _sse(make_chunk([choice], running_usage(prompts, state) if continuous else None))
+        if req.include_usage:
+            yield _sse(make_chunk([], usage(prompts, [s.last for s in state])))
+
     # ------------------------------------------------------------------ routes
     @app.get("/health")
     async def health():
@@ -327,48 +345,23 @@ def build_app(
                 id=rid, created=created, model=name, choices=choices, usage=usage(prompts, outs)
             )
 
-        continuous = req.continuous_usage
+        def choice(i, text, entries, offset, final):
+            lp = _completion_logprobs(entries, offset) if entries is not None else None
+            return P.CompletionChoice(
+                index=i,
+                text=text,
+                logprobs=lp,
+                finish_reason=final.finish_reason if final else None,
+                stop_reason=final.stop_reason if final else None,
+            )
+
+        def chunk(choices, u):
+            return P.CompletionResponse(id=rid, created=created, model=name, choices=choices, usage=u)
 
         async def events():
             state = [_Choice(holdback(req)) for _ in group.request_ids]
-            async for i, out in group:
-                st = state[i]
-                offset = st.sent_text
-                text, a, b = st.delta(out)
-                c = out.outputs[0]
-                if not text and not out.finished and not (logprobs is not None and b > a):
-                    continue
-                lp = (
-                    _completion_logprobs(c.logprobs[a:b], offset)
-                    if logprobs is not None and c.logprobs
-                    else None
-                )
-                choice = P.CompletionChoice(
-                    index=i,
-                    text=text,
-                    logprobs=lp,
-                    finish_reason=c.finish_reason if out.finished else None,
-                    stop_reason=c.stop_reason if out.finished else None,
-                )
-                yield _sse(
-                    P.CompletionResponse(
-                        id=rid,
-                        created=created,
-                        model=name,
-                        choices=[choice],
-                        usage=running_usage(prompts, state) if continuous else None,
-                    )
-                )
-            if req.include_usage:
-                yield _sse(
-                    P.CompletionResponse(
-                        id=rid,
-                        created=created,
-                        model=name,
-                        choices=[],
-                        usage=usage(prompts, [s.last for s in state]),
-                    )
-                )
+            async for event in stream_events(group, req, prompts, state, logprobs, choice, chunk):
+                yield event
 
         return sse(request, group, events())
 
@@ -408,53 +401,26 @@ def build_app(
                 id=rid, created=created, model=name, choices=choices, usage=usage(prompts, outs)
             )
 
-        continuous = req.continuous_usage
+        def choice(i, text, entries, offset, final):
+            lp = _chat_logprobs(entries, top) if entries is not None else None
+            return P.ChatStreamChoice(
+                index=i,
+                delta=P.DeltaMessage(content=text),
+                logprobs=lp,
+                finish_reason=final.finish_reason if final else None,
+                stop_reason=final.stop_reason if final else None,
+            )
+
+        def chunk(choices, u):
+            return P.ChatCompletionChunk(id=rid, created=created, model=name, choices=choices, usage=u)
 
         async def events():
             state = [_Choice(holdback(req)) for _ in group.request_ids]
             for i in range(len(state)):  # vLLM sends the role first, one chunk per choice
                 delta = P.DeltaMessage(role="assistant", content="")
-                yield _sse(
-                    P.ChatCompletionChunk(
-                        id=rid,
-                        created=created,
-                        model=name,
-                        choices=[P.ChatStreamChoice(index=i, delta=delta)],
-                    )
-                )
-            async for i, out in group:
-                st = state[i]
-                text, a, b = st.delta(out)
-                c = out.outputs[0]
-                if not text and not out.finished and not (logprobs is not None and b > a):
-                    continue
-                lp = _chat_logprobs(c.logprobs[a:b], top) if logprobs is not None and c.logprobs else None
-                choice = P.ChatStreamChoice(
-                    index=i,
-                    delta=P.DeltaMessage(content=text),
-                    logprobs=lp,
-                    finish_reason=c.finish_reason if out.finished else None,
-                    stop_reason=c.stop_reason if out.finished else None,
-                )
-                yield _sse(
-                    P.ChatCompletionChunk(
-                        id=rid,
-                        created=created,
-                        model=name,
-                        choices=[choice],
-                        usage=running_usage(prompts, state) if continuous else None,
-                    )
-                )
-            if req.include_usage:
-                yield _sse(
-                    P.ChatCompletionChunk(
-                        id=rid,
-                        created=created,
-                        model=name,
-                        choices=[],
-                        usage=usage(prompts, [s.last for s in state]),
-                    )
-                )
+                yield _sse(chunk([P.ChatStreamChoice(index=i, delta=delta)], None))
+            async for event in stream_events(group, req, prompts, state, logprobs, choice, chunk):
+                yield event
 
         return sse(request, group, events())
 
