@@ -283,6 +283,39 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def offline_gain(args, spec: dict, n: int) -> dict:
+    """The same workload through LLM.generate at batch 1, plain vs speculative: the gain the server should keep."""
+    from verispec import LLM, SamplingParams
+
+    items = load_workload(args.workload, n)
+    sp = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
+    out = {}
+    for mode, cfg in (("plain", None), ("spec", spec)):
+        llm = LLM(args.model, max_model_len=args.max_model_len, max_num_seqs=1, speculative_config=cfg)
+        tok = llm.tokenizer
+        prompts = [
+            {
+                "prompt_token_ids": tok.encode(
+                    tok.apply_chat_template(it["messages"]), add_special_tokens=False
+                )
+            }
+            if "messages" in it
+            else it["prompt"]
+            for it in items
+        ]
+        llm.generate(prompts[:1], SamplingParams(max_tokens=4), use_tqdm=False)
+        t = time.perf_counter()
+        res = llm.generate(prompts, sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        out[mode] = sum(len(r.outputs[0].token_ids) for r in res) / dt
+        del llm
+    out["gain"] = out["spec"] / out["plain"]
+    print(
+        f"offline batch 1: plain {out['plain']:.2f} tok/s, spec {out['spec']:.2f} tok/s, gain {out['gain']:.2f}x"
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m-instruct")
@@ -299,8 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--output", default="bench_results/serve_load.json")
+    p.add_argument(
+        "--offline", action="store_true", help="also run the workload offline at batch 1 for comparison"
+    )
     args = p.parse_args(argv)
     spec = json.loads(args.speculative_config)
+    offline = offline_gain(args, spec, args.num_requests or 16) if args.offline else None
     modes = ["url"] if args.url else args.modes
     name = args.served_model_name or args.model
     rows = []
@@ -334,10 +371,17 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
     print()
     print_table(rows)
+    served = {(r["mode"], r["concurrency"]): r for r in rows}
+    if offline and ("plain", 1) in served and ("spec", 1) in served:
+        gain = served[("spec", 1)]["output_tok_s"] / served[("plain", 1)]["output_tok_s"]
+        print(
+            f"concurrency 1 speculative gain: server {gain:.2f}x vs offline {offline['gain']:.2f}x "
+            f"({100 * gain / offline['gain']:.0f}% carried over)"
+        )
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: v for k, v in vars(args).items() if k != "api_key"}
-    out.write_text(json.dumps({"config": meta, "results": rows}, indent=2))
+    out.write_text(json.dumps({"config": meta, "results": rows, "offline": offline}, indent=2))
     print(f"\nwrote {out}")
     return 1 if any(r["failed"] for r in rows) else 0
 
