@@ -15,7 +15,7 @@ from verispec.loader.checkpoint import DEFAULT_MODEL, load_checkpoint
 from verispec.metrics import Metric
 from verispec.outputs import RequestOutput
 from verispec.sampling_params import SamplingParams
-from verispec.spec import SUPPORTED_METHODS, DraftContext, build_proposer
+from verispec.spec import SUPPORTED_METHODS, DraftContext, build_proposer, check_supported
 from verispec.spec_config import SpeculativeConfig, parse_json_config
 
 PromptType = str | Mapping[str, Any]
@@ -99,6 +99,7 @@ class LLM:
                 draft_hf_config=_draft_hf_config(speculative_config),
                 supported_methods=SUPPORTED_METHODS,
             )
+            check_supported(spec)
         self.speculative_config = spec
         k = spec.num_speculative_tokens if spec else 0
         budget = kv_cache_memory_bytes or default_kv_budget(self.device)
@@ -122,6 +123,7 @@ class LLM:
             synthetic_acceptance_rate=spec.synthetic_acceptance_rate if spec else None,
             disable_by_batch_size=spec.disable_by_batch_size if spec else None,
             spec_token_budget=spec_token_budget or (32 if self.device.type == "cpu" else 2048),
+            draft_max_model_len=spec.max_model_len if spec else None,
         )
         self.tokenizer = self.ckpt.tokenizer
         self.engine = LLMEngine(runner, self.tokenizer, opts, proposer, self.ckpt.eos_token_ids, seed)

@@ -136,11 +136,44 @@ def test_skip_tokenizer_init(tiny_llama):
         (dict(speculative_config={"method": "ngram", "bogus": 1}), "bogus"),
         (dict(speculative_config={"method": "ngram", "num_speculative_tokens": 0}), "num_speculative_tokens"),
         (dict(speculative_config="{not json"), "JSON"),
+        (
+            dict(
+                speculative_config={
+                    "method": "ngram",
+                    "num_speculative_tokens": 2,
+                    "speculative_token_tree": "[(0,), (1,), (0, 0)]",
+                }
+            ),
+            "speculative_token_tree",
+        ),
+        (
+            dict(
+                speculative_config={
+                    "method": "ngram",
+                    "num_speculative_tokens": 2,
+                    "enable_block_verify": True,
+                }
+            ),
+            "enable_block_verify",
+        ),
+        (
+            dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "revision": "main"}),
+            "revision",
+        ),
     ],
 )
 def test_bad_engine_args(tiny_llama, kwargs, match):
     with pytest.raises(ValueError, match=match):
         LLM(tiny_llama, **kwargs)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3", "medusa", "mlp_speculator"])
+def test_methods_not_in_this_build_fail_clearly(tiny_llama, method):
+    with pytest.raises(ValueError, match="not supported by this build"):
+        LLM(
+            tiny_llama,
+            speculative_config={"method": method, "model": tiny_llama, "num_speculative_tokens": 2},
+        )
 
 
 def test_bad_requests(llm):

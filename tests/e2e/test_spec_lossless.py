@@ -221,3 +221,14 @@ def test_logprobs_with_speculation_equal_plain(tiny_llama):
         for ea, eb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             assert ea.keys() == eb.keys()
             assert all(abs(ea[t].logprob - eb[t].logprob) < 1e-4 and ea[t].rank == eb[t].rank for t in ea)
+
+
+def test_draft_max_model_len_stops_drafting(tiny_llama, reference):
+    """speculative_config.max_model_len: requests longer than it decode without drafts (still lossless)."""
+    cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "max_model_len": 20}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == reference[4]
+    assert all(len(o.prompt_token_ids) >= 19 or o.num_draft_tokens >= 0 for o in outs)
+    long_prompts = [o for o in outs if len(o.prompt_token_ids) >= 19]
+    assert long_prompts and all(o.num_draft_tokens == 0 for o in long_prompts)

@@ -31,6 +31,7 @@ class EngineOptions:
     # Most tokens one decode step may score (committed + drafts). Verifying more rows than this turns the
     # forward compute-bound (on a CPU from ~32 rows), so at large batch each request gets fewer drafts.
     spec_token_budget: int = 32
+    draft_max_model_len: int | None = None  # speculative_config.max_model_len: no drafts past this length
 
 
 def fit_budget(drafts: list[list[int]], allowance: int) -> list[list[int]]:
@@ -184,7 +185,7 @@ class LLMEngine:
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
         drafts = [[] for _ in reqs]
-        draft_probs = tree_masks = None
+        draft_probs = None
         spec = [r for r in reqs if r.speculate]
         if spec and self.proposer is not None:
             caps = [self._draft_cap(r) for r in spec]
@@ -196,7 +197,6 @@ class LLMEngine:
             drafts = [by_id.get(r.request_id, []) for r in reqs]
             if prop.draft_probs is not None:
                 draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
-            tree_masks = prop.tree_masks
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
         out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
         o = self.opts
@@ -221,7 +221,6 @@ class LLMEngine:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
             self.last_step_stats = stats
-        del tree_masks
         self._commit(reqs, step.tokens, step)
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
@@ -241,7 +240,7 @@ class LLMEngine:
 
     def _draft_cap(self, r: Request) -> int:
         left_tokens = (r.params.max_tokens or 1 << 30) - len(r.output_token_ids) - 1
-        left_ctx = self.opts.max_model_len - r.num_tokens - 1
+        left_ctx = min(self.opts.max_model_len, self.opts.draft_max_model_len or 1 << 30) - r.num_tokens - 1
         return max(0, min(self.opts.num_speculative_tokens, left_tokens, left_ctx))
 
     # ------------------------------------------------------------------ commit

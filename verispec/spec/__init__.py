@@ -10,7 +10,7 @@ import torch
 from verispec.spec.base import Proposal, Proposer
 from verispec.spec_config import SpeculativeConfig
 
-__all__ = ["Proposal", "Proposer", "SUPPORTED_METHODS", "build_proposer", "DraftContext"]
+__all__ = ["Proposal", "Proposer", "SUPPORTED_METHODS", "build_proposer", "check_supported", "DraftContext"]
 
 
 @dataclass
@@ -67,6 +67,31 @@ _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "suffix": _suffix,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
+
+
+def check_supported(cfg: SpeculativeConfig) -> None:
+    """Options this build validates but cannot honour are errors, never silently ignored."""
+    k = cfg.num_speculative_tokens or 0
+    chain = [tuple([0] * i) for i in range(1, k + 1)]
+    if cfg.token_tree and cfg.token_tree != chain:
+        raise ValueError(
+            "speculative_token_tree: tree drafting is not supported by this build yet; omit the key (a chain of "
+            f"num_speculative_tokens={k}) or pass {chain}"
+        )
+    unsupported = {
+        "parallel_drafting": cfg.parallel_drafting,
+        "enable_block_verify": cfg.enable_block_verify,
+        "enable_entropy_verify": cfg.enable_entropy_verify,
+        "quantization": cfg.quantization is not None,
+        "revision": cfg.revision is not None,
+        "code_revision": cfg.code_revision is not None,
+    }
+    for key, given in unsupported.items():
+        if given:
+            raise ValueError(
+                f"speculative_config.{key} is not supported by this build yet (verispec loads local, unquantised "
+                "checkpoints and verifies with the rejection_sample_method); remove the key"
+            )
 
 
 def build_proposer(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:

@@ -20,7 +20,6 @@ class Proposal:
     draft_probs: torch.Tensor | None = (
         None  # [B, K, V] draft distribution for `probabilistic`; None = one-hot
     )
-    tree_masks: list[torch.Tensor | None] | None = None  # per request [q, q] ancestor-or-self; None = chains
 
 
 class Proposer(Protocol):
