@@ -87,3 +87,24 @@ def test_suffix_warms_up_on_repeated_prompts(smollm2_gguf_path):
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         rates.append(sum(o.num_accepted_tokens for o in outs) / max(1, sum(o.num_draft_tokens for o in outs)))
     assert rates[-1] > rates[0] and rates[-1] > 0.8, rates
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_suffix_greedy_equality_batches(smollm2_gguf_path, smol, batch):
+    tok = smol.tokenizer
+    topics = ["rivers", "clocks", "chess", "bread", "comets", "glass", "violins", "deserts"][:batch]
+    prompts = [
+        {
+            "prompt_token_ids": tok.encode(
+                tok.apply_chat_template([{"role": "user", "content": f"Describe {t}."}]),
+                add_special_tokens=False,
+            )
+        }
+        for t in topics
+    ]
+    sp = SamplingParams(temperature=0, max_tokens=24)
+    want = [o.outputs[0].token_ids for o in smol.generate(prompts, sp, use_tqdm=False)]
+    llm = LLM(smollm2_gguf_path, max_model_len=512, max_num_seqs=8, speculative_config={"method": "suffix"})
+    for _ in range(2):  # the second round drafts from the global tree of the first
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == want
+    assert llm.engine.counters.spec.num_accepted_tokens > 0
