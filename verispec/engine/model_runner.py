@@ -92,11 +92,9 @@ class ModelRunner:
         identity = pad_pos == list(range(s * q))
         unpack = pack = None
         if not identity:
-            pack_t = torch.tensor(pad_pos, device=dev)  # [N] padded position of each packed token
-            unpack_l = [0] * (s * q)  # padded position -> packed row (padding reads row 0; it is masked)
-            for k, pp in enumerate(pad_pos):
-                unpack_l[pp] = k
-            unpack, pack = torch.tensor(unpack_l, device=dev), pack_t
+            pack = torch.tensor(pad_pos, device=dev)  # [N] padded position of each packed token
+            unpack = torch.zeros(s * q, dtype=torch.long, device=dev)  # [S*Q] padding reads row 0 (masked)
+            unpack[pack] = torch.arange(len(pad_pos), device=dev)
         ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack)
         return ids_t, positions, ctx, flat
 
