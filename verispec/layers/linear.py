@@ -51,6 +51,8 @@ class Dense(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None:
             return nn.functional.linear(x, self.weight, self.bias)
+        if x.dim() == 2:  # the decoder's packed [N, hidden] activations: no reshapes on the hot path
+            return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, x.shape[0])
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         y = torch.ops.mkl._mkl_linear(x2, self._packed, self.weight, self.bias, x2.shape[0])  # [M, out]
         return y.view(*x.shape[:-1], self.out_features)
