@@ -17,9 +17,12 @@ def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
 
 
 def test_generate_streams_text(tiny_llama):
+    from verispec import LLM, SamplingParams
+
     r = _run("generate", tiny_llama, "-p", "def add(a, b):", "--max-tokens", "8")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() != "" or r.stdout == "\n"
+    want = LLM(tiny_llama).generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=8))[0]
+    assert r.stdout == want.outputs[0].text + "\n"
 
 
 def test_generate_with_speculation_matches_plain(tiny_llama):

@@ -229,6 +229,5 @@ def test_draft_max_model_len_stops_drafting(tiny_llama, reference):
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
-    assert all(len(o.prompt_token_ids) >= 19 or o.num_draft_tokens >= 0 for o in outs)
     long_prompts = [o for o in outs if len(o.prompt_token_ids) >= 19]
     assert long_prompts and all(o.num_draft_tokens == 0 for o in long_prompts)
