@@ -69,7 +69,6 @@ class LLMEngine:
         k = opts.num_speculative_tokens if proposer is not None else 0
         self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
-        self.last_step_stats: SpecDecodingStats | None = None
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -121,10 +120,6 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
@@ -220,7 +215,6 @@ class LLMEngine:
         if stats is not None:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
-            self.last_step_stats = stats
         self._commit(reqs, step.tokens, step)
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]

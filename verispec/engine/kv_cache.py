@@ -81,8 +81,3 @@ class KVCache:
 
     def free(self, slot: int) -> None:
         heapq.heappush(self._free, slot)
-
-    def move(self, slot: int, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Copy cache columns src -> dst inside one slot (tree verification compaction). src/dst [n]."""
-        for layer in self.kv:
-            layer[slot, :, dst] = layer[slot, :, src]

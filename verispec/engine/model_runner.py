@@ -30,7 +30,6 @@ class RunnerOutput:
     logits: torch.Tensor  # [N, V] for every requested position, rows in input order
     hidden: torch.Tensor  # [N, hidden] final normed hidden at the same positions
     aux_hidden: list[torch.Tensor]  # per aux layer [N, hidden]
-    counts: list[int]  # logits rows per input row
 
 
 class ModelRunner:
@@ -123,5 +122,4 @@ class ModelRunner:
             idx = torch.tensor(flat, device=self.device)
             sel = hidden.index_select(0, idx)  # [n_logits, hidden]
             aux_sel = [a.index_select(0, idx) for a in aux]
-        counts = [len(r.token_ids) - r.logits_from for r in rows]
-        return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel, counts)
+        return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel)

@@ -51,12 +51,8 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
-
     def tokens_from(self, start: int) -> list[int]:
-        """all_token_ids[start:] without copying the whole context (hot path)."""
+        """(prompt + output)[start:] without copying the whole context (hot path)."""
         p = self.num_prompt
         if start >= p:
             return self.output_token_ids[start - p :]

@@ -67,6 +67,7 @@ def sample_step(
         )
         padded = logits.index_select(0, (starts[:, None] + offs).reshape(-1)).view(b, stride, v)
     raw = padded
+    draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev).view(b, k)  # [B, K], -1 pad
     params = [r.params for r in reqs]
     st = S.SamplingTensors.from_params(params, dev, v).repeat_interleave([stride] * b)
     proc = padded
@@ -76,7 +77,6 @@ def sample_step(
     flat = proc.reshape(b * stride, v)
     if st.any_penalties:
         mask, counts = _penalty_state(reqs, v, dev)
-        draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev).view(b, k)
         counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
         flat = S.apply_penalties(flat, mask.repeat_interleave(stride, 0), counts, st)
     argmax = S.greedy(flat).view(b, stride)  # [B, K+1]
@@ -91,7 +91,6 @@ def sample_step(
         out_list = out.view(b).tolist()  # the one host sync of the step
         tokens, accepted = [[t] for t in out_list], [0] * b
     else:
-        draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev)  # [B, K]
         uniform = None
         if probs is not None and method != "strict":
             uniform = draw_uniform((b, k), [r.generator for r in reqs], dev)
