@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from verispec.config import ModelConfig, model_config_from_hf
+from verispec.kernels.qweight import kernels_available
 from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json
 from verispec.loader.weights import load_decoder_weights
 from verispec.models.decoder import DecoderLM
@@ -100,7 +101,9 @@ def load_checkpoint(
             raise ValueError(f"{path}: not a .gguf file or HF folder (pickle checkpoints are never loaded)")
         from verispec.loader.gguf import load_gguf
 
-        ckpt = load_gguf(path)
+        # On the CPU in float32, quantized projections stay in their blocks for the native kernels.
+        keep = device.type == "cpu" and dtype in ("auto", "float32", torch.float32) and kernels_available()
+        ckpt = load_gguf(path, keep_quantized=keep)
         hf_config, tensors = ckpt.hf_config, ckpt.tensors
         tok = ckpt.tokenizer
         eos = list(ckpt.eos_token_ids)

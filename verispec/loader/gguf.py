@@ -21,6 +21,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from verispec.kernels.qweight import QuantWeight
 from verispec.tokenizer import Tokenizer
 
 GGUF_MAGIC = b"GGUF"
@@ -125,8 +126,12 @@ class GGUFCheckpoint:
     eos_token_ids: list[int] = field(default_factory=list)
 
 
-def load_gguf(path: str | Path) -> GGUFCheckpoint:
-    """Read a GGUF file: config, dequantised float32 tensors (HF names) and tokenizer."""
+def load_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFCheckpoint:
+    """Read a GGUF file: config, tensors (HF names) and tokenizer.
+
+    Tensors are dequantised to float32, except, with keep_quantized, the 2-D Q4_0 / Q4_1 / Q8_0 weights, which come
+    back as QuantWeight (repacked blocks that dequantize to the same float32 values) for the CPU kernels.
+    """
     header = read_gguf_header(path)
     meta = header.metadata
     arch = meta.get("general.architecture")
@@ -141,7 +146,7 @@ def load_gguf(path: str | Path) -> GGUFCheckpoint:
     if "tokenizer.ggml.tokens" not in meta:
         raise ValueError(f"{header.path}: GGUF file has no tokenizer.ggml.tokens")
     config = build_hf_config(arch, meta, names, path=header.path)
-    tensors = _load_tensors(header, arch, config)
+    tensors = _load_tensors(header, arch, config, keep_quantized)
     tokenizer = Tokenizer.from_gguf_fields(meta, arch)
     return GGUFCheckpoint(
         hf_config=config,
@@ -412,7 +417,9 @@ def hf_tensor_name(arch: str, gguf_name: str) -> str | None:
     return f"model.layers.{layer}.{table[part]}.{suffix}"
 
 
-def _load_tensors(header: GGUFHeader, arch: str, config: dict) -> dict[str, torch.Tensor]:
+def _load_tensors(
+    header: GGUFHeader, arch: str, config: dict, keep_quantized: bool = False
+) -> dict[str, torch.Tensor | QuantWeight]:
     jobs = []
     for info in header.tensors:
         if info.name in _SKIPPED_TENSORS:
@@ -425,9 +432,21 @@ def _load_tensors(header: GGUFHeader, arch: str, config: dict) -> dict[str, torc
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     tensors = {}
     for name, info in jobs:
+        qtype = GGMLQuantizationType(info.ggml_type)
+        if keep_quantized and QuantWeight.supported(qtype.name, info.shape):
+            rows = _undo_llama_cpp_layout(arch, info.name, _raw_rows(data, info), config)
+            tensors[name] = QuantWeight.from_gguf(rows, qtype.name, info.shape)
+            continue
         array = _undo_llama_cpp_layout(arch, info.name, _dequantize(data, info), config)
         tensors[name] = torch.from_numpy(array)
     return tensors
+
+
+def _raw_rows(data: np.memmap, info: GGUFTensorInfo) -> np.ndarray:
+    """The tensor's bytes as [rows, bytes per row] (rows = the first dimension, blocks run along the last)."""
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(info.ggml_type)]
+    raw = np.asarray(data[info.offset : info.offset + info.nbytes])
+    return raw.reshape(info.shape[0], info.shape[-1] // block * type_size)
 
 
 def _dequantize(data: np.memmap, info: GGUFTensorInfo) -> np.ndarray:
@@ -449,7 +468,7 @@ def _undo_llama_cpp_layout(arch: str, gguf_name: str, array: np.ndarray, config:
             return _unpermute_rotary(array, config["num_attention_heads"])
         if ".attn_k." in gguf_name:
             return _unpermute_rotary(array, config["num_key_value_heads"])
-    if arch == "gemma3" and gguf_name.endswith("norm.weight"):
+    if arch == "gemma3" and gguf_name.endswith("norm.weight"):  # (never quantized)
         return array - np.float32(1.0)  # llama.cpp stores Gemma's (1 + w) norm scale
     return array
 

@@ -1,0 +1,104 @@
+"""The quantized-weight kernels (verispec/kernels): exact dequantization, products, and bitwise batch invariance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from verispec.kernels import build
+from verispec.kernels.qweight import QuantWeight
+
+ISAS = [isa for isa in ("avx2", "avx512") if isa == "avx2" or build.kernel_isa() == "avx512"]
+TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+
+
+@pytest.fixture(params=ISAS)
+def lib(request):
+    if build.kernel_isa() is None or build.build_qgemm(request.param) is None:
+        pytest.skip("no AVX2/FMA CPU or no C compiler here")
+    return build.build_qgemm(request.param)
+
+
+def make_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType[qtype])
+    return QuantWeight.from_gguf(raw, qtype, (n, k)), torch.from_numpy(
+        dequantize(raw, GGMLQuantizationType[qtype])
+    )
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_repacked_blocks_dequantize_exactly(qtype):
+    qw, ref = make_weight(qtype, 37, 96)
+    assert torch.equal(qw.dequantize(), ref)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_kernel_sees_exactly_the_gguf_weights(lib, qtype):
+    qw, ref = make_weight(qtype, 21, 64)
+    eye = torch.eye(64)  # x = I picks out W^T column by column
+    assert torch.equal(qw.matmul(eye, lib).T, ref)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(1, 1, 32), (1, 100, 576), (2, 17, 96), (3, 5, 64), (5, 33, 576), (13, 64, 1536), (37, 19, 128)],
+)
+def test_product_matches_float32(lib, qtype, m, n, k):
+    qw, ref = make_weight(qtype, n, k, seed=m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    torch.testing.assert_close(qw.matmul(x, lib), x @ ref.T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+def test_rows_do_not_depend_on_the_batch_or_threads(lib, qtype):
+    qw, _ = make_weight(qtype, 50, 192)
+    x = torch.randn(41, 192, generator=torch.Generator().manual_seed(1))
+    whole = qw.matmul(x, lib)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([qw.matmul(x[i : i + 1], lib) for i in range(41)])
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(whole, alone)  # bitwise, register path (M <= 3) vs strip path
+    for size in (2, 3, 4, 5, 7, 9):
+        parts = torch.cat([qw.matmul(x[i : i + size], lib) for i in range(0, 41, size)])
+        assert torch.equal(whole, parts), size
+
+
+def test_rows_and_fusion_keep_the_values():
+    a, ra = make_weight("Q4_1", 8, 64, seed=1)
+    b, rb = make_weight("Q4_1", 4, 64, seed=2)
+    fused = QuantWeight.cat([a, b])
+    assert fused.shape == (12, 64) and torch.equal(fused.dequantize(), torch.cat([ra, rb]))
+    order = np.array([3, 1, 2, 0, 7, 5, 6, 4])
+    assert torch.equal(a.take_rows(order).dequantize(), ra[order])
+    c, _ = make_weight("Q8_0", 4, 64)
+    assert QuantWeight.cat([a, c]) is None  # formats differ: the loader dequantizes instead
+
+
+def test_unsupported_shapes_stay_float32():
+    assert QuantWeight.supported("Q4_1", (8, 64))
+    assert not QuantWeight.supported("Q4_K", (8, 256))
+    assert not QuantWeight.supported("Q8_0", (64,))
+    with pytest.raises(ValueError, match="Q6_K"):
+        QuantWeight.from_gguf(np.zeros((1, 210), np.uint8), "Q6_K", (1, 256))
+
+
+def test_isa_override_and_switch(monkeypatch):
+    monkeypatch.setenv("VERISPEC_KERNEL_ISA", "sse2")
+    with pytest.raises(ValueError, match="VERISPEC_KERNEL_ISA.*allowed: avx2, avx512"):
+        build.kernel_isa()
+    monkeypatch.setenv("VERISPEC_KERNEL_ISA", "avx2")
+    assert build.kernel_isa() in (None, "avx2")
+    monkeypatch.setenv("VERISPEC_KERNELS", "0")
+    build.load_qgemm.cache_clear()
+    try:
+        assert build.load_qgemm() is None
+    finally:
+        build.load_qgemm.cache_clear()

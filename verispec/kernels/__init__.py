@@ -1,0 +1,1 @@
+"""Native CPU kernels (C, compiled on first use) for weights that stay in their quantized GGUF blocks."""

@@ -1,0 +1,123 @@
+"""Compile qgemm.c once per source version into a cache folder and load it with ctypes.
+
+The kernel needs x86-64 with AVX2 + FMA and a C compiler (gcc or cc); it is built for AVX-512 (16 lanes) where the
+CPU has AVX-512F/DQ, else for AVX2 (8 lanes); VERISPEC_KERNEL_ISA=avx2|avx512 overrides the choice. Without a
+compiler or a suitable CPU, or with VERISPEC_KERNELS=0, `load_qgemm()` returns None and GGUF weights are
+dequantized to float32 instead (same model, more bytes per token).
+The OpenMP runtime the library links against resolves to the libgomp torch already loaded (same soname), so both
+share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("qgemm.c")
+CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+ISA_FLAGS = {"avx2": ("-mavx2", "-mfma"), "avx512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")}
+ENTRY_POINTS = ("qgemm_q4", "qgemm_q8")
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("VERISPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "verispec"
+    )
+    return Path(root) / "kernels"
+
+
+@functools.cache
+def _cpu_flags() -> set[str]:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return set()
+    try:
+        return set(
+            Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split(":")[1].split()
+        )
+    except (OSError, IndexError):
+        return set()
+
+
+def kernel_isa() -> str | None:
+    """'avx512', 'avx2' or None (no usable vector unit): what load_qgemm builds for."""
+    flags = _cpu_flags()
+    if not {"avx2", "fma"} <= flags:
+        return None
+    wanted = os.environ.get("VERISPEC_KERNEL_ISA", "").lower()
+    if wanted not in ("", *ISA_FLAGS):
+        raise ValueError(f"VERISPEC_KERNEL_ISA={wanted!r} is not supported; allowed: {', '.join(ISA_FLAGS)}")
+    if wanted == "avx512" and not {"avx512f", "avx512dq"} <= flags:
+        raise ValueError("VERISPEC_KERNEL_ISA=avx512 but this CPU has no AVX-512F/DQ")
+    if wanted:
+        return wanted
+    return "avx512" if {"avx512f", "avx512dq"} <= flags else "avx2"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "gcc", "cc"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run(
+            [compiler, *flags, "-o", tmp, str(SOURCE)],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        os.replace(tmp, target)  # atomic: concurrent processes never load a half-written library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@functools.cache
+def load_qgemm() -> ctypes.CDLL | None:
+    """The kernel library for this CPU, or None (with one warning saying why) if it cannot be used here.
+
+    Decided once per process (environment read at the first call)."""
+    isa = kernel_isa()
+    if os.environ.get("VERISPEC_KERNELS", "1") == "0" or isa is None:
+        return None
+    return build_qgemm(isa)
+
+
+@functools.cache
+def build_qgemm(isa: str) -> ctypes.CDLL | None:
+    """Compile (once per source version, cached on disk) and load the library for `isa` ('avx2' | 'avx512')."""
+    compiler = _compiler()
+    if compiler is None:
+        warnings.warn("verispec: no C compiler found; GGUF weights are dequantized to float32", stacklevel=2)
+        return None
+    flags = (*CFLAGS, *ISA_FLAGS[isa])
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    target = cache_dir() / f"qgemm-{isa}-{digest}.so"
+    try:
+        if not target.exists():
+            _compile(compiler, flags, target)
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        warnings.warn(f"verispec: kernel build failed ({detail.strip()[:300]}); using float32", stacklevel=2)
+        return None
+    for name in ENTRY_POINTS:
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+        fn.argtypes += [ctypes.c_void_p, ctypes.c_int]
+        fn.restype = None
+    return lib

@@ -1,0 +1,118 @@
+"""QuantWeight: a [N, K] weight kept in 32-weight quantized blocks, and its product with float32 activations.
+
+GGUF's Q4_0 / Q4_1 / Q8_0 rows are repacked (once, at load time) into the two layouts qgemm.c reads:
+  q4: float32 d, float32 m, 2 x uint64 (24 bytes); uint64 h holds weights 16h..16h+15, the even ones in its low
+      32 bits (nibble t = weight 16h+2t), the odd ones in its high 32 bits (nibble t = weight 16h+2t+1)
+  q8: float32 d, 32 x int8 (36 bytes)
+Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from verispec.kernels.build import load_qgemm
+
+QK = 32
+BLOCK_BYTES = {"q4": 24, "q8": 36}
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML type names this module repacks
+MAX_K = 16384  # qgemm.c's per-thread strip width
+
+
+@dataclass
+class QuantWeight:
+    fmt: str  # "q4" | "q8"
+    blocks: np.ndarray  # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
+    shape: tuple[int, int]  # (N, K) = (out_features, in_features)
+    _ptr: int = field(init=False, repr=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._ptr = self.blocks.ctypes.data  # blocks never change: resolve the address once, not per call
+
+    @staticmethod
+    def supported(ggml_type: str, shape: tuple[int, ...]) -> bool:
+        return ggml_type in GGUF_TYPES and len(shape) == 2 and shape[1] % QK == 0 and shape[1] <= MAX_K
+
+    @classmethod
+    def from_gguf(cls, raw: np.ndarray, ggml_type: str, shape: tuple[int, int]) -> QuantWeight:
+        """raw: [N, K/32 * GGUF block bytes] uint8 rows of a Q4_0 / Q4_1 / Q8_0 tensor."""
+        n, k = shape
+        if ggml_type == "Q8_0":
+            b = raw.reshape(n, k // QK, 34)
+            d = b[..., 0:2].copy().view(np.float16).astype(np.float32)  # [N, nb, 1]
+            out = np.concatenate([d.view(np.uint8), b[..., 2:]], axis=-1)
+            return cls("q8", np.ascontiguousarray(out.reshape(n, -1)), (n, k))
+        if ggml_type == "Q4_0":
+            b = raw.reshape(n, k // QK, 18)
+            d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
+            m, qs = d * np.float32(-8.0), b[..., 2:]  # d*(q-8) == d*q + (-8d), both exact
+        elif ggml_type == "Q4_1":
+            b = raw.reshape(n, k // QK, 20)
+            d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
+            m, qs = b[..., 2:4].copy().view(np.float16).astype(np.float32), b[..., 4:]
+        else:
+            raise ValueError(f"cannot repack GGML type {ggml_type}; supported: {', '.join(GGUF_TYPES)}")
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint32)  # [N, nb, 32] in weight order
+        q = q.reshape(n, k // QK, 2, 8, 2).swapaxes(
+            -1, -2
+        )  # [N, nb, half h, parity, t] = weight 16h + 2t + parity
+        words = (q << np.arange(0, 32, 4, dtype=np.uint32)).sum(-1, dtype=np.uint32)  # [N, nb, 2, 2] (lo, hi)
+        words = np.ascontiguousarray(words).reshape(
+            n, k // QK, 4
+        )  # lo0, hi0, lo1, hi1 = two little-endian u64
+        out = np.concatenate([d.view(np.uint8), m.view(np.uint8), words.view(np.uint8)], axis=-1)
+        return cls("q4", np.ascontiguousarray(out.reshape(n, -1)), (n, k))
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.nbytes
+
+    def dequantize(self) -> torch.Tensor:
+        """[N, K] float32, exactly the values the kernel multiplies with."""
+        n, k = self.shape
+        b = self.blocks.reshape(n, k // QK, BLOCK_BYTES[self.fmt])
+        d = b[..., 0:4].copy().view(np.float32)  # [N, nb, 1]
+        if self.fmt == "q8":
+            q = b[..., 4:].view(np.int8).astype(np.float32)
+            return torch.from_numpy((q * d).reshape(n, k))
+        m = b[..., 4:8].copy().view(np.float32)
+        words = b[..., 8:].copy().view(np.uint32).reshape(n, k // QK, 2, 2)  # [N, nb, h, parity]
+        q = (words[..., None] >> np.arange(0, 32, 4, dtype=np.uint32)) & np.uint32(
+            15
+        )  # [N, nb, h, parity, t]
+        q = q.swapaxes(-1, -2).reshape(n, k // QK, QK)  # weight order 16h + 2t + parity
+        w = d * q.astype(np.float32) + m
+        return torch.from_numpy(np.ascontiguousarray(w.reshape(n, k)))
+
+    def take_rows(self, order: np.ndarray) -> QuantWeight:
+        return QuantWeight(self.fmt, np.ascontiguousarray(self.blocks[order]), self.shape)
+
+    @staticmethod
+    def cat(parts: list[QuantWeight]) -> QuantWeight | None:
+        """Rows of several weights stacked (fused qkv / gate_up), or None if their formats or K differ."""
+        fmts, ks = {p.fmt for p in parts}, {p.shape[1] for p in parts}
+        if len(fmts) != 1 or len(ks) != 1:
+            return None
+        n = sum(p.shape[0] for p in parts)
+        return QuantWeight(parts[0].fmt, np.concatenate([p.blocks for p in parts]), (n, parts[0].shape[1]))
+
+    def matmul(self, x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+        """x [M, K] float32 (CPU) -> x @ W^T [M, N] float32 (`lib`: a build_qgemm library; default: this CPU's)."""
+        lib = lib or load_qgemm()
+        m = x.shape[0]
+        n, k = self.shape
+        x = x.contiguous()
+        y = torch.empty(m, n, dtype=torch.float32)
+        if m:
+            fn = lib.qgemm_q4 if self.fmt == "q4" else lib.qgemm_q8
+            fn(x.data_ptr(), m, k, self._ptr, n, y.data_ptr(), torch.get_num_threads())
+        return y
+
+
+def kernels_available() -> bool:
+    """Whether GGUF weights can stay quantized here (x86-64 with AVX2/FMA, a C compiler, VERISPEC_KERNELS != 0)."""
+    return load_qgemm() is not None
