@@ -1,6 +1,10 @@
 """Plain decoding speed: verispec vs transformers' generate on the same model and prompts, plus the roofline.
 
 Greedy, 128 new tokens, batch 1 and batch 8, one process, one run. Prints a table and writes JSON.
+Rows: verispec as it runs by default (GGUF weights kept quantized, native kernels), verispec with every weight
+dequantized to float32 (keep_quantized=False: what transformers holds), and transformers.
+Two rooflines (measured read bandwidth / bytes streamed per token, embedding table excluded): the float32 one (the
+model as transformers holds it) and the one for the bytes verispec actually streams.
     .venv/bin/python benchmarks/decode_speed.py [--model smollm2-135m-instruct] [--new-tokens 128]
 """
 
@@ -36,6 +40,13 @@ def measure_bandwidth_gbs(mb: int = 1024, reps: int = 5) -> float:
         x.sum()
         best = min(best, time.perf_counter() - t)
     return x.numel() * 4 / best / 1e9
+
+
+def streamed_bytes(model) -> int:
+    """Bytes of weights one decode step reads: parameters plus quantized blocks, the embedding table excluded."""
+    params = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    blocks = sum(m.qweight.nbytes for m in model.modules() if getattr(m, "qweight", None) is not None)
+    return params + blocks
 
 
 def bench_verispec(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
@@ -83,18 +94,18 @@ def main() -> None:
     from verispec.loader.checkpoint import resolve_model_path
 
     llm = LLM(args.model, max_model_len=1024, max_num_seqs=8)
+    llm_f32 = LLM(args.model, max_model_len=1024, max_num_seqs=8, keep_quantized=False)
     tok = llm.tokenizer
     prompts = [
         tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
         for p in PROMPTS
     ]
     # bytes streamed per decoded token: every weight except the embedding table (one row of it is gathered)
-    model = llm.ckpt.model
-    weight_bytes = sum(
-        p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n
-    )
+    weight_bytes = streamed_bytes(llm_f32.ckpt.model)
+    ours_bytes = streamed_bytes(llm.ckpt.model)
     bw = measure_bandwidth_gbs()
     roofline = bw * 1e9 / weight_bytes
+    roofline_ours = bw * 1e9 / ours_bytes
     hf = None
     if not args.no_transformers:
         from transformers import AutoModelForCausalLM
@@ -108,6 +119,7 @@ def main() -> None:
     for b in [int(x) for x in args.batches.split(",")]:
         ps = (prompts * (b // len(prompts) + 1))[:b]
         ours, _ = bench_verispec(llm, ps, args.new_tokens)
+        f32, _ = bench_verispec(llm_f32, ps, args.new_tokens)
         theirs = (
             bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0])[0] if hf is not None else None
         )
@@ -115,21 +127,31 @@ def main() -> None:
             {
                 "batch": b,
                 "verispec_tok_s": ours,
+                "verispec_float32_tok_s": f32,
                 "transformers_tok_s": theirs,
                 "speedup_vs_transformers": ours / theirs if theirs else None,
                 "fraction_of_roofline": ours / roofline if b == 1 else None,
+                "fraction_of_own_roofline": ours / roofline_ours if b == 1 else None,
             }
         )
     print(
-        f"model={args.model} weights={weight_bytes / 1e6:.0f} MB float32 bandwidth={bw:.1f} GB/s "
-        f"roofline(batch 1)={roofline:.1f} tok/s threads={torch.get_num_threads()}"
+        f"model={args.model} bandwidth={bw:.1f} GB/s threads={torch.get_num_threads()}\n"
+        f"  float32 weights {weight_bytes / 1e6:.0f} MB/token -> roofline {roofline:.1f} tok/s; "
+        f"verispec streams {ours_bytes / 1e6:.0f} MB/token -> roofline {roofline_ours:.1f} tok/s"
     )
-    print(f"{'batch':>5} {'verispec tok/s':>15} {'transformers tok/s':>19} {'speedup':>8} {'% roofline':>11}")
+    print(
+        f"{'batch':>5} {'verispec tok/s':>15} {'verispec fp32':>14} {'transformers':>13} {'speedup':>8} "
+        f"{'% f32 roofline':>15} {'% own roofline':>15}"
+    )
     for r in rows:
         t = f"{r['transformers_tok_s']:.1f}" if r["transformers_tok_s"] else "-"
         s = f"{r['speedup_vs_transformers']:.2f}x" if r["speedup_vs_transformers"] else "-"
         f = f"{100 * r['fraction_of_roofline']:.0f}%" if r["fraction_of_roofline"] else "-"
-        print(f"{r['batch']:>5} {r['verispec_tok_s']:>15.1f} {t:>19} {s:>8} {f:>11}")
+        o = f"{100 * r['fraction_of_own_roofline']:.0f}%" if r["fraction_of_own_roofline"] else "-"
+        print(
+            f"{r['batch']:>5} {r['verispec_tok_s']:>15.1f} {r['verispec_float32_tok_s']:>14.1f} {t:>13} {s:>8} "
+            f"{f:>15} {o:>15}"
+        )
     if len(rows) > 1:
         print(
             f"batch {rows[-1]['batch']} / batch 1 throughput: {rows[-1]['verispec_tok_s'] / rows[0]['verispec_tok_s']:.2f}x"
@@ -142,6 +164,8 @@ def main() -> None:
                 "bandwidth_gbs": bw,
                 "weight_bytes": weight_bytes,
                 "roofline_tok_s": roofline,
+                "verispec_bytes_per_token": ours_bytes,
+                "own_roofline_tok_s": roofline_ours,
                 "rows": rows,
                 "cpu_count": os.cpu_count(),
             },

@@ -1,4 +1,4 @@
-"""Compile qgemm.c once per source version into a cache folder and load it with ctypes.
+"""Compile qgemm.c + ops.c once per source version into a cache folder and load them with ctypes.
 
 The kernel needs x86-64 with AVX2 + FMA and a C compiler (gcc or cc); it is built for AVX-512 (16 lanes) where the
 CPU has AVX-512F/DQ, else for AVX2 (8 lanes); VERISPEC_KERNEL_ISA=avx2|avx512 overrides the choice. Without a
@@ -21,10 +21,42 @@ import tempfile
 import warnings
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("qgemm.c")
+SOURCES = (Path(__file__).with_name("qgemm.c"), Path(__file__).with_name("ops.c"))
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ISA_FLAGS = {"avx2": ("-mavx2", "-mfma"), "avx512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")}
-ENTRY_POINTS = ("qgemm_q4", "qgemm_q8")
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+ENTRY_POINTS = {  # name -> argtypes
+    "qgemm_q4": [_P, _I, _I, _P, _I, _P, ctypes.c_int],
+    "qgemm_q8": [_P, _I, _I, _P, _I, _P, ctypes.c_int],
+    "attention_f32": [
+        _P,
+        _I,
+        _I,
+        _I,
+        _I,
+        _I,
+        _I,
+        _I,
+        _P,
+        _P,
+        _I,
+        _I,
+        _I,
+        _I,
+        _I,
+        _P,
+        _I,
+        _I,
+        _F,
+        _F,
+        _P,
+        ctypes.c_int,
+    ],
+    "add_rmsnorm_f32": [_P, _P, _P, _I, _I, _F, _P, _P],
+    "silu_mul_f32": [_P, _I, _I, _P],
+    "rope_f32": [_P, _I, _I, _I, _I, _I, _I, _I, _P, _P],
+    "write_kv_f32": [_P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I],
+}
 
 
 def cache_dir() -> Path:
@@ -74,7 +106,7 @@ def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *flags, "-o", tmp, str(SOURCE)],
+            [compiler, *flags, "-o", tmp, *map(str, SOURCES)],
             check=True,
             capture_output=True,
             text=True,
@@ -105,7 +137,9 @@ def build_qgemm(isa: str) -> ctypes.CDLL | None:
         warnings.warn("verispec: no C compiler found; GGUF weights are dequantized to float32", stacklevel=2)
         return None
     flags = (*CFLAGS, *ISA_FLAGS[isa])
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[
+        :16
+    ]
     target = cache_dir() / f"qgemm-{isa}-{digest}.so"
     try:
         if not target.exists():
@@ -115,9 +149,7 @@ def build_qgemm(isa: str) -> ctypes.CDLL | None:
         detail = getattr(exc, "stderr", "") or str(exc)
         warnings.warn(f"verispec: kernel build failed ({detail.strip()[:300]}); using float32", stacklevel=2)
         return None
-    for name in ENTRY_POINTS:
+    for name, argtypes in ENTRY_POINTS.items():
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
-        fn.argtypes += [ctypes.c_void_p, ctypes.c_int]
-        fn.restype = None
+        fn.argtypes, fn.restype = argtypes, None
     return lib

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from verispec.kernels import ops
+
 
 @dataclass
 class AttnContext:
@@ -42,7 +44,8 @@ class AttnContext:
 def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> torch.Tensor:
     """Write new K|V x [S, 2*Hkv, Q, D] into cache rows [lo, hi); return the readable view [S, 2*Hkv, kv_len, D]."""
     view = cache[ctx.slot_lo : ctx.slot_hi]
-    view[ctx.rows, :, ctx.cache_pos] = x.transpose(1, 2)
+    if not ops.write_kv(view, x, ctx.cache_pos):
+        view[ctx.rows, :, ctx.cache_pos] = x.transpose(1, 2)
     return view[:, :, : ctx.kv_len]
 
 

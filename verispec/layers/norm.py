@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verispec.kernels import ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -13,6 +15,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fused = ops.add_rmsnorm(x, None, self.weight, self.eps)
+        return fused[1] if fused is not None else self.reference(x)
+
+    def add_forward(self, h: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h + a, norm(h + a)) in one pass where the fused kernel applies."""
+        fused = ops.add_rmsnorm(h, a, self.weight, self.eps)
+        if fused is not None:
+            return fused
+        h = h + a
+        return h, self.reference(h)
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
         # Written out: on CPU, F.rms_norm is a composite with dtype round trips that costs ~4x more per call.
         # mean as sum/div: aten::mean adds a dtype round trip per call on CPU (same value: sum / D)
         var = x.pow(2).sum(-1, keepdim=True).div_(x.shape[-1])

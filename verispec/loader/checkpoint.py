@@ -93,6 +93,7 @@ def load_checkpoint(
     dtype: str | torch.dtype = "auto",
     tokenizer: str | None = None,
     skip_tokenizer_init: bool = False,
+    keep_quantized: bool = True,
 ) -> Checkpoint:
     path = resolve_model_path(model)
     tok = None
@@ -102,7 +103,8 @@ def load_checkpoint(
         from verispec.loader.gguf import load_gguf
 
         # On the CPU in float32, quantized projections stay in their blocks for the native kernels.
-        keep = device.type == "cpu" and dtype in ("auto", "float32", torch.float32) and kernels_available()
+        keep = keep_quantized and device.type == "cpu" and dtype in ("auto", "float32", torch.float32)
+        keep = keep and kernels_available()
         ckpt = load_gguf(path, keep_quantized=keep)
         hf_config, tensors = ckpt.hf_config, ckpt.tensors
         tok = ckpt.tokenizer

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
+from verispec.kernels import ops
 from verispec.layers.attention import AttnContext, attention, write_kv
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
@@ -43,13 +44,15 @@ class Attention(nn.Module):
         qk = qkv[:, : hq + hkv]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm.forward(qk[:, :hq]), self.k_norm.forward(qk[:, hq:])), dim=1)
-        qkv[:, : hq + hkv] = apply_rope(qk, *rope)  # RoPE on q and k together, in place
+        if self.q_norm is not None or not ops.rope_(qk, *rope):
+            qkv[:, : hq + hkv] = apply_rope(qk, *rope)  # RoPE on q and k together, in place
         kv = write_kv(kv_cache, ctx, qkv[:, hq:])  # one cache write for K and V: [S, 2Hkv, T, D]
         mask = ctx.sliding_mask if self.sliding else ctx.mask
-        o = attention(
-            qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping
-        )
-        return self.o_proj.forward(ctx.to_packed(o.transpose(1, 2).reshape(s, nq, hq * self.d)))
+        args = (qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping)
+        o = ops.attention(*args)  # [S, Q, Hq*D], or None where the fused kernel does not apply
+        if o is None:
+            o = attention(*args).transpose(1, 2).reshape(s, nq, hq * self.d)
+        return self.o_proj.forward(ctx.to_packed(o))
 
 
 class MLP(nn.Module):
@@ -61,9 +64,12 @@ class MLP(nn.Module):
         self.gelu = cfg.hidden_act.startswith("gelu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj.forward(x).split(self.inter, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj.forward(act * up)
+        gate_up = self.gate_up_proj.forward(x)
+        act = None if self.gelu else ops.silu_mul(gate_up)
+        if act is None:
+            gate, up = gate_up.split(self.inter, dim=-1)
+            act = (F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)) * up
+        return self.down_proj.forward(act)
 
 
 class DecoderLayer(nn.Module):
@@ -88,8 +94,8 @@ class DecoderLayer(nn.Module):
             return h + self.post_feedforward_layernorm.forward(
                 self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
             )
-        h = h + a
-        return h + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        h, normed = self.post_attention_layernorm.add_forward(h, a)
+        return h + self.mlp.forward(normed)
 
 
 class DecoderLM(nn.Module):

@@ -1,0 +1,99 @@
+"""Fused CPU ops (ops.c) for the decode path: attention, residual add + RMSNorm, SiLU * up.
+
+Each wrapper returns None when the fused kernel cannot take the inputs (not CPU float32, odd sizes, kernels
+unavailable) and the caller runs its PyTorch version; both compute the same function.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.kernels.build import load_qgemm
+
+
+def _usable(*xs: torch.Tensor) -> bool:
+    return all(x.device.type == "cpu" and x.dtype == torch.float32 for x in xs) and load_qgemm() is not None
+
+
+def add_rmsnorm(
+    h: torch.Tensor, a: torch.Tensor | None, w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """h, a [N, D] -> (h + a, rmsnorm(h + a) * w) (a None: (h, rmsnorm(h) * w)); None if not applicable."""
+    d = h.shape[-1]
+    if h.dim() != 2 or d % 8 or not _usable(h, w) or (a is not None and not _usable(a)):
+        return None
+    h = h.contiguous()
+    s = h if a is None else torch.empty_like(h)
+    a_ptr = None if a is None else a.contiguous().data_ptr()
+    out = torch.empty_like(h)
+    load_qgemm().add_rmsnorm_f32(
+        h.data_ptr(), a_ptr, w.data_ptr(), h.shape[0], d, eps, s.data_ptr(), out.data_ptr()
+    )
+    return s, out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """gate_up [N, 2I] -> silu(gate) * up [N, I]; None if not applicable."""
+    if gate_up.dim() != 2 or not _usable(gate_up):
+        return None
+    gate_up = gate_up.contiguous()
+    n, i = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(n, i)
+    load_qgemm().silu_mul_f32(gate_up.data_ptr(), n, i, out.data_ptr())
+    return out
+
+
+def attention(
+    q: torch.Tensor,  # [S, Hq, Q, D] (any strides, D contiguous)
+    k: torch.Tensor,  # [S, Hkv, T, D] cache view
+    v: torch.Tensor,  # [S, Hkv, T, D], same strides as k
+    mask: torch.Tensor | None,  # [S, 1, Q, T] bool
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor | None:
+    """-> [S, Q, Hq * D] (the layout o_proj reads), or None if not applicable."""
+    s, hq, nq, d = q.shape
+    hkv, t = k.shape[1], k.shape[2]
+    if d % 8 or q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride() or not _usable(q, k, v):
+        return None
+    if mask is not None and (mask.dtype != torch.bool or mask.stride(-1) != 1 or mask.shape[1] != 1):
+        return None
+    out = torch.empty(s, nq, hq * d)
+    qs, qh, qq, _ = q.stride()
+    ks, kh, kt, _ = k.stride()
+    m_ptr, ms, mq = (mask.data_ptr(), mask.stride(0), mask.stride(2)) if mask is not None else (None, 0, 0)
+    if mask is not None and mask.shape[0] == 1:
+        ms = 0  # broadcast over rows
+    load_qgemm().attention_f32(
+        q.data_ptr(), s, hq, nq, d, qs, qh, qq,
+        k.data_ptr(), v.data_ptr(), hkv, t, ks, kh, kt,
+        m_ptr, ms, mq, scale, float(softcap or 0.0), out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> bool:
+    """In place on x [S, H, Q, D] (a view, D contiguous) with cos / signed_sin [S, 1, Q, D]; False if not applied."""
+    s, h, nq, d = x.shape
+    if d > 1024 or x.stride(-1) != 1 or not _usable(x, cos, signed_sin):
+        return False
+    if not (cos.is_contiguous() and signed_sin.is_contiguous() and cos.shape == (s, 1, nq, d)):
+        return False
+    xs, xh, xq, _ = x.stride()
+    load_qgemm().rope_f32(x.data_ptr(), s, h, nq, d, xs, xh, xq, cos.data_ptr(), signed_sin.data_ptr())
+    return True
+
+
+def write_kv(cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> bool:
+    """cache [S, H, T, D] view, x [S, H, Q, D] view, pos [S, Q] int64: cache[s, :, pos[s, t]] = x[s, :, t]."""
+    s, h, nq, d = x.shape
+    if cache.stride(-1) != 1 or x.stride(-1) != 1 or not _usable(cache, x):
+        return False
+    if pos.dtype != torch.int64 or not pos.is_contiguous() or pos.shape != (s, nq):
+        return False
+    cs, ch, ct, _ = cache.stride()
+    xs, xh, xq, _ = x.stride()
+    load_qgemm().write_kv_f32(
+        cache.data_ptr(), cs, ch, ct, x.data_ptr(), xs, xh, xq, pos.data_ptr(), s, h, nq, d
+    )
+    return True
