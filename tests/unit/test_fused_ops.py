@@ -1,0 +1,78 @@
+"""verispec/kernels/ops: each fused CPU op equals its PyTorch reference (the fallback path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.kernels import ops
+from verispec.kernels.qweight import kernels_available
+from verispec.layers.attention import attention as torch_attention
+from verispec.layers.norm import RMSNorm
+from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
+
+pytestmark = pytest.mark.skipif(not kernels_available(), reason="no AVX2/FMA CPU or no C compiler")
+gen = torch.Generator().manual_seed(0)
+
+
+def rand(*shape):
+    return torch.randn(*shape, generator=gen)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_add_rmsnorm(with_residual):
+    norm = RMSNorm(64, 1e-6)
+    norm.weight.data = rand(64)
+    h, a = rand(7, 64), rand(7, 64)
+    s, out = ops.add_rmsnorm(h, a if with_residual else None, norm.weight, 1e-6)
+    ref_s = h + a if with_residual else h
+    assert torch.equal(s, ref_s)
+    torch.testing.assert_close(out, norm.reference(ref_s), rtol=1e-5, atol=1e-5)
+
+
+def test_silu_mul():
+    x = rand(5, 2 * 48)
+    torch.testing.assert_close(ops.silu_mul(x), torch.nn.functional.silu(x[:, :48]) * x[:, 48:])
+
+
+def test_rope_in_place_matches_reference():
+    s, h, q, d = 3, 5, 4, 32
+    x = rand(s, q, h + 2, d).transpose(1, 2)  # a strided view, like the fused qkv
+    cos, ssin = rope_cos_sin(torch.arange(s * q).view(s, q) + 7, rope_inv_freq(d, 10000.0))
+    ref = apply_rope(x[:, :h].clone(), cos, ssin)
+    untouched = x[:, h:].clone()
+    assert ops.rope_(x[:, :h], cos, ssin)
+    torch.testing.assert_close(x[:, :h], ref, rtol=1e-6, atol=1e-6)
+    assert torch.equal(x[:, h:], untouched)
+
+
+def test_write_kv_matches_index_put():
+    cache = rand(4, 6, 20, 16)
+    x = rand(3, 2, 6, 16).transpose(1, 2)  # [S=3, H=6, Q=2, D]
+    pos = torch.tensor([[3, 4], [0, 1], [18, 19]])
+    ref = cache.clone()
+    ref[1:4][torch.arange(3).view(3, 1), :, pos] = x.transpose(1, 2)
+    assert ops.write_kv(cache[1:4], x, pos)
+    assert torch.equal(cache, ref)
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+@pytest.mark.parametrize(("s", "q", "t"), [(1, 1, 9), (3, 5, 17), (2, 4, 300)])
+def test_attention_matches_sdpa(s, q, t, softcap):
+    hq, hkv, d = 6, 2, 32
+    qt = rand(s, q, hq + 2 * hkv, d).transpose(1, 2)[:, :hq]  # strided like the decoder's view
+    cache = rand(s, 2 * hkv, t + 5, d)[:, :, :t]
+    k, v = cache[:, :hkv], cache[:, hkv:]
+    causal = torch.ones(q, t, dtype=torch.bool).tril(t - q)  # the last q positions are the new tokens
+    mask = causal.expand(s, 1, q, t).clone()
+    mask[0, 0, 0, 2] = False  # an arbitrary tree-style hole
+    out = ops.attention(qt, k, v, mask, 0.125, softcap)
+    ref = torch_attention(qt, k, v, mask, 0.125, softcap).transpose(1, 2).reshape(s, q, hq * d)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    one = ops.attention(qt[:1], k[:1], v[:1], mask[:1], 0.125, softcap)
+    assert torch.equal(one, out[:1])  # a row does not depend on the others
+
+
+def test_inapplicable_inputs_fall_back():
+    assert ops.silu_mul(rand(2, 8).double()) is None
+    assert ops.add_rmsnorm(rand(2, 12), None, rand(12), 1e-6) is None  # D % 8 != 0
