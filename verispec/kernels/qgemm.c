@@ -42,6 +42,7 @@ static inline int64_t load_i64(const uint8_t *p) {
 
 #if defined(__AVX512F__)
 #define VL 16
+#define WIDE_COLS 2  // 8-row tiles: 8 x 2 accumulators (32 vector registers)
 typedef __m512 vf;
 #define vzero _mm512_setzero_ps
 #define vload _mm512_loadu_ps
@@ -74,6 +75,7 @@ static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
 }
 #else
 #define VL 8
+#define WIDE_COLS 1  // 8-row tiles: 8 accumulators (16 vector registers)
 typedef __m256 vf;
 #define vzero _mm256_setzero_ps
 #define vload _mm256_loadu_ps
@@ -174,10 +176,12 @@ static void strip_rows(const float *x, int64_t M, int64_t K, const float *ws, in
     DEFINE_REG_KERNEL(T, 3, 1)                                                                                \
     DEFINE_REG_KERNEL(T, 4, 2)                                                                                \
     DEFINE_REG_KERNEL(T, 4, 1)                                                                                \
+    DEFINE_REG_KERNEL(T, 8, WIDE_COLS)                                                                        \
+    DEFINE_REG_KERNEL(T, 8, 1)                                                                                \
     static void reg_rows_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t row_bytes,      \
                              int64_t n0, int64_t n1, float *y, int64_t N) {                                 \
-        for (int64_t m0 = 0; m0 < M; m0 += 4) {                                                             \
-            const int64_t rows = M - m0 < 4 ? M - m0 : 4;                                                   \
+        for (int64_t m0 = 0; m0 < M;) {                                                                     \
+            const int64_t rows = M - m0 >= 8 ? 8 : (M - m0 < 4 ? M - m0 : 4);                               \
             const float *xt = x + m0 * K;                                                                   \
             float *yt = y + m0 * N;                                                                         \
             int64_t n = n0;                                                                                 \
@@ -190,10 +194,15 @@ static void strip_rows(const float *x, int64_t M, int64_t K, const float *ws, in
             } else if (rows == 3) {                                                                         \
                 for (; n + 2 <= n1; n += 2) reg_##T##_3x2(xt, K, w + n * row_bytes, row_bytes, yt + n, N);  \
                 for (; n < n1; n++) reg_##T##_3x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
-            } else {                                                                                        \
+            } else if (rows == 4) {                                                                         \
                 for (; n + 2 <= n1; n += 2) reg_##T##_4x2(xt, K, w + n * row_bytes, row_bytes, yt + n, N);  \
                 for (; n < n1; n++) reg_##T##_4x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
+            } else {                                                                                        \
+                for (; n + WIDE_COLS <= n1; n += WIDE_COLS)                                                 \
+                    reg_##T##_8x##WIDE_COLS(xt, K, w + n * row_bytes, row_bytes, yt + n, N);                \
+                for (; n < n1; n++) reg_##T##_8x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
             }                                                                                               \
+            m0 += rows;                                                                                     \
         }                                                                                                   \
     }                                                                                                       \
     void qgemm_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) { \
