@@ -25,9 +25,10 @@ SOURCES = (Path(__file__).with_name("qgemm.c"), Path(__file__).with_name("ops.c"
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ISA_FLAGS = {"avx2": ("-mavx2", "-mfma"), "avx512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+_QGEMM = [_P, _I, _I, _P, _I, _P, ctypes.c_int]  # x, M, K, blocks, N, y, threads
 ENTRY_POINTS = {  # name -> argtypes
-    "qgemm_q4": [_P, _I, _I, _P, _I, _P, ctypes.c_int],
-    "qgemm_q8": [_P, _I, _I, _P, _I, _P, ctypes.c_int],
+    "qgemm_q4": _QGEMM,
+    "qgemm_q8": _QGEMM,
     "attention_f32": [
         _P,
         _I,
