@@ -56,15 +56,15 @@ class QuantWeight:
             m, qs = b[..., 2:4].copy().view(np.float16).astype(np.float32), b[..., 4:]
         else:
             raise ValueError(f"cannot repack GGML type {ggml_type}; supported: {', '.join(GGUF_TYPES)}")
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.uint32)  # [N, nb, 32] in weight order
-        q = q.reshape(n, k // QK, 2, 8, 2).swapaxes(
-            -1, -2
-        )  # [N, nb, half h, parity, t] = weight 16h + 2t + parity
-        words = (q << np.arange(0, 32, 4, dtype=np.uint32)).sum(-1, dtype=np.uint32)  # [N, nb, 2, 2] (lo, hi)
-        words = np.ascontiguousarray(words).reshape(
-            n, k // QK, 4
-        )  # lo0, hi0, lo1, hi1 = two little-endian u64
-        out = np.concatenate([d.view(np.uint8), m.view(np.uint8), words.view(np.uint8)], axis=-1)
+        # GGUF byte j holds weight j (low nibble) and weight 16 + j (high nibble): half h of the block is the low
+        # (h=0) or high (h=1) nibbles of bytes 0..15; its even weights are bytes 0, 2, .., its odd ones 1, 3, ..
+        # Packing two nibbles per byte (t even low, t odd high) makes each group of 4 bytes one little-endian u32.
+        halves = []
+        for nib in (qs & 0x0F, qs >> 4):  # [N, nb, 16] uint8, weight 16h + j
+            for par in (nib[..., 0::2], nib[..., 1::2]):  # [N, nb, 8] nibble t = weight 16h + 2t + parity
+                halves.append(par[..., 0::2] | (par[..., 1::2] << 4))  # [N, nb, 4] = one u32
+        words = np.concatenate(halves, axis=-1)  # [N, nb, 16] bytes: lo0, hi0, lo1, hi1
+        out = np.concatenate([d.view(np.uint8), m.view(np.uint8), words], axis=-1)
         return cls("q4", np.ascontiguousarray(out.reshape(n, -1)), (n, k))
 
     @property

@@ -8,7 +8,9 @@ import torch
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))  # [D/2]
+    # device="cpu" explicitly: under torch.device("meta") an implicit arange would import torch._dynamo (~1 s)
+    steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
+    inv_freq = 1.0 / (theta ** (steps / head_dim))  # [D/2]
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "linear":
