@@ -30,9 +30,13 @@ def test_add_rmsnorm(with_residual):
     torch.testing.assert_close(out, norm.reference(ref_s), rtol=1e-5, atol=1e-5)
 
 
-def test_silu_mul():
-    x = rand(5, 2 * 48)
-    torch.testing.assert_close(ops.silu_mul(x), torch.nn.functional.silu(x[:, :48]) * x[:, 48:])
+@pytest.mark.parametrize(("n", "i"), [(5, 48), (3, 67), (300, 256)])  # 67: a scalar tail; 300 x 256: threaded
+def test_silu_mul(n, i):
+    x = rand(n, 2 * i) * 6
+    x[0, :6] = torch.tensor([-1e4, -100.0, -88.5, 88.5, 100.0, 1e4])  # exp over- and underflow
+    out = ops.silu_mul(x)
+    torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :i]) * x[:, i:], rtol=2e-6, atol=1e-6)
+    assert torch.equal(ops.silu_mul(x[1:2]), out[1:2])  # a row does not depend on the others
 
 
 def test_rope_in_place_matches_reference():
@@ -57,9 +61,11 @@ def test_write_kv_matches_index_put():
 
 
 @pytest.mark.parametrize("softcap", [None, 30.0])
-@pytest.mark.parametrize(("s", "q", "t"), [(1, 1, 9), (3, 5, 17), (2, 4, 300)])
-def test_attention_matches_sdpa(s, q, t, softcap):
-    hq, hkv, d = 6, 2, 32
+@pytest.mark.parametrize(
+    ("s", "q", "t", "d"), [(1, 1, 9, 32), (3, 5, 17, 64), (2, 4, 300, 96), (2, 3, 40, 256)]
+)
+def test_attention_matches_sdpa(s, q, t, d, softcap):
+    hq, hkv = 6, 2
     qt = rand(s, q, hq + 2 * hkv, d).transpose(1, 2)[:, :hq]  # strided like the decoder's view
     cache = rand(s, 2 * hkv, t + 5, d)[:, :, :t]
     k, v = cache[:, :hkv], cache[:, hkv:]
@@ -71,6 +77,16 @@ def test_attention_matches_sdpa(s, q, t, softcap):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     one = ops.attention(qt[:1], k[:1], v[:1], mask[:1], 0.125, softcap)
     assert torch.equal(one, out[:1])  # a row does not depend on the others
+    # nor on how many (masked-off) cache positions the view spans: T is the batch's longest context
+    wide = torch.cat([cache, rand(s, 2 * hkv, 11, d)], dim=2)
+    wide_mask = torch.cat([mask, torch.zeros(s, 1, q, 11, dtype=torch.bool)], dim=-1)
+    assert torch.equal(ops.attention(qt, wide[:, :hkv], wide[:, hkv:], wide_mask, 0.125, softcap), out)
+
+
+def test_attention_fully_masked_row_is_zero():
+    qt, cache = rand(1, 2, 1, 16), rand(1, 2, 5, 16)
+    mask = torch.zeros(1, 1, 1, 5, dtype=torch.bool)
+    assert torch.equal(ops.attention(qt, cache[:, :1], cache[:, 1:], mask, 0.25, None), torch.zeros(1, 1, 32))
 
 
 def test_inapplicable_inputs_fall_back():

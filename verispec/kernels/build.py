@@ -54,7 +54,7 @@ ENTRY_POINTS = {  # name -> argtypes
         ctypes.c_int,
     ],
     "add_rmsnorm_f32": [_P, _P, _P, _I, _I, _F, _P, _P],
-    "silu_mul_f32": [_P, _I, _I, _P],
+    "silu_mul_f32": [_P, _I, _I, _P, ctypes.c_int],
     "rope_f32": [_P, _I, _I, _I, _I, _I, _I, _I, _P, _P],
     "write_kv_f32": [_P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I],
 }

@@ -18,53 +18,120 @@ static inline float dot(const float *a, const float *b, int64_t n) {  // n % 8 =
     return hsum8(acc);
 }
 
+// exp(x) for 8 lanes (Cephes' expf polynomial, ~1 ulp); below about -87.3 it returns 0, so exp(-inf) == 0.
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f)), _mm256_set1_ps(88.3762626647949f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    fx = _mm256_min_ps(_mm256_max_ps(fx, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// Dot products of q with 4 key rows at once (4 independent FMA chains). Each key's sum is reduced in the same
+// order whichever of the 4 slots it is in, so a score never depends on which keys it was computed with.
+static inline __m128 dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3,
+                          int64_t D) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+    }
+    const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+// o[0, D) = sum_t p[t] * v[t] (v rows kt apart), 64 output floats at a time in registers, zero weights skipped.
+static inline void weighted_sum(const float *p, const float *v, int64_t T, int64_t kt, int64_t D, float *o) {
+    int64_t d0 = 0;
+    for (; d0 + 64 <= D; d0 += 64) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t t = 0; t < T; t++) {
+            if (p[t] == 0.0f) continue;
+            const __m256 w = _mm256_set1_ps(p[t]);
+            const float *vt = v + t * kt + d0;
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8 * j), acc[j]);
+        }
+        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d0 + 8 * j, acc[j]);
+    }
+    for (; d0 < D; d0 += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t t = 0; t < T; t++)
+            if (p[t] != 0.0f) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * kt + d0), acc);
+        _mm256_storeu_ps(o + d0, acc);
+    }
+}
+
 // q: [S, Hq, Q, D] with strides (qs, qh, qq) in elements, D contiguous; k, v: [S, Hkv, T, D] with strides
 // (ks, kh, kt) (the cache view; v shares k's strides); mask: [S, 1, Q, T] bool with strides (ms, mq), T contiguous,
 // or NULL (attend to all T). out: [S, Q, Hq, D] contiguous (the layout o_proj reads). D % 8 == 0.
 // softcap > 0 applies tanh(score / softcap) * softcap before the mask (Gemma 2 style).
+// Batch invariance: a row's scores, softmax (8-lane sums over t, padded with exact zeros) and weighted sum depend
+// only on that row's q, keys and mask, never on S, T or the other rows.
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
                    int nthreads) {
-    const int64_t group = Hq / Hkv, work = S * Hq * Q;
+    const int64_t group = Hq / Hkv, work = S * Hq * Q, T8 = (T + 7) / 8 * 8;
     const int threads = work * T * D >= (1 << 17) ? nthreads : 1;  // small problems: no thread wake-up
 #pragma omp parallel num_threads(threads)
     {
-        float *p = malloc(sizeof(float) * (T > 0 ? T : 1));
+        float *p = aligned_alloc(32, sizeof(float) * (T8 > 0 ? T8 : 8));
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < work; i++) {
             const int64_t s = i / (Hq * Q), h = (i / Q) % Hq, t0 = i % Q, g = h / group;
             const float *qv = q + s * qs + h * qh + t0 * qq;
             const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
-            float mx = -INFINITY;
-            for (int64_t t = 0; t < T; t++) {
-                if (mrow && !mrow[t]) {
-                    p[t] = -INFINITY;
+            for (int64_t t = 0; t < T; t += 4) {
+                const int64_t t1 = t + 1 < T ? t + 1 : t, t2 = t + 2 < T ? t + 2 : t, t3 = t + 3 < T ? t + 3 : t;
+                if (mrow && !(mrow[t] | mrow[t1] | mrow[t2] | mrow[t3])) {
+                    for (int64_t j = t; j < t + 4 && j < T; j++) p[j] = -INFINITY;
                     continue;
                 }
-                float sc = dot(qv, kb + t * kt, D) * scale;
-                if (softcap > 0) sc = tanhf(sc / softcap) * softcap;
-                p[t] = sc;
-                if (sc > mx) mx = sc;
+                float sc[4];
+                _mm_storeu_ps(sc, _mm_mul_ps(dot4(qv, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D),
+                                             _mm_set1_ps(scale)));
+                for (int64_t j = t; j < t + 4 && j < T; j++) {
+                    float x = sc[j - t];
+                    if (softcap > 0) x = tanhf(x / softcap) * softcap;
+                    p[j] = mrow && !mrow[j] ? -INFINITY : x;
+                }
             }
+            for (int64_t t = T; t < T8; t++) p[t] = -INFINITY;
+            __m256 vmx = _mm256_set1_ps(-INFINITY);
+            for (int64_t t = 0; t < T8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(p + t));
+            float mx = -INFINITY;
+            float lanes[8];
+            _mm256_storeu_ps(lanes, vmx);
+            for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
             float *o = out + ((s * Q + t0) * Hq + h) * D;
-            for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-            if (mx == -INFINITY) continue;  // nothing to attend to
-            float sum = 0.0f;
-            for (int64_t t = 0; t < T; t++) {
-                const float e = p[t] == -INFINITY ? 0.0f : expf(p[t] - mx);
-                p[t] = e;
-                sum += e;
+            if (mx == -INFINITY) {  // nothing to attend to
+                for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+                continue;
             }
-            for (int64_t t = 0; t < T; t++) {
-                if (p[t] == 0.0f) continue;
-                const __m256 w = _mm256_set1_ps(p[t]);
-                const float *vt = vb + t * kt;
-                for (int64_t d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(o + d, _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + d), _mm256_loadu_ps(o + d)));
+            const __m256 vm = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
+            __m256 vs = _mm256_setzero_ps();
+            for (int64_t t = 0; t < T8; t += 8) {
+                const __m256 x = _mm256_load_ps(p + t);
+                const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vm)));
+                _mm256_store_ps(p + t, e);
+                vs = _mm256_add_ps(vs, e);
             }
-            const __m256 inv = _mm256_set1_ps(1.0f / sum);
+            weighted_sum(p, vb, T, kt, D, o);
+            const __m256 inv = _mm256_set1_ps(1.0f / hsum8(vs));
             for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), inv));
         }
         free(p);
@@ -90,12 +157,22 @@ void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, 
     }
 }
 
-// gate_up [N, 2I] -> out [N, I] = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
-void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out) {
+// gate_up [N, 2I] -> out [N, I] = silu(gate) * up, silu(g) = g / (1 + exp(-g)). Element-wise: each output depends
+// only on its own inputs (the vector / scalar split is by column, the same for every row).
+void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads) {
+    const int threads = N * I >= (1 << 16) ? nthreads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float *g = gate_up + n * 2 * I, *u = g + I;
         float *o = out + n * I;
-        for (int64_t i = 0; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        int64_t i = 0;
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        for (; i + 8 <= I; i += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + i);
+            const __m256 sig = _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv)));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, sig), _mm256_loadu_ps(u + i)));
+        }
+        for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
     }
 }
 
@@ -111,7 +188,8 @@ void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, 
             for (int64_t h = 0; h < H; h++) {
                 float *v = x + s * xs + h * xh + t * xq;
                 for (int64_t i = 0; i < D; i++) tmp[i] = v[i];
-                for (int64_t i = 0; i < D; i++) v[i] = tmp[i] * c[i] + tmp[(i + half) % D] * sn[i];
+                for (int64_t i = 0; i < half; i++) v[i] = tmp[i] * c[i] + tmp[i + half] * sn[i];
+                for (int64_t i = half; i < D; i++) v[i] = tmp[i] * c[i] + tmp[i - half] * sn[i];
             }
         }
 }

@@ -39,7 +39,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     gate_up = gate_up.contiguous()
     n, i = gate_up.shape[0], gate_up.shape[1] // 2
     out = torch.empty(n, i)
-    load_qgemm().silu_mul_f32(gate_up.data_ptr(), n, i, out.data_ptr())
+    load_qgemm().silu_mul_f32(gate_up.data_ptr(), n, i, out.data_ptr(), torch.get_num_threads())
     return out
 
 
