@@ -1,4 +1,4 @@
-"""Compile qgemm.c + ops.c once per source version into a cache folder and load them with ctypes.
+"""Compile qgemm.c + ops.c + layers.c once per source version into a cache folder and load them with ctypes.
 
 The kernel needs x86-64 with AVX2 + FMA and a C compiler (gcc or cc); it is built for AVX-512 (16 lanes) where the
 CPU has AVX-512F/DQ, else for AVX2 (8 lanes); VERISPEC_KERNEL_ISA=avx2|avx512 overrides the choice. Without a
@@ -21,7 +21,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-SOURCES = (Path(__file__).with_name("qgemm.c"), Path(__file__).with_name("ops.c"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c"))
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ISA_FLAGS = {"avx2": ("-mavx2", "-mfma"), "avx512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")}
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

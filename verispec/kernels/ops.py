@@ -12,7 +12,9 @@ from verispec.kernels.build import load_qgemm
 
 
 def _usable(*xs: torch.Tensor) -> bool:
-    return all(x.device.type == "cpu" and x.dtype == torch.float32 for x in xs) and load_qgemm() is not None
+    # is_cpu / `is` instead of device.type == / == : this runs several times per layer per step
+    f32 = torch.float32
+    return all(x.is_cpu and x.dtype is f32 for x in xs) and load_qgemm() is not None
 
 
 def add_rmsnorm(

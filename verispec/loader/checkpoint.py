@@ -133,6 +133,8 @@ def load_checkpoint(
     net = net.to_empty(device=device).to(dt)
     _init_rope(net, cfg)
     load_decoder_weights(net, tensors, str(path))
+    if net.embed_tokens.weight.is_cpu and os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0":
+        net.fuse_layers()
     net.eval()
     return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))
 

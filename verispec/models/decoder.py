@@ -111,6 +111,7 @@ class DecoderLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.fused = None  # FusedLayers once the weights are loaded, if the model qualifies (fuse_layers)
         self.embed_scale = cfg.hidden_size**0.5 if cfg.is_gemma else 1.0
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
         self.register_buffer(
@@ -118,6 +119,14 @@ class DecoderLM(nn.Module):
         )
         local = cfg.rope_local_theta or cfg.rope_theta
         self.register_buffer("inv_freq_local", rope_inv_freq(cfg.head_dim, local), persistent=False)
+
+    def fuse_layers(self) -> str | None:
+        """Run the layers through one C call where possible (kernels/fused_layers.py); returns why not, or None."""
+        from verispec.kernels.fused_layers import FusedLayers, why_not_fusable
+
+        reason = why_not_fusable(self)
+        self.fused = FusedLayers(self) if reason is None else None
+        return reason
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
@@ -139,11 +148,24 @@ class DecoderLM(nn.Module):
             rope_cos_sin(positions, self.inv_freq_local, h.dtype) if self.cfg.layer_types else rope,
         )
         aux: list[torch.Tensor] = []
+        if self.fused is not None and self.fused.applies(h, rope, ctx):
+            return self._forward_fused(h, rope, ctx, kv, aux_layers)
         for i, layer in enumerate(self.layers):
             if i in aux_layers:
                 aux.append(h)
             h = layer.forward(h, ropes, ctx, kv[i])
         return self.norm.forward(h), aux
+
+    def _forward_fused(self, h, rope, ctx, kv, aux_layers) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """forward's layers by FusedLayers, on the padded [S*Q] rows (gathered from / scattered to packed)."""
+        h = ctx.to_padded(h).reshape(-1, h.shape[-1]).contiguous()  # [S*Q, hidden]; run() updates it in place
+        aux, lo = [], 0
+        for i in sorted({i for i in aux_layers if 0 <= i < len(self.layers)}):
+            h = self.fused.run(h, rope, ctx, kv, lo, i)
+            aux.append(ctx.to_packed(h.clone()))
+            lo = i
+        h = self.fused.run(h, rope, ctx, kv, lo, len(self.layers))
+        return self.norm.forward(ctx.to_packed(h)), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., V] (float32)."""

@@ -1,0 +1,147 @@
+"""FusedLayers: a Llama-style decoder's layers run by one C call (layers.c) instead of ~30 PyTorch ops per layer.
+
+Applies to models whose layers are plain pre-norm Llama blocks (Llama, SmolLM, Mistral without sliding layers,
+Qwen2 with its qkv bias) with every projection kept quantized, on the CPU in float32, for steps where every row
+scores the same number of tokens (decode steps, uniform speculative verification). The C code calls the same
+kernels as the module path in the same order, so the two are bitwise equal; anything else runs the modules.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from verispec.kernels.build import load_qgemm
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+FMT_CODE = {"q4": 0, "q8": 1}
+
+
+class LayerDesc(ctypes.Structure):
+    _fields_ = [
+        ("w_qkv", _P),
+        ("w_o", _P),
+        ("w_gate_up", _P),
+        ("w_down", _P),
+        ("f_qkv", ctypes.c_int32),
+        ("f_o", ctypes.c_int32),
+        ("f_gate_up", ctypes.c_int32),
+        ("f_down", ctypes.c_int32),
+        ("b_qkv", _P),
+        ("norm_in", _P),
+        ("norm_post", _P),
+        ("kv", _P),
+    ]
+
+
+class ModelDims(ctypes.Structure):
+    _fields_ = [
+        ("hidden", _I),
+        ("hq", _I),
+        ("hkv", _I),
+        ("d", _I),
+        ("inter", _I),
+        ("cs", _I),
+        ("ch", _I),
+        ("ct", _I),
+        ("eps", _F),
+        ("scale", _F),
+        ("softcap", _F),
+    ]
+
+
+ARGTYPES = [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _P, _I, _I, ctypes.c_int]
+
+
+def why_not_fusable(model) -> str | None:
+    """None if `model` (a DecoderLM) can run its layers through layers.c, else the reason it cannot."""
+    cfg = model.cfg
+    if load_qgemm() is None:
+        return "no kernels"
+    if cfg.is_gemma or cfg.qk_norm or not cfg.hidden_act.startswith("silu"):
+        return "not a plain Llama block"
+    if any(layer.sliding for layer in model.layers):
+        return "sliding-window layers"
+    if cfg.head_dim % 8 or cfg.hidden_size % 8 or cfg.head_dim > 1024:
+        return "head_dim / hidden_size not multiples of 8"
+    for layer in model.layers:
+        at, mlp = layer.self_attn, layer.mlp
+        dense = (at.qkv_proj, at.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if any(d.qweight is None for d in dense):
+            return "a projection is not quantized"
+        if any(d.bias is not None for d in dense[1:]):
+            return "bias outside qkv"
+        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        if any(not (t.is_cpu and t.dtype is torch.float32 and t.is_contiguous()) for t in norms):
+            return "norm weights not CPU float32"
+    return None
+
+
+class FusedLayers:
+    def __init__(self, model):
+        cfg = model.cfg
+        self.n = len(model.layers)
+        self.descs = (LayerDesc * self.n)()
+        self._kv_ptrs: tuple[int, ...] = ()
+        for desc, layer in zip(self.descs, model.layers):
+            at, mlp = layer.self_attn, layer.mlp
+            for name, dense in (("qkv", at.qkv_proj), ("o", at.o_proj), ("gate_up", mlp.gate_up_proj),
+                                ("down", mlp.down_proj)):  # fmt: skip
+                setattr(desc, f"w_{name}", dense.qweight._ptr)
+                setattr(desc, f"f_{name}", FMT_CODE[dense.qweight.fmt])
+            desc.b_qkv = at.qkv_proj.bias.data_ptr() if at.qkv_proj.bias is not None else None
+            desc.norm_in = layer.input_layernorm.weight.data_ptr()
+            desc.norm_post = layer.post_attention_layernorm.weight.data_ptr()
+        at = model.layers[0].self_attn
+        self.dims = ModelDims(
+            cfg.hidden_size, at.hq, at.hkv, at.d, cfg.intermediate_size, 0, 0, 0,
+            model.layers[0].input_layernorm.eps, at.scale, float(cfg.attn_logit_softcapping or 0.0),
+        )  # fmt: skip
+        self._model = model  # keeps every pointer above alive
+        self._fn = load_qgemm().decoder_layers_f32
+        self._fn.argtypes, self._fn.restype = ARGTYPES, ctypes.c_int
+
+    def applies(self, h: torch.Tensor, rope, ctx) -> bool:
+        """Whether this step can run fused: inputs in the layouts layers.c reads, and little padding.
+
+        layers.c works on the padded [S, Q] layout; the module path packs the N real tokens for projections and
+        MLPs. Where the padding would cost more than a quarter of the work (a prompt batched with decode rows),
+        the module path is cheaper."""
+        cos, ssin = rope
+        pos, mask = ctx.cache_pos, ctx.mask
+        return (
+            (ctx.pack is None or 4 * pos.numel() <= 5 * ctx.pack.numel())
+            and h.is_cpu
+            and h.dtype is torch.float32
+            and cos.is_contiguous()
+            and ssin.is_contiguous()
+            and pos.dtype is torch.int64
+            and pos.is_contiguous()
+            and (mask is None or (mask.dtype is torch.bool and mask.stride(-1) == 1 and mask.shape[1] == 1))
+        )
+
+    def run(self, h: torch.Tensor, rope, ctx, kv: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
+        """Layers [lo, hi) on h [S*Q, hidden] (updated in place and returned)."""
+        ptrs = tuple(t.data_ptr() for t in kv)
+        if ptrs != self._kv_ptrs:
+            for desc, p in zip(self.descs, ptrs):
+                desc.kv = p
+            self.dims.cs, self.dims.ch, self.dims.ct = kv[0].stride()[:3]
+            self._kv_ptrs = ptrs
+        cos, ssin = rope
+        s, q = ctx.cache_pos.shape
+        mask = ctx.mask
+        m_ptr, ms, mq = (
+            (mask.data_ptr(), mask.stride(0), mask.stride(2)) if mask is not None else (None, 0, 0)
+        )
+        if mask is not None and mask.shape[0] == 1:
+            ms = 0
+        first = ctypes.addressof(self.descs) + lo * ctypes.sizeof(LayerDesc)
+        rc = self._fn(
+            first, hi - lo, ctypes.addressof(self.dims), h.data_ptr(), s, q, cos.data_ptr(), ssin.data_ptr(),
+            ctx.slot_lo, ctx.cache_pos.data_ptr(), ctx.kv_len, m_ptr, ms, mq, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise MemoryError("decoder_layers_f32: could not allocate its scratch buffers")
+        return h

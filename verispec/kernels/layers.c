@@ -1,0 +1,85 @@
+// A run of Llama-style decoder layers in one call: the kernels of qgemm.c and ops.c, called in the order and with
+// the arguments the PyTorch module code (verispec/models/decoder.py) gives them, minus ~30 Python-level ops per
+// layer. Every value is computed by the same C function as on the module path, so both paths are bitwise equal
+// (tests/unit/test_fused_layers.py) and a row's result still never depends on the other rows.
+//
+// Layer l, on N = S * Q rows (the padded layout: row s * Q + t is token t of sequence s):
+//   normed = rmsnorm(h) * norm_in                 (fused with the previous layer's residual add)
+//   qkv = normed @ Wqkv^T (+ b); RoPE on the q and k heads; K|V written to the cache at cache_pos
+//   h += attention(q, cache) @ Wo^T; normed = rmsnorm(h) * norm_post
+//   h += (silu(normed @ Wg^T) * (normed @ Wu^T)) @ Wd^T
+#include <stdint.h>
+#include <stdlib.h>
+
+void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
+void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
+void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
+                   const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
+                   const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
+                   int nthreads);
+void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, int64_t D, float eps, float *sum,
+                     float *out);
+void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads);
+void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, int64_t xh, int64_t xq,
+              const float *cos, const float *ssin);
+void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
+                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D);
+
+typedef struct {
+    const uint8_t *w_qkv, *w_o, *w_gate_up, *w_down;  // quantized blocks (qweight.py layouts)
+    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 = q4, 1 = q8
+    const float *b_qkv;                                // [F] or NULL
+    const float *norm_in, *norm_post;                  // [hidden]
+    float *kv;                                         // this layer's cache [slots, 2 Hkv, T, D]
+} LayerDesc;
+
+typedef struct {
+    int64_t hidden, hq, hkv, d, inter;
+    int64_t cs, ch, ct;  // cache strides in elements
+    float eps, scale, softcap;
+} ModelDims;
+
+static void qgemm(int32_t fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nt) {
+    if (fmt == 0)
+        qgemm_q4(x, M, K, w, N, y, nt);
+    else
+        qgemm_q8(x, M, K, w, N, y, nt);
+}
+
+// h [S * Q, hidden] in place: the residual stream after layers [0, n_layers) of `layers`.
+// cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL.
+// Returns 0, or -1 if the scratch memory could not be allocated (h untouched).
+int decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
+                       int64_t Q, const float *cos, const float *ssin, int64_t slot_lo, const int64_t *cache_pos,
+                       int64_t kv_len, const uint8_t *mask, int64_t ms, int64_t mq, int nthreads) {
+    const int64_t N = S * Q, H = m->hidden, D = m->d, hq = m->hq, hkv = m->hkv, I = m->inter;
+    const int64_t F = (hq + 2 * hkv) * D;
+    float *buf = malloc(sizeof(float) * N * (H + F + hq * D + H + 2 * I + I));
+    if (!buf) return -1;
+    float *normed = buf, *qkv = normed + N * H, *attn = qkv + N * F, *a = attn + N * hq * D;
+    float *gu = a + N * H, *act = gu + N * 2 * I;
+    for (int64_t l = 0; l < n_layers; l++) {
+        const LayerDesc *L = layers + l;
+        if (l == 0) add_rmsnorm_f32(h, NULL, L->norm_in, N, H, m->eps, h, normed);
+        qgemm(L->f_qkv, normed, N, H, L->w_qkv, F, qkv, nthreads);
+        if (L->b_qkv)
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t f = 0; f < F; f++) qkv[n * F + f] += L->b_qkv[f];
+        rope_f32(qkv, S, hq + hkv, Q, D, Q * F, D, F, cos, ssin);
+        float *cache = L->kv + slot_lo * m->cs;
+        write_kv_f32(cache, m->cs, m->ch, m->ct, qkv + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D);
+        attention_f32(qkv, S, hq, Q, D, Q * F, D, F, cache, cache + hkv * m->ch, hkv, kv_len, m->cs, m->ch, m->ct,
+                      mask, ms, mq, m->scale, m->softcap, attn, nthreads);
+        qgemm(L->f_o, attn, N, hq * D, L->w_o, H, a, nthreads);
+        add_rmsnorm_f32(h, a, L->norm_post, N, H, m->eps, h, normed);
+        qgemm(L->f_gate_up, normed, N, H, L->w_gate_up, 2 * I, gu, nthreads);
+        silu_mul_f32(gu, N, I, act, nthreads);
+        qgemm(L->f_down, act, N, I, L->w_down, H, a, nthreads);
+        if (l + 1 < n_layers)
+            add_rmsnorm_f32(h, a, layers[l + 1].norm_in, N, H, m->eps, h, normed);
+        else
+            for (int64_t i = 0; i < N * H; i++) h[i] += a[i];
+    }
+    free(buf);
+    return 0;
+}
