@@ -38,35 +38,77 @@ static inline __m256 exp8(__m256 x) {
 
 // Dot products of q with 4 key rows at once (4 independent FMA chains). Each key's sum is reduced in the same
 // order whichever of the 4 slots it is in, so a score never depends on which keys it was computed with.
+// The AVX-512 build uses 16-lane chains when D % 16 == 0 (fixed per model, so still one order per build).
 static inline __m128 dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3,
                           int64_t D) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t d = 0; d < D; d += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + d);
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
-    }
+#if defined(__AVX512F__)
+    if (D % 16 == 0) {
+        __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+        for (int64_t d = 0; d < D; d += 16) {
+            const __m512 qv = _mm512_loadu_ps(q + d);
+            b0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + d), b0);
+            b1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k1 + d), b1);
+            b2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k2 + d), b2);
+            b3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k3 + d), b3);
+        }
+#define FOLD(b) _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1))
+        a0 = FOLD(b0), a1 = FOLD(b1), a2 = FOLD(b2), a3 = FOLD(b3);
+#undef FOLD
+    } else
+#endif
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
+            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
+            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
+        }
     const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// o[0, D) = sum_t p[t] * v[t] (v rows kt apart), 64 output floats at a time in registers, zero weights skipped.
+// o[0, D) = sum_t p[t] * v[t] (v rows kt apart), up to 64 (AVX2) / 128 (AVX-512) output floats at a time in
+// registers, zero weights skipped. Every output element is one FMA chain over t in order.
+#if defined(__AVX512F__)
+#define WS_VEC __m512
+#define WS_VL 16
+#define WS_ZERO _mm512_setzero_ps
+#define WS_SET1 _mm512_set1_ps
+#define WS_FMA _mm512_fmadd_ps
+#define WS_LOAD _mm512_loadu_ps
+#define WS_STORE _mm512_storeu_ps
+#else
+#define WS_VEC __m256
+#define WS_VL 8
+#define WS_ZERO _mm256_setzero_ps
+#define WS_SET1 _mm256_set1_ps
+#define WS_FMA _mm256_fmadd_ps
+#define WS_LOAD _mm256_loadu_ps
+#define WS_STORE _mm256_storeu_ps
+#endif
+#define DEFINE_WS_CHUNK(R)                                                                                   \
+    static inline void ws_chunk_##R(const float *p, const float *v, int64_t T, int64_t kt, float *o) {     \
+        WS_VEC acc[R];                                                                                     \
+        for (int j = 0; j < R; j++) acc[j] = WS_ZERO();                                                    \
+        for (int64_t t = 0; t < T; t++) {                                                                  \
+            if (p[t] == 0.0f) continue;                                                                    \
+            const WS_VEC w = WS_SET1(p[t]);                                                                \
+            const float *vt = v + t * kt;                                                                  \
+            for (int j = 0; j < R; j++) acc[j] = WS_FMA(w, WS_LOAD(vt + WS_VL * j), acc[j]);               \
+        }                                                                                                  \
+        for (int j = 0; j < R; j++) WS_STORE(o + WS_VL * j, acc[j]);                                       \
+    }
+DEFINE_WS_CHUNK(8)
+DEFINE_WS_CHUNK(4)
+DEFINE_WS_CHUNK(1)
+
 static inline void weighted_sum(const float *p, const float *v, int64_t T, int64_t kt, int64_t D, float *o) {
     int64_t d0 = 0;
-    for (; d0 + 64 <= D; d0 += 64) {
-        __m256 acc[8];
-        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
-        for (int64_t t = 0; t < T; t++) {
-            if (p[t] == 0.0f) continue;
-            const __m256 w = _mm256_set1_ps(p[t]);
-            const float *vt = v + t * kt + d0;
-            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8 * j), acc[j]);
-        }
-        for (int j = 0; j < 8; j++) _mm256_storeu_ps(o + d0 + 8 * j, acc[j]);
-    }
-    for (; d0 < D; d0 += 8) {
+    for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_chunk_8(p, v + d0, T, kt, o + d0);
+    for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_chunk_4(p, v + d0, T, kt, o + d0);
+    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_chunk_1(p, v + d0, T, kt, o + d0);
+    for (; d0 < D; d0 += 8) {  // AVX-512 build with D % 16 == 8
         __m256 acc = _mm256_setzero_ps();
         for (int64_t t = 0; t < T; t++)
             if (p[t] != 0.0f) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * kt + d0), acc);
