@@ -21,6 +21,8 @@ class BenchResult:
     num_accepted_tokens: int = 0
     mean_acceptance_length: float = 1.0
     per_position: list[float] = field(default_factory=list)
+    prefill_seconds: float = 0.0  # time in prompt-processing steps
+    decode_tok_per_s: float = 0.0  # tokens from decode steps / time in decode steps (prefill excluded)
 
 
 def time_llm(llm, prompts: list[list[int]], sp: SamplingParams, label: str) -> tuple[BenchResult, list]:
@@ -36,11 +38,15 @@ def time_llm(llm, prompts: list[list[int]], sp: SamplingParams, label: str) -> t
         if before
         else None
     )
+    c = llm.engine.counters
+    c0 = (c.prefill_seconds, c.decode_seconds, c.decode_tokens)
     t = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     dt = time.perf_counter() - t
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     res = BenchResult(label, dt, n, n / dt)
+    res.prefill_seconds = c.prefill_seconds - c0[0]
+    res.decode_tok_per_s = (c.decode_tokens - c0[2]) / max(1e-9, c.decode_seconds - c0[1])
     s = llm.engine.counters.spec
     if s is not None:
         res.num_drafts = s.num_drafts - base[0]
@@ -52,13 +58,21 @@ def time_llm(llm, prompts: list[list[int]], sp: SamplingParams, label: str) -> t
     return res, outs
 
 
+def _opt(v: float, fmt: str, width: int) -> str:
+    """A number, or '-' where the run has none (a peer engine does not report prefill / decode split)."""
+    return f"{v:>{width}{fmt}}" if v else f"{'-':>{width}}"
+
+
 def print_table(rows: list[BenchResult], baseline: BenchResult) -> None:
-    head = f"{'run':<28}{'out tok':>8}{'tok/s':>9}{'speedup':>9}{'drafts':>8}{'drafted':>9}{'accepted':>9}{'mean AL':>8}  per-position"
+    head = f"{'run':<28}{'out tok':>8}{'tok/s':>9}{'speedup':>9}{'prefill s':>10}{'decode tok/s':>13}{'speedup':>9}{'drafts':>8}{'drafted':>9}{'accepted':>9}{'mean AL':>8}  per-position"
     print(head)
     print("-" * len(head))
     for r in rows:
         print(
             f"{r.label:<28}{r.output_tokens:>8}{r.tok_per_s:>9.1f}{r.tok_per_s / baseline.tok_per_s:>8.2f}x"
+            f"{_opt(r.prefill_seconds, '.2f', 10)}{_opt(r.decode_tok_per_s, '.1f', 13)}"
+            f"{_opt(r.decode_tok_per_s / baseline.decode_tok_per_s if baseline.decode_tok_per_s else 0, '.2f', 8)}"
+            f"{'x' if r.decode_tok_per_s and baseline.decode_tok_per_s else ' '}"
             f"{r.num_drafts:>8}{r.num_draft_tokens:>9}{r.num_accepted_tokens:>9}{r.mean_acceptance_length:>8.2f}  "
             f"{', '.join(f'{x:.2f}' for x in r.per_position)}"
         )

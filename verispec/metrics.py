@@ -113,6 +113,11 @@ class EngineCounters:
     requests_finished: int = 0
     requests_aborted: int = 0
     spec: SpecDecodingStats | None = None
+    # wall time in prefill steps / decode (incl. speculative) steps, and the tokens the decode steps produced:
+    # decode throughput apart from prompt processing (benchmarks; not exported)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    decode_tokens: int = 0
 
     def to_metrics(self, num_running: int, num_waiting: int) -> list[Metric]:
         out = [

@@ -127,7 +127,14 @@ class LLMEngine:
         if not self.running:
             return []
         prefill = [r for r in self.running if r.in_prefill]
-        touched = self._prefill(prefill) if prefill else self._decode(list(self.running))
+        c, t0, n0 = self.counters, time.perf_counter(), self.counters.generation_tokens
+        if prefill:
+            touched = self._prefill(prefill)
+            c.prefill_seconds += time.perf_counter() - t0
+        else:
+            touched = self._decode(list(self.running))
+            c.decode_seconds += time.perf_counter() - t0
+            c.decode_tokens += c.generation_tokens - n0
         if self.spec_log is not None:
             self.spec_log.maybe_log()
         return [self.output_of(r) for r in touched]
