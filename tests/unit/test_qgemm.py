@@ -65,7 +65,7 @@ def test_rows_do_not_depend_on_the_batch_or_threads(lib, qtype):
         alone = torch.cat([qw.matmul(x[i : i + 1], lib) for i in range(41)])
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(whole, alone)  # bitwise, register path (M <= 3) vs strip path
+    assert torch.equal(whole, alone)  # bitwise: a row alone vs in 8-row tiles
     for size in (2, 3, 4, 5, 7, 9):
         parts = torch.cat([qw.matmul(x[i : i + size], lib) for i in range(0, 41, size)])
         assert torch.equal(whole, parts), size

@@ -13,8 +13,8 @@
 // is the same model, only the summation order of the dot products is this kernel's.
 //
 // Determinism: every output element y[m, n] is ONE VL-lane FMA chain over k = 0, VL, 2VL, ... followed by a fixed
-// horizontal sum, in both code paths (weights expanded into registers for a few rows, into a float32 strip for many),
-// whatever M is, whichever tile a row falls in and however many threads run. A row's result never depends on the
+// horizontal sum, whatever M is, whichever register tile (1..8 rows, 1..4 columns) a row falls in and however many
+// threads run. A row's result never depends on the
 // batch, so plain decoding and speculative verification stay bitwise identical. Independent chains (rows x columns)
 // hide the FMA latency.
 #include <immintrin.h>
@@ -23,8 +23,7 @@
 
 #define QK 32
 #define NCOLS 16     // output columns per work item
-#define MAX_K 16384  // widest K the per-thread strip holds (NCOLS * MAX_K floats)
-#define SMALL_M 8    // up to this many rows: expand into registers (tiles of <= 4 rows); above: a float32 strip
+#define TILE_M 8     // rows per register tile: more rows are done 8 at a time
 #define BSIZE_q4 24
 #define BSIZE_q8 36
 
@@ -42,7 +41,8 @@ static inline int64_t load_i64(const uint8_t *p) {
 
 #if defined(__AVX512F__)
 #define VL 16
-#define WIDE_COLS 2  // 8-row tiles: 8 x 2 accumulators (32 vector registers)
+#define MID_COLS 4   // 3-4 row tiles: up to 4 x 4 accumulators + 8 expanded weight vectors (32 registers)
+#define WIDE_COLS 2  // 5-8 row tiles: up to 8 x 2 accumulators
 typedef __m512 vf;
 #define vzero _mm512_setzero_ps
 #define vload _mm512_loadu_ps
@@ -75,7 +75,8 @@ static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
 }
 #else
 #define VL 8
-#define WIDE_COLS 1  // 8-row tiles: 8 accumulators (16 vector registers)
+#define MID_COLS 2   // 3-4 row tiles (16 vector registers)
+#define WIDE_COLS 1  // 5-8 row tiles
 typedef __m256 vf;
 #define vzero _mm256_setzero_ps
 #define vload _mm256_loadu_ps
@@ -108,7 +109,8 @@ static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
 }
 #endif
 
-// Few rows: C columns at a time, each block expanded into registers once and used by all R rows.
+// Few rows: C columns at a time, each block expanded into registers once and used by all R rows (each x vector
+// loaded once per block and used for all C columns).
 #define DEFINE_REG_KERNEL(T, R, C)                                                                            \
     static inline void reg_##T##_##R##x##C(const float *x, int64_t K, const uint8_t *w, int64_t row_bytes,   \
                                            float *y, int64_t N) {                                           \
@@ -116,113 +118,81 @@ static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
         for (int r = 0; r < R; r++)                                                                         \
             for (int c = 0; c < C; c++) acc[r][c] = vzero();                                                \
         for (int64_t b = 0; b < K / QK; b++) {                                                              \
+            vf wv[C][QK / VL];                                                                              \
             for (int c = 0; c < C; c++) {                                                                   \
-                vf wv[QK / VL];                                                                             \
                 _mm_prefetch((const char *)(w + (2 * C + c) * row_bytes + b * BSIZE_##T), _MM_HINT_T0);         \
-                dequant_##T(w + c * row_bytes + b * BSIZE_##T, wv);                                         \
-                for (int r = 0; r < R; r++)                                                                 \
-                    for (int i = 0; i < QK / VL; i++)                                                       \
-                        acc[r][c] = vfma(vload(x + r * K + b * QK + VL * i), wv[i], acc[r][c]);             \
+                dequant_##T(w + c * row_bytes + b * BSIZE_##T, wv[c]);                                      \
             }                                                                                               \
+            for (int r = 0; r < R; r++)                                                                     \
+                for (int i = 0; i < QK / VL; i++) {                                                         \
+                    const vf xv = vload(x + r * K + b * QK + VL * i);                                       \
+                    for (int c = 0; c < C; c++) acc[r][c] = vfma(xv, wv[c][i], acc[r][c]);                  \
+                }                                                                                           \
         }                                                                                                   \
         for (int r = 0; r < R; r++)                                                                         \
             for (int c = 0; c < C; c++) y[r * N + c] = vsum(acc[r][c]);                                     \
     }
-
-// Many rows: an R x C register tile over a float32 strip of expanded columns (ws [C][K], stride K).
-#define DEFINE_STRIP_KERNEL(R, C)                                                                             \
-    static inline void strip_##R##x##C(const float *x, int64_t K, const float *ws, float *y, int64_t N) {   \
-        vf acc[R][C];                                                                                       \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int c = 0; c < C; c++) acc[r][c] = vzero();                                                \
-        for (int64_t k = 0; k < K; k += VL) {                                                               \
-            vf wv[C];                                                                                       \
-            for (int c = 0; c < C; c++) wv[c] = vload(ws + c * K + k);                                      \
-            for (int r = 0; r < R; r++) {                                                                   \
-                const vf xv = vload(x + r * K + k);                                                         \
-                for (int c = 0; c < C; c++) acc[r][c] = vfma(xv, wv[c], acc[r][c]);                         \
-            }                                                                                               \
-        }                                                                                                   \
-        for (int r = 0; r < R; r++)                                                                         \
-            for (int c = 0; c < C; c++) y[r * N + c] = vsum(acc[r][c]);                                     \
-    }
-DEFINE_STRIP_KERNEL(4, 3)
-DEFINE_STRIP_KERNEL(4, 1)
-DEFINE_STRIP_KERNEL(1, 3)
-DEFINE_STRIP_KERNEL(1, 1)
-
-static void strip_rows(const float *x, int64_t M, int64_t K, const float *ws, int64_t ncols, float *y, int64_t N) {
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) {
-        int64_t c = 0;
-        for (; c + 3 <= ncols; c += 3) strip_4x3(x + m * K, K, ws + c * K, y + m * N + c, N);
-        for (; c < ncols; c++) strip_4x1(x + m * K, K, ws + c * K, y + m * N + c, N);
-    }
-    for (; m < M; m++) {
-        int64_t c = 0;
-        for (; c + 3 <= ncols; c += 3) strip_1x3(x + m * K, K, ws + c * K, y + m * N + c, N);
-        for (; c < ncols; c++) strip_1x1(x + m * K, K, ws + c * K, y + m * N + c, N);
-    }
-}
+#define DEFINE_REG(T, R, C) DEFINE_REG_KERNEL(T, R, C)  // expands C (MID_COLS / WIDE_COLS) first
+#if WIDE_COLS == 1
+#define DEFINE_WIDE_X1(T, R)  // the WIDE_COLS kernel already is the single-column one
+#else
+#define DEFINE_WIDE_X1(T, R) DEFINE_REG_KERNEL(T, R, 1)
+#endif
+#define REG(T, R, C) REG_(T, R, C)
+#define REG_(T, R, C) reg_##T##_##R##x##C
+// One row count: tiles of C columns, then single columns.
+#define ROWS_CASE(T, R, C)                                                                                    \
+    case R:                                                                                                 \
+        for (; n + C <= n1; n += C) REG(T, R, C)(x, K, w + n * row_bytes, row_bytes, y + n, N);             \
+        for (; n < n1; n++) REG(T, R, 1)(x, K, w + n * row_bytes, row_bytes, y + n, N);                    \
+        break;
 
 // Entry point (ctypes): x [M, K] float32 contiguous, w [N, K/32 blocks] in the layouts above, y [M, N] float32.
-// K must be a multiple of 32 and at most MAX_K (the Python side checks both).
+// K must be a multiple of 32 (the Python side checks).
 #define DEFINE_QGEMM(T)                                                                                       \
-    DEFINE_REG_KERNEL(T, 1, 4)                                                                                \
+    DEFINE_REG(T, 1, 4)                                                                                       \
+    DEFINE_REG(T, 2, 4)                                                                                       \
+    DEFINE_REG(T, 3, MID_COLS)                                                                                \
+    DEFINE_REG(T, 4, MID_COLS)                                                                                \
+    DEFINE_REG(T, 5, WIDE_COLS)                                                                               \
+    DEFINE_REG(T, 6, WIDE_COLS)                                                                               \
+    DEFINE_REG(T, 7, WIDE_COLS)                                                                               \
+    DEFINE_REG(T, 8, WIDE_COLS)                                                                               \
     DEFINE_REG_KERNEL(T, 1, 1)                                                                                \
-    DEFINE_REG_KERNEL(T, 2, 4)                                                                                \
     DEFINE_REG_KERNEL(T, 2, 1)                                                                                \
-    DEFINE_REG_KERNEL(T, 3, 2)                                                                                \
     DEFINE_REG_KERNEL(T, 3, 1)                                                                                \
-    DEFINE_REG_KERNEL(T, 4, 2)                                                                                \
     DEFINE_REG_KERNEL(T, 4, 1)                                                                                \
-    DEFINE_REG_KERNEL(T, 8, WIDE_COLS)                                                                        \
-    DEFINE_REG_KERNEL(T, 8, 1)                                                                                \
+    DEFINE_WIDE_X1(T, 5)                                                                                    \
+    DEFINE_WIDE_X1(T, 6)                                                                                    \
+    DEFINE_WIDE_X1(T, 7)                                                                                    \
+    DEFINE_WIDE_X1(T, 8)                                                                                    \
+    /* x [M <= 8, K]: all rows in one tile, so every block is expanded once per column and row group */                   \
     static void reg_rows_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t row_bytes,      \
                              int64_t n0, int64_t n1, float *y, int64_t N) {                                 \
-        for (int64_t m0 = 0; m0 < M;) {                                                                     \
-            const int64_t rows = M - m0 >= 8 ? 8 : (M - m0 < 4 ? M - m0 : 4);                               \
-            const float *xt = x + m0 * K;                                                                   \
-            float *yt = y + m0 * N;                                                                         \
-            int64_t n = n0;                                                                                 \
-            if (rows == 1) {                                                                                \
-                for (; n + 4 <= n1; n += 4) reg_##T##_1x4(xt, K, w + n * row_bytes, row_bytes, yt + n, N);  \
-                for (; n < n1; n++) reg_##T##_1x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
-            } else if (rows == 2) {                                                                         \
-                for (; n + 4 <= n1; n += 4) reg_##T##_2x4(xt, K, w + n * row_bytes, row_bytes, yt + n, N);  \
-                for (; n < n1; n++) reg_##T##_2x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
-            } else if (rows == 3) {                                                                         \
-                for (; n + 2 <= n1; n += 2) reg_##T##_3x2(xt, K, w + n * row_bytes, row_bytes, yt + n, N);  \
-                for (; n < n1; n++) reg_##T##_3x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
-            } else if (rows == 4) {                                                                         \
-                for (; n + 2 <= n1; n += 2) reg_##T##_4x2(xt, K, w + n * row_bytes, row_bytes, yt + n, N);  \
-                for (; n < n1; n++) reg_##T##_4x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
-            } else {                                                                                        \
-                for (; n + WIDE_COLS <= n1; n += WIDE_COLS)                                                 \
-                    reg_##T##_8x##WIDE_COLS(xt, K, w + n * row_bytes, row_bytes, yt + n, N);                \
-                for (; n < n1; n++) reg_##T##_8x1(xt, K, w + n * row_bytes, row_bytes, yt + n, N);          \
-            }                                                                                               \
-            m0 += rows;                                                                                     \
+        int64_t n = n0;                                                                                     \
+        switch (M) {                                                                                        \
+            ROWS_CASE(T, 1, 4)                                                                              \
+            ROWS_CASE(T, 2, 4)                                                                              \
+            ROWS_CASE(T, 3, MID_COLS)                                                                       \
+            ROWS_CASE(T, 4, MID_COLS)                                                                       \
+            ROWS_CASE(T, 5, WIDE_COLS)                                                                      \
+            ROWS_CASE(T, 6, WIDE_COLS)                                                                      \
+            ROWS_CASE(T, 7, WIDE_COLS)                                                                      \
+            ROWS_CASE(T, 8, WIDE_COLS)                                                                      \
         }                                                                                                   \
     }                                                                                                       \
     void qgemm_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) { \
         const int64_t row_bytes = K / QK * BSIZE_##T;                                                       \
         const int64_t nitems = (N + NCOLS - 1) / NCOLS;                                                     \
         _Pragma("omp parallel num_threads(nthreads)") {                                                     \
-            static __thread float strip[NCOLS * MAX_K] __attribute__((aligned(64)));                        \
-            _Pragma("omp for schedule(static)") for (int64_t it = 0; it < nitems; it++) {                   \
-                const int64_t n0 = it * NCOLS, n1 = n0 + NCOLS < N ? n0 + NCOLS : N;                        \
-                if (M <= SMALL_M) {                                                                         \
-                    reg_rows_##T(x, M, K, w, row_bytes, n0, n1, y, N);                                      \
-                    continue;                                                                               \
+            /* 8 rows at a time (their x stays in L1) over all columns; static schedule: each thread keeps the */ \
+            /* same columns for every row group, so its share of the weights stays in its L2 */             \
+            for (int64_t m0 = 0; m0 < M; m0 += TILE_M) {                                                    \
+                const int64_t rows = M - m0 < TILE_M ? M - m0 : TILE_M;                                     \
+                _Pragma("omp for schedule(static) nowait") for (int64_t it = 0; it < nitems; it++) {        \
+                    const int64_t n0 = it * NCOLS, n1 = n0 + NCOLS < N ? n0 + NCOLS : N;                    \
+                    reg_rows_##T(x + m0 * K, rows, K, w, row_bytes, n0, n1, y + m0 * N, N);                 \
                 }                                                                                           \
-                for (int64_t n = n0; n < n1; n++)                                                           \
-                    for (int64_t b = 0; b < K / QK; b++) {                                                  \
-                        vf wv[QK / VL];                                                                     \
-                        dequant_##T(w + n * row_bytes + b * BSIZE_##T, wv);                                 \
-                        for (int i = 0; i < QK / VL; i++) vstore(strip + (n - n0) * K + b * QK + VL * i, wv[i]); \
-                    }                                                                                       \
-                strip_rows(x, M, K, strip, n1 - n0, y + n0, N);                                             \
             }                                                                                               \
         }                                                                                                   \
     }

@@ -20,7 +20,6 @@ from verispec.kernels.build import load_qgemm
 QK = 32
 BLOCK_BYTES = {"q4": 24, "q8": 36}
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML type names this module repacks
-MAX_K = 16384  # qgemm.c's per-thread strip width
 
 
 @dataclass
@@ -35,7 +34,7 @@ class QuantWeight:
 
     @staticmethod
     def supported(ggml_type: str, shape: tuple[int, ...]) -> bool:
-        return ggml_type in GGUF_TYPES and len(shape) == 2 and shape[1] % QK == 0 and shape[1] <= MAX_K
+        return ggml_type in GGUF_TYPES and len(shape) == 2 and shape[1] % QK == 0
 
     @classmethod
     def from_gguf(cls, raw: np.ndarray, ggml_type: str, shape: tuple[int, int]) -> QuantWeight:
