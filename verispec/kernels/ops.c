@@ -137,12 +137,14 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
             const float *qv = q + s * qs + h * qh + t0 * qq;
             const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
+            int64_t tend = 0;  // keys past the last group with an unmasked key are all masked (causal prefill)
             for (int64_t t = 0; t < T; t += 4) {
                 const int64_t t1 = t + 1 < T ? t + 1 : t, t2 = t + 2 < T ? t + 2 : t, t3 = t + 3 < T ? t + 3 : t;
                 if (mrow && !(mrow[t] | mrow[t1] | mrow[t2] | mrow[t3])) {
                     for (int64_t j = t; j < t + 4 && j < T; j++) p[j] = -INFINITY;
                     continue;
                 }
+                tend = t + 4 < T ? t + 4 : T;
                 float sc[4];
                 _mm_storeu_ps(sc, _mm_mul_ps(dot4(qv, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D),
                                              _mm_set1_ps(scale)));
@@ -152,9 +154,10 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
                     p[j] = mrow && !mrow[j] ? -INFINITY : x;
                 }
             }
-            for (int64_t t = T; t < T8; t++) p[t] = -INFINITY;
+            const int64_t tend8 = (tend + 7) / 8 * 8;
+            for (int64_t t = tend; t < tend8; t++) p[t] = -INFINITY;
             __m256 vmx = _mm256_set1_ps(-INFINITY);
-            for (int64_t t = 0; t < T8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(p + t));
+            for (int64_t t = 0; t < tend8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(p + t));
             float mx = -INFINITY;
             float lanes[8];
             _mm256_storeu_ps(lanes, vmx);
@@ -166,13 +169,13 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
             }
             const __m256 vm = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
             __m256 vs = _mm256_setzero_ps();
-            for (int64_t t = 0; t < T8; t += 8) {
+            for (int64_t t = 0; t < tend8; t += 8) {
                 const __m256 x = _mm256_load_ps(p + t);
                 const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vm)));
                 _mm256_store_ps(p + t, e);
                 vs = _mm256_add_ps(vs, e);
             }
-            weighted_sum(p, vb, T, kt, D, o);
+            weighted_sum(p, vb, tend, kt, D, o);
             const __m256 inv = _mm256_set1_ps(1.0f / hsum8(vs));
             for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), inv));
         }
