@@ -50,20 +50,24 @@ def streamed_bytes(model) -> int:
 
 
 def bench_verispec(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
+    """-> (end-to-end tok/s, decode-only tok/s: tokens of decode steps / time in decode steps)."""
     from verispec import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     llm.generate(
         [{"prompt_token_ids": prompts[0]}], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False
     )
+    c = llm.engine.counters
+    d0, n0 = c.decode_seconds, c.decode_tokens
     t = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     dt = time.perf_counter() - t
     n = sum(len(o.outputs[0].token_ids) for o in outs)
-    return n / dt, dt
+    return n / dt, (c.decode_tokens - n0) / (c.decode_seconds - d0)
 
 
 def bench_transformers(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> tuple[float, float]:
+    """-> (end-to-end tok/s, decode-only tok/s: the same generate minus a 1-token generate (the prefill))."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
@@ -79,7 +83,10 @@ def bench_transformers(model, prompts: list[list[int]], new_tokens: int, pad_id:
         t = time.perf_counter()
         model.generate(input_ids=ids, attention_mask=mask, **kw)
         dt = time.perf_counter() - t
-    return len(prompts) * new_tokens / dt, dt
+        t = time.perf_counter()
+        model.generate(input_ids=ids, attention_mask=mask, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1})
+        prefill = time.perf_counter() - t
+    return len(prompts) * new_tokens / dt, len(prompts) * (new_tokens - 1) / (dt - prefill)
 
 
 def main() -> None:
@@ -118,10 +125,12 @@ def main() -> None:
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
         ps = (prompts * (b // len(prompts) + 1))[:b]
-        ours, _ = bench_verispec(llm, ps, args.new_tokens)
+        ours, ours_dec = bench_verispec(llm, ps, args.new_tokens)
         f32, _ = bench_verispec(llm_f32, ps, args.new_tokens)
-        theirs = (
-            bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0])[0] if hf is not None else None
+        theirs, theirs_dec = (
+            bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0])
+            if hf is not None
+            else (None, None)
         )
         rows.append(
             {
@@ -129,6 +138,8 @@ def main() -> None:
                 "verispec_tok_s": ours,
                 "verispec_float32_tok_s": f32,
                 "transformers_tok_s": theirs,
+                "verispec_decode_tok_s": ours_dec,
+                "transformers_decode_tok_s": theirs_dec,
                 "speedup_vs_transformers": ours / theirs if theirs else None,
                 "fraction_of_roofline": ours / roofline if b == 1 else None,
                 "fraction_of_own_roofline": ours / roofline_ours if b == 1 else None,
@@ -152,9 +163,20 @@ def main() -> None:
             f"{r['batch']:>5} {r['verispec_tok_s']:>15.1f} {r['verispec_float32_tok_s']:>14.1f} {t:>13} {s:>8} "
             f"{f:>15} {o:>15}"
         )
+    print("decode only (prompt processing excluded):")
+    for r in rows:
+        t = f"{r['transformers_decode_tok_s']:.1f}" if r["transformers_decode_tok_s"] else "-"
+        s = (
+            f"{r['verispec_decode_tok_s'] / r['transformers_decode_tok_s']:.2f}x"
+            if r["transformers_decode_tok_s"]
+            else "-"
+        )
+        print(f"{r['batch']:>5} {r['verispec_decode_tok_s']:>15.1f} {'':>14} {t:>13} {s:>8}")
     if len(rows) > 1:
+        a, b = rows[0], rows[-1]
         print(
-            f"batch {rows[-1]['batch']} / batch 1 throughput: {rows[-1]['verispec_tok_s'] / rows[0]['verispec_tok_s']:.2f}x"
+            f"batch {b['batch']} / batch 1 throughput: {b['verispec_tok_s'] / a['verispec_tok_s']:.2f}x "
+            f"(decode only {b['verispec_decode_tok_s'] / a['verispec_decode_tok_s']:.2f}x)"
         )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(
