@@ -147,39 +147,26 @@ static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
         for (; n < n1; n++) REG(T, R, 1)(x, K, w + n * row_bytes, row_bytes, y + n, N);                    \
         break;
 
+// The register tile for each row count 1..8 (rows, columns): one list for the kernels and for the dispatch.
+#define ROW_TILES(X, T) X(T, 1, 4) X(T, 2, 4) X(T, 3, MID_COLS) X(T, 4, MID_COLS) \
+    X(T, 5, WIDE_COLS) X(T, 6, WIDE_COLS) X(T, 7, WIDE_COLS) X(T, 8, WIDE_COLS)
 // Entry point (ctypes): x [M, K] float32 contiguous, w [N, K/32 blocks] in the layouts above, y [M, N] float32.
 // K must be a multiple of 32 (the Python side checks).
 #define DEFINE_QGEMM(T)                                                                                       \
-    DEFINE_REG(T, 1, 4)                                                                                       \
-    DEFINE_REG(T, 2, 4)                                                                                       \
-    DEFINE_REG(T, 3, MID_COLS)                                                                                \
-    DEFINE_REG(T, 4, MID_COLS)                                                                                \
-    DEFINE_REG(T, 5, WIDE_COLS)                                                                               \
-    DEFINE_REG(T, 6, WIDE_COLS)                                                                               \
-    DEFINE_REG(T, 7, WIDE_COLS)                                                                               \
-    DEFINE_REG(T, 8, WIDE_COLS)                                                                               \
+    ROW_TILES(DEFINE_REG, T)                                                                                  \
     DEFINE_REG_KERNEL(T, 1, 1)                                                                                \
     DEFINE_REG_KERNEL(T, 2, 1)                                                                                \
     DEFINE_REG_KERNEL(T, 3, 1)                                                                                \
     DEFINE_REG_KERNEL(T, 4, 1)                                                                                \
-    DEFINE_WIDE_X1(T, 5)                                                                                    \
-    DEFINE_WIDE_X1(T, 6)                                                                                    \
-    DEFINE_WIDE_X1(T, 7)                                                                                    \
-    DEFINE_WIDE_X1(T, 8)                                                                                    \
-    /* x [M <= 8, K]: all rows in one tile, so every block is expanded once per column and row group */                   \
+    DEFINE_WIDE_X1(T, 5)                                                                                      \
+    DEFINE_WIDE_X1(T, 6)                                                                                      \
+    DEFINE_WIDE_X1(T, 7)                                                                                      \
+    DEFINE_WIDE_X1(T, 8)                                                                                      \
+    /* x [M <= 8, K]: all rows in one tile, so every block is expanded once per column and row group */     \
     static void reg_rows_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t row_bytes,      \
                              int64_t n0, int64_t n1, float *y, int64_t N) {                                 \
         int64_t n = n0;                                                                                     \
-        switch (M) {                                                                                        \
-            ROWS_CASE(T, 1, 4)                                                                              \
-            ROWS_CASE(T, 2, 4)                                                                              \
-            ROWS_CASE(T, 3, MID_COLS)                                                                       \
-            ROWS_CASE(T, 4, MID_COLS)                                                                       \
-            ROWS_CASE(T, 5, WIDE_COLS)                                                                      \
-            ROWS_CASE(T, 6, WIDE_COLS)                                                                      \
-            ROWS_CASE(T, 7, WIDE_COLS)                                                                      \
-            ROWS_CASE(T, 8, WIDE_COLS)                                                                      \
-        }                                                                                                   \
+        switch (M) { ROW_TILES(ROWS_CASE, T) }                                                              \
     }                                                                                                       \
     void qgemm_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) { \
         const int64_t row_bytes = K / QK * BSIZE_##T;                                                       \
