@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from verispec.config import ModelConfig
@@ -61,13 +62,21 @@ def plan_cache(
     )
 
 
+def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Zeroed cache memory. On the CPU in float32 through numpy's calloc: the OS hands out zero pages lazily, so a
+    multi-GiB budget costs nothing until a slot's rows are written (torch.zeros would memset it all at start-up)."""
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        return torch.from_numpy(np.zeros(shape, dtype=np.float32))
+    return torch.zeros(shape, device=device, dtype=dtype)
+
+
 class KVCache:
     def __init__(
         self, cfg: ModelConfig, num_slots: int, t_alloc: int, device: torch.device, dtype: torch.dtype
     ):
         shape = (num_slots, 2 * cfg.num_kv_heads, t_alloc, cfg.head_dim)
         # zeros, not empty: masked keys are multiplied by 0 in attention and must never be NaN garbage
-        self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.kv = [_zeros(shape, device, dtype) for _ in range(cfg.num_layers)]
         self.num_slots, self.t_alloc = num_slots, t_alloc
         self.scratch = t_alloc - 1
         self._free = list(range(num_slots))  # min-heap: lowest slot first keeps active slots dense
