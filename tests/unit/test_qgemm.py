@@ -22,6 +22,17 @@ def lib(request):
     return build.build_qgemm(request.param)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+def test_kernels_build_where_the_cpu_and_a_compiler_allow(isa):
+    """A compile error must fail the suite, not turn every kernel test into a skip."""
+    if build.kernel_isa() is None or build._compiler() is None:
+        pytest.skip("no AVX2/FMA CPU or no C compiler here")
+    lib = build.build_qgemm(isa)
+    assert lib is not None, "the kernels did not compile: see the warning above"
+    for name in build.ENTRY_POINTS:
+        assert hasattr(lib, name), name
+
+
 def make_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
     w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
     raw = quantize(w, GGMLQuantizationType[qtype])

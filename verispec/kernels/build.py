@@ -24,39 +24,64 @@ from pathlib import Path
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c"))
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 ISA_FLAGS = {"avx2": ("-mavx2", "-mfma"), "avx512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")}
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-_QGEMM = [_P, _I, _I, _P, _I, _P, ctypes.c_int]  # x, M, K, blocks, N, y, threads
-ENTRY_POINTS = {  # name -> argtypes
-    "qgemm_q4": _QGEMM,
-    "qgemm_q8": _QGEMM,
-    "attention_f32": [
-        _P,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _P,
-        _P,
-        _I,
-        _I,
-        _I,
-        _I,
-        _I,
-        _P,
-        _I,
-        _I,
-        _F,
-        _F,
-        _P,
-        ctypes.c_int,
-    ],
-    "add_rmsnorm_f32": [_P, _P, _P, _I, _I, _F, _P, _P],
-    "silu_mul_f32": [_P, _I, _I, _P, ctypes.c_int],
-    "rope_f32": [_P, _I, _I, _I, _I, _I, _I, _I, _P, _P],
-    "write_kv_f32": [_P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I],
+_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+_QGEMM = [_P, _I, _I, _P, _I, _P, _C]  # x, M, K, blocks, N, y, threads
+ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c / ops.c / layers.c
+    "qgemm_q4": (_QGEMM, None),
+    "qgemm_q8": (_QGEMM, None),
+    "attention_f32": (
+        [
+            _P,
+            _I,
+            _I,
+            _I,
+            _I,
+            _I,
+            _I,
+            _I,  # q, S, Hq, Q, D, q strides
+            _P,
+            _P,
+            _I,
+            _I,
+            _I,
+            _I,
+            _I,  # k, v, Hkv, T, k/v strides
+            _P,
+            _I,
+            _I,
+            _F,
+            _F,
+            _P,
+            _C,
+        ],  # mask, mask strides, scale, softcap, out, threads
+        None,
+    ),  # fmt: skip
+    "add_rmsnorm_f32": ([_P, _P, _P, _I, _I, _F, _P, _P], None),
+    "silu_mul_f32": ([_P, _I, _I, _P, _C], None),
+    "rope_f32": ([_P, _I, _I, _I, _I, _I, _I, _I, _P, _P], None),
+    "write_kv_f32": ([_P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I], None),
+    "decoder_scratch_per_row": ([_P], _I),
+    "decoder_layers_f32": (
+        [
+            _P,
+            _I,
+            _P,
+            _P,
+            _I,
+            _I,
+            _P,
+            _P,  # layers, n_layers, dims, h, S, Q, cos, ssin
+            _I,
+            _P,
+            _I,
+            _P,
+            _I,
+            _I,
+            _P,
+            _C,
+        ],  # slot_lo, cache_pos, kv_len, mask, mask strides, scratch, threads
+        None,
+    ),  # fmt: skip
 }
 
 
@@ -150,7 +175,7 @@ def build_qgemm(isa: str) -> ctypes.CDLL | None:
         detail = getattr(exc, "stderr", "") or str(exc)
         warnings.warn(f"verispec: kernel build failed ({detail.strip()[:300]}); using float32", stacklevel=2)
         return None
-    for name, argtypes in ENTRY_POINTS.items():
+    for name, (argtypes, restype) in ENTRY_POINTS.items():
         fn = getattr(lib, name)
-        fn.argtypes, fn.restype = argtypes, None
+        fn.argtypes, fn.restype = argtypes, restype
     return lib

@@ -51,9 +51,6 @@ class ModelDims(ctypes.Structure):
     ]
 
 
-ARGTYPES = [_P, _I, _P, _P, _I, _I, _P, _P, _I, _P, _I, _P, _I, _I, ctypes.c_int]
-
-
 def why_not_fusable(model) -> str | None:
     """None if `model` (a DecoderLM) can run its layers through layers.c, else the reason it cannot."""
     cfg = model.cfg
@@ -83,7 +80,7 @@ class FusedLayers:
         cfg = model.cfg
         self.n = len(model.layers)
         self.descs = (LayerDesc * self.n)()
-        self._kv_ptrs: tuple[int, ...] = ()
+        self._kv: list[torch.Tensor] | None = None  # the cache whose layer pointers are in descs
         for desc, layer in zip(self.descs, model.layers):
             at, mlp = layer.self_attn, layer.mlp
             for name, dense in (("qkv", at.qkv_proj), ("o", at.o_proj), ("gate_up", mlp.gate_up_proj),
@@ -99,8 +96,9 @@ class FusedLayers:
             model.layers[0].input_layernorm.eps, at.scale, float(cfg.attn_logit_softcapping or 0.0),
         )  # fmt: skip
         self._model = model  # keeps every pointer above alive
-        self._fn = load_qgemm().decoder_layers_f32
-        self._fn.argtypes, self._fn.restype = ARGTYPES, ctypes.c_int
+        self._lib = load_qgemm()
+        self._per_row = self._lib.decoder_scratch_per_row(ctypes.addressof(self.dims))
+        self._scratch = torch.empty(0)  # grown to the largest fused step seen (<= the KV budget), then reused
 
     def applies(self, h: torch.Tensor, rope, ctx) -> bool:
         """Whether this step can run fused: inputs in the layouts layers.c reads, and little padding.
@@ -123,12 +121,15 @@ class FusedLayers:
 
     def run(self, h: torch.Tensor, rope, ctx, kv: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
         """Layers [lo, hi) on h [S*Q, hidden] (updated in place and returned)."""
-        ptrs = tuple(t.data_ptr() for t in kv)
-        if ptrs != self._kv_ptrs:
-            for desc, p in zip(self.descs, ptrs):
-                desc.kv = p
+        if (
+            kv is not self._kv
+        ):  # the engine's cache list (held here; its tensors never move): refresh on a new one
+            for desc, t in zip(self.descs, kv):
+                desc.kv = t.data_ptr()
             self.dims.cs, self.dims.ch, self.dims.ct = kv[0].stride()[:3]
-            self._kv_ptrs = ptrs
+            self._kv = kv
+        if self._scratch.numel() < h.shape[0] * self._per_row:
+            self._scratch = torch.empty(h.shape[0] * self._per_row)
         cos, ssin = rope
         s, q = ctx.cache_pos.shape
         mask = ctx.mask
@@ -138,10 +139,9 @@ class FusedLayers:
         if mask is not None and mask.shape[0] == 1:
             ms = 0
         first = ctypes.addressof(self.descs) + lo * ctypes.sizeof(LayerDesc)
-        rc = self._fn(
+        self._lib.decoder_layers_f32(
             first, hi - lo, ctypes.addressof(self.dims), h.data_ptr(), s, q, cos.data_ptr(), ssin.data_ptr(),
-            ctx.slot_lo, ctx.cache_pos.data_ptr(), ctx.kv_len, m_ptr, ms, mq, torch.get_num_threads(),
+            ctx.slot_lo, ctx.cache_pos.data_ptr(), ctx.kv_len, m_ptr, ms, mq, self._scratch.data_ptr(),
+            torch.get_num_threads(),
         )  # fmt: skip
-        if rc != 0:
-            raise MemoryError("decoder_layers_f32: could not allocate its scratch buffers")
         return h

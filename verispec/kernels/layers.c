@@ -8,8 +8,8 @@
 //   qkv = normed @ Wqkv^T (+ b); RoPE on the q and k heads; K|V written to the cache at cache_pos
 //   h += attention(q, cache) @ Wo^T; normed = rmsnorm(h) * norm_post
 //   h += (silu(normed @ Wg^T) * (normed @ Wu^T)) @ Wd^T
+#include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
@@ -46,17 +46,20 @@ static void qgemm(int32_t fmt, const float *x, int64_t M, int64_t K, const uint8
         qgemm_q8(x, M, K, w, N, y, nt);
 }
 
+// Scratch floats per row that decoder_layers_f32 needs (the caller owns the buffer: nothing is allocated per step).
+int64_t decoder_scratch_per_row(const ModelDims *m) {
+    return 2 * m->hidden + (m->hq + 2 * m->hkv) * m->d + m->hq * m->d + 3 * m->inter;
+}
+
 // h [S * Q, hidden] in place: the residual stream after layers [0, n_layers) of `layers`.
-// cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL.
-// Returns 0, or -1 if the scratch memory could not be allocated (h untouched).
-int decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
-                       int64_t Q, const float *cos, const float *ssin, int64_t slot_lo, const int64_t *cache_pos,
-                       int64_t kv_len, const uint8_t *mask, int64_t ms, int64_t mq, int nthreads) {
+// cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL;
+// scratch: S * Q * decoder_scratch_per_row(m) floats.
+void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
+                        int64_t Q, const float *cos, const float *ssin, int64_t slot_lo, const int64_t *cache_pos,
+                        int64_t kv_len, const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads) {
     const int64_t N = S * Q, H = m->hidden, D = m->d, hq = m->hq, hkv = m->hkv, I = m->inter;
     const int64_t F = (hq + 2 * hkv) * D;
-    float *buf = malloc(sizeof(float) * N * (H + F + hq * D + H + 2 * I + I));
-    if (!buf) return -1;
-    float *normed = buf, *qkv = normed + N * H, *attn = qkv + N * F, *a = attn + N * hq * D;
+    float *normed = scratch, *qkv = normed + N * H, *attn = qkv + N * F, *a = attn + N * hq * D;
     float *gu = a + N * H, *act = gu + N * 2 * I;
     for (int64_t l = 0; l < n_layers; l++) {
         const LayerDesc *L = layers + l;
@@ -80,6 +83,4 @@ int decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDim
         else
             for (int64_t i = 0; i < N * H; i++) h[i] += a[i];
     }
-    free(buf);
-    return 0;
 }

@@ -1,0 +1,71 @@
+"""Matmul throughput by row count: verispec's quantized kernel vs MKL float32 on the same (dequantized) weights.
+
+For M rows (1 = batch-1 decode, 5 = verifying 4 drafts, 8 = batch-8 decode, 256 = a prompt), one sweep over every
+quantized projection of the decoder layers (the LM head excluded), in layer order so the weights come from memory
+as in a real step; best of --reps sweeps. Prints ms per sweep and GMAC/s and writes JSON.
+    .venv/bin/python benchmarks/kernel_sweep.py [--model smollm2-135m-instruct] [--rows 1,2,4,5,8,16,64,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def best_sweep(fns, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for f in fns:
+            f()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--rows", default="1,2,4,5,8,16,64,256")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--output", default="bench_results/kernel_sweep.json")
+    args = ap.parse_args()
+    from verispec import LLM
+
+    llm = LLM(args.model, max_model_len=64, max_num_seqs=1)
+    head = llm.ckpt.model.lm_head
+    qws = [
+        m.qweight
+        for m in llm.ckpt.model.modules()
+        if getattr(m, "qweight", None) is not None and m is not head
+    ]
+    if not qws:
+        raise SystemExit(
+            f"{args.model}: no weights kept quantized here (no kernels, or an unsupported GGUF type)"
+        )
+    dense = [q.dequantize() for q in qws]  # float32 [N, K], exactly the values the kernel multiplies with
+    macs_per_row = sum(q.shape[0] * q.shape[1] for q in qws)
+    rows = []
+    print(f"model={args.model} weights={len(qws)} threads={torch.get_num_threads()} (LM head excluded)")
+    print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7}")
+    for m in [int(x) for x in args.rows.split(",")]:
+        xs = {k: torch.randn(m, k) for k in {q.shape[1] for q in qws}}
+        ours = best_sweep([lambda q=q, x=xs[q.shape[1]]: q.matmul(x) for q in qws], args.reps)
+        mkl = best_sweep(
+            [lambda w=w, x=xs[w.shape[1]]: torch.nn.functional.linear(x, w) for w in dense], args.reps
+        )
+        r = {"rows": m, "qgemm_s": ours, "mkl_f32_s": mkl, "qgemm_gmacs": m * macs_per_row / ours / 1e9,
+             "mkl_f32_gmacs": m * macs_per_row / mkl / 1e9}  # fmt: skip
+        rows.append(r)
+        print(
+            f"{m:>5} {ours * 1e3:>9.1f} {r['qgemm_gmacs']:>7.1f} {mkl * 1e3:>11.1f} {r['mkl_f32_gmacs']:>7.1f}"
+        )
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps({"model": args.model, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
