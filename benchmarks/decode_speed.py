@@ -49,6 +49,16 @@ def streamed_bytes(model) -> int:
     return params + blocks
 
 
+def encode_prompt(tok, text: str) -> list[int]:
+    """The prompt as a one-turn chat where the model has a chat template (Gemma 3's GGUF has none), else raw."""
+    try:
+        return tok.encode(
+            tok.apply_chat_template([{"role": "user", "content": text}]), add_special_tokens=False
+        )
+    except ValueError:
+        return tok.encode(text)
+
+
 def bench_verispec(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
     """-> (end-to-end tok/s, decode-only tok/s: tokens of decode steps / time in decode steps)."""
     from verispec import SamplingParams
@@ -103,10 +113,7 @@ def main() -> None:
     llm = LLM(args.model, max_model_len=1024, max_num_seqs=8)
     llm_f32 = LLM(args.model, max_model_len=1024, max_num_seqs=8, keep_quantized=False)
     tok = llm.tokenizer
-    prompts = [
-        tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-        for p in PROMPTS
-    ]
+    prompts = [encode_prompt(tok, p) for p in PROMPTS]
     # bytes streamed per decoded token: every weight except the embedding table (one row of it is gathered)
     weight_bytes = streamed_bytes(llm_f32.ckpt.model)
     ours_bytes = streamed_bytes(llm.ckpt.model)

@@ -12,7 +12,7 @@ from verispec.kernels import build
 from verispec.kernels.qweight import QuantWeight
 
 ISAS = [isa for isa in ("avx2", "avx512") if isa == "avx2" or build.kernel_isa() == "avx512"]
-TYPES = ["Q4_0", "Q4_1", "Q8_0"]
+TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0"]
 
 
 @pytest.fixture(params=ISAS)
@@ -33,9 +33,21 @@ def test_kernels_build_where_the_cpu_and_a_compiler_allow(isa):
         assert hasattr(lib, name), name
 
 
+def random_q4_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Raw Q4_K rows (gguf has no Q4_K quantizer): random 6-bit scales/mins and nibbles, float16 d and dmin."""
+    raw = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
+    raw[..., 0:2] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)  # d
+    raw[..., 2:4] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)  # dmin
+    return raw.reshape(n, -1)
+
+
 def make_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32)
-    raw = quantize(w, GGMLQuantizationType[qtype])
+    rng = np.random.default_rng(seed)
+    k = -(-k // 256) * 256 if qtype == "Q4_K" else k  # Q4_K needs whole 256-weight super-blocks
+    if qtype == "Q4_K":
+        raw = random_q4_k(n, k, rng)
+    else:
+        raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[qtype])
     return QuantWeight.from_gguf(raw, qtype, (n, k)), torch.from_numpy(
         dequantize(raw, GGMLQuantizationType[qtype])
     )
@@ -50,7 +62,7 @@ def test_repacked_blocks_dequantize_exactly(qtype):
 @pytest.mark.parametrize("qtype", TYPES)
 def test_kernel_sees_exactly_the_gguf_weights(lib, qtype):
     qw, ref = make_weight(qtype, 21, 64)
-    eye = torch.eye(64)  # x = I picks out W^T column by column
+    eye = torch.eye(qw.shape[1])  # x = I picks out W^T column by column
     assert torch.equal(qw.matmul(eye, lib).T, ref)
 
 
@@ -61,14 +73,14 @@ def test_kernel_sees_exactly_the_gguf_weights(lib, qtype):
 )
 def test_product_matches_float32(lib, qtype, m, n, k):
     qw, ref = make_weight(qtype, n, k, seed=m)
-    x = torch.randn(m, k, generator=torch.Generator().manual_seed(n))
+    x = torch.randn(m, qw.shape[1], generator=torch.Generator().manual_seed(n))
     torch.testing.assert_close(qw.matmul(x, lib), x @ ref.T, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_rows_do_not_depend_on_the_batch_or_threads(lib, qtype):
     qw, _ = make_weight(qtype, 50, 192)
-    x = torch.randn(41, 192, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(41, qw.shape[1], generator=torch.Generator().manual_seed(1))
     whole = qw.matmul(x, lib)
     threads = torch.get_num_threads()
     try:
@@ -95,7 +107,8 @@ def test_rows_and_fusion_keep_the_values():
 
 def test_unsupported_shapes_stay_float32():
     assert QuantWeight.supported("Q4_1", (8, 64))
-    assert not QuantWeight.supported("Q4_K", (8, 256))
+    assert QuantWeight.supported("Q4_K", (8, 256)) and not QuantWeight.supported("Q4_K", (8, 96))
+    assert not QuantWeight.supported("Q6_K", (8, 256))
     assert not QuantWeight.supported("Q8_0", (64,))
     with pytest.raises(ValueError, match="Q6_K"):
         QuantWeight.from_gguf(np.zeros((1, 210), np.uint8), "Q6_K", (1, 256))

@@ -1,6 +1,7 @@
 """QuantWeight: a [N, K] weight kept in 32-weight quantized blocks, and its product with float32 activations.
 
-GGUF's Q4_0 / Q4_1 / Q8_0 rows are repacked (once, at load time) into the two layouts qgemm.c reads:
+GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 rows are repacked (once, at load time) into the two layouts qgemm.c reads
+(Q4_K's 32-weight sub-blocks become q4 blocks, Q5_0's 5-bit weights q8 blocks):
   q4: float32 d, float32 m, 2 x uint64 (24 bytes); uint64 h holds weights 16h..16h+15, the even ones in its low
       32 bits (nibble t = weight 16h+2t), the odd ones in its high 32 bits (nibble t = weight 16h+2t+1)
   q8: float32 d, 32 x int8 (36 bytes)
@@ -19,7 +20,31 @@ from verispec.kernels.build import load_qgemm
 
 QK = 32
 BLOCK_BYTES = {"q4": 24, "q8": 36}
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # GGML type names this module repacks
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")  # GGML type names this module repacks
+SUPER_BLOCK = {"Q4_K": 256}  # K must be a multiple of this (default: QK)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """[..., 2] uint8 little-endian float16 -> [..., 1] float32."""
+    return b.copy().view(np.float16).astype(np.float32)
+
+
+def _q4_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K super-blocks [N, ns, 144] -> (d, m, qs) of their 32-weight sub-blocks, [N, ns*8, 1 / 1 / 16].
+
+    Sub-block j: weight = (d * sc_j) * q - dmin * m_j, where both products are exact in float32 (11-bit float16
+    times a 6-bit integer), so d' = d * sc_j and m' = -(dmin * m_j) give d' * q + m' with the one rounding gguf's
+    dequantize does."""
+    n, ns = b.shape[:2]
+    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])  # [N, ns, 1]
+    sc6 = b[..., 4:16].reshape(n, ns, 3, 4)  # 8 six-bit scales and mins, packed as gguf's get_scale_min reads them
+    lo, hi, mix = sc6[..., 0, :], sc6[..., 1, :], sc6[..., 2, :]
+    sc = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(np.float32)  # [N, ns, 8]
+    mn = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1).astype(np.float32)
+    dj, mj = (d * sc).reshape(n, -1, 1), (-(dmin * mn)).reshape(n, -1, 1)  # [N, ns*8, 1]
+    q = b[..., 16:].reshape(n, ns, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)  # [N, ns, 4, 2, 32]
+    q = (q & 0x0F).reshape(n, -1, QK)  # [N, ns*8, 32] weight order
+    return dj, mj, q[..., :16] | (q[..., 16:] << 4)  # GGUF Q4_0 byte order: weight j low, weight 16 + j high
 
 
 @dataclass
@@ -34,27 +59,42 @@ class QuantWeight:
 
     @staticmethod
     def supported(ggml_type: str, shape: tuple[int, ...]) -> bool:
-        return ggml_type in GGUF_TYPES and len(shape) == 2 and shape[1] % QK == 0
+        return ggml_type in GGUF_TYPES and len(shape) == 2 and shape[1] % SUPER_BLOCK.get(ggml_type, QK) == 0
 
     @classmethod
     def from_gguf(cls, raw: np.ndarray, ggml_type: str, shape: tuple[int, int]) -> QuantWeight:
-        """raw: [N, K/32 * GGUF block bytes] uint8 rows of a Q4_0 / Q4_1 / Q8_0 tensor."""
+        """raw: [N, K / block * GGUF block bytes] uint8 rows of a tensor of one of GGUF_TYPES."""
         n, k = shape
         if ggml_type == "Q8_0":
             b = raw.reshape(n, k // QK, 34)
-            d = b[..., 0:2].copy().view(np.float16).astype(np.float32)  # [N, nb, 1]
-            out = np.concatenate([d.view(np.uint8), b[..., 2:]], axis=-1)
-            return cls("q8", np.ascontiguousarray(out.reshape(n, -1)), (n, k))
+            return cls._q8(_f16(b[..., 0:2]), b[..., 2:].view(np.int8), shape)
+        if ggml_type == "Q5_0":  # d * (q - 16) with 5-bit q: an int8 block with the same d
+            b = raw.reshape(n, k // QK, 22)
+            qh = b[..., 2:6].copy().view(np.uint32)  # [N, nb, 1]: bit j = high bit of weight j
+            high = ((qh >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8)  # [N, nb, 32]
+            q = np.concatenate([b[..., 6:] & 0x0F, b[..., 6:] >> 4], axis=-1) | (high << 4)  # weight order
+            return cls._q8(_f16(b[..., 0:2]), q.astype(np.int8) - np.int8(16), shape)
         if ggml_type == "Q4_0":
             b = raw.reshape(n, k // QK, 18)
-            d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
-            m, qs = d * np.float32(-8.0), b[..., 2:]  # d*(q-8) == d*q + (-8d), both exact
-        elif ggml_type == "Q4_1":
+            d = _f16(b[..., 0:2])
+            return cls._q4(d, d * np.float32(-8.0), b[..., 2:], shape)  # d*(q-8) == d*q + (-8d), both exact
+        if ggml_type == "Q4_1":
             b = raw.reshape(n, k // QK, 20)
-            d = b[..., 0:2].copy().view(np.float16).astype(np.float32)
-            m, qs = b[..., 2:4].copy().view(np.float16).astype(np.float32), b[..., 4:]
-        else:
-            raise ValueError(f"cannot repack GGML type {ggml_type}; supported: {', '.join(GGUF_TYPES)}")
+            return cls._q4(_f16(b[..., 0:2]), _f16(b[..., 2:4]), b[..., 4:], shape)
+        if ggml_type == "Q4_K":
+            return cls._q4(*_q4_k_blocks(raw.reshape(n, k // 256, 144)), shape)
+        raise ValueError(f"cannot repack GGML type {ggml_type}; supported: {', '.join(GGUF_TYPES)}")
+
+    @classmethod
+    def _q8(cls, d: np.ndarray, q: np.ndarray, shape: tuple[int, int]) -> QuantWeight:
+        """d [N, nb, 1] float32, q [N, nb, 32] int8 in weight order -> the q8 layout."""
+        out = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1)
+        return cls("q8", np.ascontiguousarray(out.reshape(shape[0], -1)), shape)
+
+    @classmethod
+    def _q4(cls, d: np.ndarray, m: np.ndarray, qs: np.ndarray, shape: tuple[int, int]) -> QuantWeight:
+        """d, m [N, nb, 1] float32 (weight = d * q + m); qs [N, nb, 16] in GGUF's Q4_0 byte order -> the q4 layout."""
+        n = shape[0]
         # GGUF byte j holds weight j (low nibble) and weight 16 + j (high nibble): half h of the block is the low
         # (h=0) or high (h=1) nibbles of bytes 0..15; its even weights are bytes 0, 2, .., its odd ones 1, 3, ..
         # Packing two nibbles per byte (t even low, t odd high) makes each group of 4 bytes one little-endian u32.
@@ -64,7 +104,7 @@ class QuantWeight:
                 halves.append(par[..., 0::2] | (par[..., 1::2] << 4))  # [N, nb, 4] = one u32
         words = np.concatenate(halves, axis=-1)  # [N, nb, 16] bytes: lo0, hi0, lo1, hi1
         out = np.concatenate([d.view(np.uint8), m.view(np.uint8), words], axis=-1)
-        return cls("q4", np.ascontiguousarray(out.reshape(n, -1)), (n, k))
+        return cls("q4", np.ascontiguousarray(out.reshape(n, -1)), shape)
 
     @property
     def nbytes(self) -> int:
