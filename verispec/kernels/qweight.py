@@ -37,12 +37,14 @@ def _q4_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     dequantize does."""
     n, ns = b.shape[:2]
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])  # [N, ns, 1]
-    sc6 = b[..., 4:16].reshape(n, ns, 3, 4)  # 8 six-bit scales and mins, packed as gguf's get_scale_min reads them
+    # 8 six-bit scales and mins per super-block, unpacked as gguf's Q4_K.get_scale_min does: [N, ns, 8] each
+    sc6 = b[..., 4:16].reshape(n, ns, 3, 4)
     lo, hi, mix = sc6[..., 0, :], sc6[..., 1, :], sc6[..., 2, :]
-    sc = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(np.float32)  # [N, ns, 8]
+    sc = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(np.float32)
     mn = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1).astype(np.float32)
     dj, mj = (d * sc).reshape(n, -1, 1), (-(dmin * mn)).reshape(n, -1, 1)  # [N, ns*8, 1]
-    q = b[..., 16:].reshape(n, ns, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)  # [N, ns, 4, 2, 32]
+    shifts = np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    q = b[..., 16:].reshape(n, ns, 4, 1, 32) >> shifts  # [N, ns, 4, 2, 32]: 64 weights = low, high nibbles
     q = (q & 0x0F).reshape(n, -1, QK)  # [N, ns*8, 32] weight order
     return dj, mj, q[..., :16] | (q[..., 16:] << 4)  # GGUF Q4_0 byte order: weight j low, weight 16 + j high
 
