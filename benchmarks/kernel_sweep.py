@@ -3,13 +3,18 @@
 For M rows (1 = batch-1 decode, 5 = verifying 4 drafts, 8 = batch-8 decode, 256 = a prompt), one sweep over every
 quantized projection of the decoder layers (the LM head excluded), in layer order so the weights come from memory
 as in a real step; best of --reps sweeps. Prints ms per sweep and GMAC/s and writes JSON.
+--baseline REF adds the kernels of git revision REF (built from its sources), swept in the same process on the
+same weights: an A/B that this VM's run-to-run drift cannot blur.
     .venv/bin/python benchmarks/kernel_sweep.py [--model smollm2-135m-instruct] [--rows 1,2,4,5,8,16,64,256]
+        [--baseline REF]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,11 +31,28 @@ def best_sweep(fns, reps: int) -> float:
     return best
 
 
+def baseline_kernels(ref: str, tmp: Path):
+    """The kernel library built from git revision `ref`'s sources (same ISA and flags as this build's)."""
+    from verispec.kernels import build
+
+    paths = []
+    for src in build.SOURCES:
+        rel = src.relative_to(Path(__file__).resolve().parents[1])
+        text = subprocess.run(["git", "show", f"{ref}:{rel}"], check=True, capture_output=True).stdout
+        paths.append(tmp / src.name)
+        paths[-1].write_bytes(text)
+    lib = build.build_qgemm(build.kernel_isa(), tuple(paths))
+    if lib is None:
+        raise SystemExit(f"--baseline {ref}: its kernels did not build")
+    return lib
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--rows", default="1,2,4,5,8,16,64,256")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--baseline", help="git revision whose kernels to sweep side by side")
     ap.add_argument("--output", default="bench_results/kernel_sweep.json")
     args = ap.parse_args()
     from verispec import LLM
@@ -48,9 +70,12 @@ def main() -> None:
         )
     dense = [q.dequantize() for q in qws]  # float32 [N, K], exactly the values the kernel multiplies with
     macs_per_row = sum(q.shape[0] * q.shape[1] for q in qws)
+    tmp = tempfile.TemporaryDirectory()
+    base = baseline_kernels(args.baseline, Path(tmp.name)) if args.baseline else None
     rows = []
     print(f"model={args.model} weights={len(qws)} threads={torch.get_num_threads()} (LM head excluded)")
-    print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7}")
+    extra = f" {args.baseline[:10] + ' ms':>13} {'x':>5}" if base else ""
+    print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7}{extra}")
     for m in [int(x) for x in args.rows.split(",")]:
         xs = {k: torch.randn(m, k) for k in {q.shape[1] for q in qws}}
         ours = best_sweep([lambda q=q, x=xs[q.shape[1]]: q.matmul(x) for q in qws], args.reps)
@@ -59,12 +84,18 @@ def main() -> None:
         )
         r = {"rows": m, "qgemm_s": ours, "mkl_f32_s": mkl, "qgemm_gmacs": m * macs_per_row / ours / 1e9,
              "mkl_f32_gmacs": m * macs_per_row / mkl / 1e9}  # fmt: skip
+        line = f"{m:>5} {ours * 1e3:>9.1f} {r['qgemm_gmacs']:>7.1f} {mkl * 1e3:>11.1f} {r['mkl_f32_gmacs']:>7.1f}"
+        if base is not None:
+            r["baseline_s"] = best_sweep(
+                [lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base) for q in qws], args.reps
+            )
+            line += f" {r['baseline_s'] * 1e3:>13.1f} {r['baseline_s'] / ours:>4.2f}x"
         rows.append(r)
-        print(
-            f"{m:>5} {ours * 1e3:>9.1f} {r['qgemm_gmacs']:>7.1f} {mkl * 1e3:>11.1f} {r['mkl_f32_gmacs']:>7.1f}"
-        )
+        print(line)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps({"model": args.model, "rows": rows}, indent=2))
+    Path(args.output).write_text(
+        json.dumps({"model": args.model, "baseline": args.baseline, "rows": rows}, indent=2)
+    )
 
 
 if __name__ == "__main__":

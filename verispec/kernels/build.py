@@ -126,13 +126,13 @@ def _compiler() -> str | None:
     return None
 
 
-def _compile(compiler: str, flags: tuple[str, ...], target: Path) -> None:
+def _compile(compiler: str, flags: tuple[str, ...], target: Path, sources: tuple[Path, ...]) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
         subprocess.run(
-            [compiler, *flags, "-o", tmp, *map(str, SOURCES)],
+            [compiler, *flags, "-o", tmp, *map(str, sources)],
             check=True,
             capture_output=True,
             text=True,
@@ -156,20 +156,22 @@ def load_qgemm() -> ctypes.CDLL | None:
 
 
 @functools.cache
-def build_qgemm(isa: str) -> ctypes.CDLL | None:
-    """Compile (once per source version, cached on disk) and load the library for `isa` ('avx2' | 'avx512')."""
+def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | None:
+    """Compile (once per source version, cached on disk) and load the library for `isa` ('avx2' | 'avx512').
+
+    `sources`: qgemm.c, ops.c and layers.c (another version of them: benchmarks/kernel_sweep.py --baseline)."""
     compiler = _compiler()
     if compiler is None:
         warnings.warn("verispec: no C compiler found; GGUF weights are dequantized to float32", stacklevel=2)
         return None
     flags = (*CFLAGS, *ISA_FLAGS[isa])
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(flags).encode()).hexdigest()[
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + " ".join(flags).encode()).hexdigest()[
         :16
     ]
     target = cache_dir() / f"qgemm-{isa}-{digest}.so"
     try:
         if not target.exists():
-            _compile(compiler, flags, target)
+            _compile(compiler, flags, target, sources)
         lib = ctypes.CDLL(str(target))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)

@@ -15,17 +15,14 @@
 // Determinism: every output element y[m, n] is ONE VL-lane FMA chain over k = 0, VL, 2VL, ... followed by a fixed
 // horizontal sum, whatever M is, whichever register tile (1..5 rows, 1..4 columns) a row falls in and however many
 // threads run. A row's result never depends on the batch, so plain decoding and speculative verification stay
-// bitwise identical. Independent chains (rows x columns)
-// hide the FMA latency.
+// bitwise identical. Independent chains (rows x columns) hide the FMA latency.
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
 #define QK 32
 #define NCOLS 16     // output columns per work item
-#ifndef TILE_M
 #define TILE_M 8     // rows whose x is kept in L1 while the columns are swept
-#endif
 #define BSIZE_q4 24
 #define BSIZE_q8 36
 
@@ -187,7 +184,7 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
 // K must be a multiple of 32 (the Python side checks).
 #define DEFINE_QGEMM(T)                                                                                       \
     ROW_TILES(DEFINE_TILE, T)                                                                                 \
-    /* columns [n0, n1) of x [M <= ONE_TILE_ROWS, K]: one tile row group, every block expanded once per column */  \
+    /* columns [n0, n1) of x [M <= ONE_TILE_ROWS, K]: one tile row group, every block expanded once per column */ \
     static void reg_rows_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t row_bytes,      \
                              int64_t n0, int64_t n1, float *y, int64_t N) {                                 \
         int64_t n = n0;                                                                                     \
@@ -203,10 +200,10 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
                 const int64_t m1 = M < m0 + TILE_M ? M : m0 + TILE_M;                                       \
                 _Pragma("omp for schedule(static) nowait") for (int64_t it = 0; it < nitems; it++) {        \
                     const int64_t n0 = it * NCOLS, n1 = n0 + NCOLS < N ? n0 + NCOLS : N;                    \
-                    /* row groups over the same columns (the item's weights stay in L1): up to ONE_TILE_ROWS */ \
-                    /* in one tile, more in groups of 4 (a 4 x 4 tile runs ~1.1x faster than an 8 x 2 one) */        \
+                    /* row groups over the same columns (the item's weights stay in L1): up to ONE_TILE_ROWS */   \
+                    /* in one tile, more in groups of 4 (a 4 x 4 tile runs ~1.1x faster than an 8 x 2 one) */     \
                     for (int64_t r = m0, g; r < m1; r += g) {                                               \
-                        g = m1 - r <= ONE_TILE_ROWS ? m1 - r : 4;                                                       \
+                        g = m1 - r <= ONE_TILE_ROWS ? m1 - r : 4;                                                 \
                         reg_rows_##T(x + r * K, g, K, w, row_bytes, n0, n1, y + r * N, N);                  \
                     }                                                                                       \
                 }                                                                                           \
