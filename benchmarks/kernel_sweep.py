@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,19 +32,26 @@ def best_sweep(fns, reps: int) -> float:
     return best
 
 
-def baseline_kernels(ref: str, tmp: Path):
+def baseline_kernels(ref: str):
     """The kernel library built from git revision `ref`'s sources (same ISA and flags as this build's)."""
     from verispec.kernels import build
 
-    paths = []
-    for src in build.SOURCES:
-        rel = src.relative_to(Path(__file__).resolve().parents[1])
-        text = subprocess.run(["git", "show", f"{ref}:{rel}"], check=True, capture_output=True).stdout
-        paths.append(tmp / src.name)
-        paths[-1].write_bytes(text)
-    lib = build.build_qgemm(build.kernel_isa(), tuple(paths))
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for src in build.SOURCES:
+            show = subprocess.run(
+                ["git", "show", f"{ref}:{src.relative_to(root)}"], cwd=root, capture_output=True
+            )
+            if show.returncode != 0:
+                print(f"--baseline {ref}: {show.stderr.decode().strip()}", file=sys.stderr)
+                raise SystemExit(2)
+            paths.append(Path(tmp) / src.name)
+            paths[-1].write_bytes(show.stdout)
+        lib = build.build_qgemm(build.kernel_isa(), tuple(paths))  # compiled into the kernel cache
     if lib is None:
-        raise SystemExit(f"--baseline {ref}: its kernels did not build")
+        print(f"--baseline {ref}: its kernels did not build", file=sys.stderr)
+        raise SystemExit(2)
     return lib
 
 
@@ -57,6 +65,7 @@ def main() -> None:
     args = ap.parse_args()
     from verispec import LLM
 
+    base = baseline_kernels(args.baseline) if args.baseline else None  # fail before the model loads
     llm = LLM(args.model, max_model_len=64, max_num_seqs=1)
     head = llm.ckpt.model.lm_head
     qws = [
@@ -70,8 +79,6 @@ def main() -> None:
         )
     dense = [q.dequantize() for q in qws]  # float32 [N, K], exactly the values the kernel multiplies with
     macs_per_row = sum(q.shape[0] * q.shape[1] for q in qws)
-    tmp = tempfile.TemporaryDirectory()
-    base = baseline_kernels(args.baseline, Path(tmp.name)) if args.baseline else None
     rows = []
     print(f"model={args.model} weights={len(qws)} threads={torch.get_num_threads()} (LM head excluded)")
     extra = f" {args.baseline[:10] + ' ms':>13} {'x':>5}" if base else ""
