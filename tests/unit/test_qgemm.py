@@ -11,7 +11,8 @@ from gguf.quants import dequantize, quantize
 from verispec.kernels import build
 from verispec.kernels.qweight import QuantWeight
 
-ISAS = [isa for isa in ("avx2", "avx512") if isa == "avx2" or build.kernel_isa() == "avx512"]
+# every build this CPU can run: amx (4-bit weights on the tile unit, the rest as avx512), avx512, avx2
+ISAS = [isa for isa in ("avx2", "avx512", "amx") if build.ISA_CPU_FLAGS[isa] <= build._cpu_flags()]
 TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0"]
 
 
@@ -20,6 +21,11 @@ def lib(request):
     if build.kernel_isa() is None or build.build_qgemm(request.param) is None:
         pytest.skip("no AVX2/FMA CPU or no C compiler here")
     return build.build_qgemm(request.param)
+
+
+def product(qw: QuantWeight, x: torch.Tensor, lib) -> torch.Tensor:
+    """x @ W^T with W in the layout `lib` runs (q4t on the amx build), as the model's layers do."""
+    return qw.for_kernels(lib).matmul(x, lib)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -60,26 +66,29 @@ def test_repacked_blocks_dequantize_exactly(qtype):
 
 
 @pytest.mark.parametrize("qtype", TYPES)
-def test_kernel_sees_exactly_the_gguf_weights(lib, qtype):
-    qw, ref = make_weight(qtype, 21, 64)
+@pytest.mark.parametrize("n", [21, 48])
+def test_kernel_sees_exactly_the_gguf_weights(lib, qtype, n):
+    qw, ref = make_weight(qtype, n, 64)
     eye = torch.eye(qw.shape[1])  # x = I picks out W^T column by column
-    assert torch.equal(qw.matmul(eye, lib).T, ref)
+    assert torch.equal(product(qw, eye, lib).T, ref)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize(
     ("m", "n", "k"),
-    [(1, 1, 32), (1, 100, 576), (2, 17, 96), (3, 5, 64), (5, 33, 576), (13, 64, 1536), (37, 19, 128)],
+    [(1, 1, 32), (1, 100, 576), (2, 17, 96), (3, 5, 64), (5, 33, 576), (13, 64, 1536), (37, 19, 128)]
+    + [(1, 48, 576), (4, 16, 32), (8, 96, 192), (10, 32, 64), (12, 48, 96), (45, 32, 64)],  # N % 16 == 0: q4t
 )
 def test_product_matches_float32(lib, qtype, m, n, k):
     qw, ref = make_weight(qtype, n, k, seed=m)
     x = torch.randn(m, qw.shape[1], generator=torch.Generator().manual_seed(n))
-    torch.testing.assert_close(qw.matmul(x, lib), x @ ref.T, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(product(qw, x, lib), x @ ref.T, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_rows_do_not_depend_on_the_batch_or_threads(lib, qtype):
-    qw, _ = make_weight(qtype, 50, 192)
+    qw, _ = make_weight(qtype, 48, 192)
+    qw = qw.for_kernels(lib)
     x = torch.randn(41, qw.shape[1], generator=torch.Generator().manual_seed(1))
     whole = qw.matmul(x, lib)
     threads = torch.get_num_threads()
@@ -89,7 +98,7 @@ def test_rows_do_not_depend_on_the_batch_or_threads(lib, qtype):
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(whole, alone)  # bitwise: a row alone vs in 8-row tiles
-    for size in (2, 3, 4, 5, 7, 9):
+    for size in (2, 3, 4, 5, 7, 9, 10, 11, 20, 21):
         parts = torch.cat([qw.matmul(x[i : i + size], lib) for i in range(0, 41, size)])
         assert torch.equal(whole, parts), size
 
@@ -116,7 +125,7 @@ def test_unsupported_shapes_stay_float32():
 
 def test_isa_override_and_switch(monkeypatch):
     monkeypatch.setenv("VERISPEC_KERNEL_ISA", "sse2")
-    with pytest.raises(ValueError, match="VERISPEC_KERNEL_ISA.*allowed: avx2, avx512"):
+    with pytest.raises(ValueError, match="VERISPEC_KERNEL_ISA.*allowed: avx2, avx512, amx"):
         build.kernel_isa()
     monkeypatch.setenv("VERISPEC_KERNEL_ISA", "avx2")
     assert build.kernel_isa() in (None, "avx2")
@@ -126,3 +135,26 @@ def test_isa_override_and_switch(monkeypatch):
         assert build.load_qgemm() is None
     finally:
         build.load_qgemm.cache_clear()
+
+
+def test_tiled_layout_keeps_the_weights():
+    """q4 -> q4t (the AMX build's layout) -> q4 is lossless; shapes that cannot be tiled stay q4."""
+    qw, ref = make_weight("Q4_1", 48, 96)
+    tiled = qw.tiled()
+    assert tiled.fmt == "q4t" and tiled.nbytes == qw.nbytes
+    assert torch.equal(tiled.dequantize(), ref)
+    assert np.array_equal(tiled.untiled().blocks, qw.blocks)
+    odd, _ = make_weight("Q4_1", 21, 64)
+    assert odd.tiled() is odd  # N not a multiple of 16
+    q8, _ = make_weight("Q8_0", 32, 64)
+    assert q8.tiled() is q8
+
+
+def test_tiled_weights_need_the_amx_build():
+    qw, _ = make_weight("Q4_0", 16, 64)
+    lib = build.build_qgemm("avx2") if build.kernel_isa() else None
+    if lib is None:
+        pytest.skip("no AVX2/FMA CPU or no C compiler here")
+    assert qw.for_kernels(lib) is qw
+    with pytest.raises(ValueError, match="amx"):
+        qw.tiled().matmul(torch.zeros(1, 64), lib)

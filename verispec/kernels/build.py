@@ -1,7 +1,8 @@
 """Compile qgemm.c + ops.c + layers.c once per source version into a cache folder and load them with ctypes.
 
-The kernel needs x86-64 with AVX2 + FMA and a C compiler (gcc or cc); it is built for AVX-512 (16 lanes) where the
-CPU has AVX-512F/DQ, else for AVX2 (8 lanes); VERISPEC_KERNEL_ISA=avx2|avx512 overrides the choice. Without a
+The kernel needs x86-64 with AVX2 + FMA and a C compiler (gcc or cc); it is built for the best the CPU has: 'amx'
+(AVX-512 plus AMX-BF16 tiles for the 4-bit products, qgemm_amx.c), 'avx512' (16 lanes) or 'avx2' (8 lanes);
+VERISPEC_KERNEL_ISA=avx2|avx512|amx overrides the choice. Without a
 compiler or a suitable CPU, or with VERISPEC_KERNELS=0, `load_qgemm()` returns None and GGUF weights are
 dequantized to float32 instead (same model, more bytes per token).
 The OpenMP runtime the library links against resolves to the libgomp torch already loaded (same soname), so both
@@ -22,8 +23,19 @@ import warnings
 from pathlib import Path
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c"))
+AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")  # the 'amx' build adds it: qgemm_q4t on the tile unit
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-ISA_FLAGS = {"avx2": ("-mavx2", "-mfma"), "avx512": ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")}
+_AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")
+ISA_FLAGS = {
+    "avx2": ("-mavx2", "-mfma"),
+    "avx512": _AVX512,
+    "amx": (*_AVX512, "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+}
+ISA_CPU_FLAGS = {  # /proc/cpuinfo flags each build needs
+    "avx2": {"avx2", "fma"},
+    "avx512": {"avx2", "fma", "avx512f", "avx512dq"},
+    "amx": {"avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"},
+}
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _QGEMM = [_P, _I, _I, _P, _I, _P, _C]  # x, M, K, blocks, N, y, threads
 ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c / ops.c / layers.c
@@ -83,6 +95,7 @@ ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c
         None,
     ),  # fmt: skip
 }
+AMX_ENTRY_POINTS = {"amx_init": ([], _C), "qgemm_q4t": (_QGEMM, None)}
 
 
 def cache_dir() -> Path:
@@ -105,18 +118,19 @@ def _cpu_flags() -> set[str]:
 
 
 def kernel_isa() -> str | None:
-    """'avx512', 'avx2' or None (no usable vector unit): what load_qgemm builds for."""
+    """'amx', 'avx512', 'avx2' or None (no usable vector unit): what load_qgemm builds for (the best this CPU has)."""
     flags = _cpu_flags()
-    if not {"avx2", "fma"} <= flags:
+    if not ISA_CPU_FLAGS["avx2"] <= flags:
         return None
     wanted = os.environ.get("VERISPEC_KERNEL_ISA", "").lower()
     if wanted not in ("", *ISA_FLAGS):
         raise ValueError(f"VERISPEC_KERNEL_ISA={wanted!r} is not supported; allowed: {', '.join(ISA_FLAGS)}")
-    if wanted == "avx512" and not {"avx512f", "avx512dq"} <= flags:
-        raise ValueError("VERISPEC_KERNEL_ISA=avx512 but this CPU has no AVX-512F/DQ")
+    if wanted and not ISA_CPU_FLAGS[wanted] <= flags:
+        missing = ", ".join(sorted(ISA_CPU_FLAGS[wanted] - flags))
+        raise ValueError(f"VERISPEC_KERNEL_ISA={wanted} but this CPU lacks {missing}")
     if wanted:
         return wanted
-    return "avx512" if {"avx512f", "avx512dq"} <= flags else "avx2"
+    return next(isa for isa in ("amx", "avx512", "avx2") if ISA_CPU_FLAGS[isa] <= flags)
 
 
 def _compiler() -> str | None:
@@ -152,19 +166,25 @@ def load_qgemm() -> ctypes.CDLL | None:
     isa = kernel_isa()
     if os.environ.get("VERISPEC_KERNELS", "1") == "0" or isa is None:
         return None
-    return build_qgemm(isa)
+    lib = build_qgemm(isa)
+    if lib is None and isa == "amx" and not os.environ.get("VERISPEC_KERNEL_ISA"):
+        return build_qgemm("avx512")  # the OS refused the tile state, or the compiler has no AMX
+    return lib
 
 
 @functools.cache
 def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | None:
     """Compile (once per source version, cached on disk) and load the library for `isa` ('avx2' | 'avx512').
 
-    `sources`: qgemm.c, ops.c and layers.c (another version of them: benchmarks/kernel_sweep.py --baseline)."""
+    `sources`: qgemm.c, ops.c and layers.c (another version of them: benchmarks/kernel_sweep.py --baseline); the
+    'amx' build adds qgemm_amx.c from the same folder. The library's `isa` attribute names its build."""
     compiler = _compiler()
     if compiler is None:
         warnings.warn("verispec: no C compiler found; GGUF weights are dequantized to float32", stacklevel=2)
         return None
     flags = (*CFLAGS, *ISA_FLAGS[isa])
+    if isa == "amx":
+        sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + " ".join(flags).encode()).hexdigest()[
         :16
     ]
@@ -177,7 +197,12 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
         detail = getattr(exc, "stderr", "") or str(exc)
         warnings.warn(f"verispec: kernel build failed ({detail.strip()[:300]}); using float32", stacklevel=2)
         return None
-    for name, (argtypes, restype) in ENTRY_POINTS.items():
+    entry_points = {**ENTRY_POINTS, **AMX_ENTRY_POINTS} if isa == "amx" else ENTRY_POINTS
+    for name, (argtypes, restype) in entry_points.items():
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
+    if isa == "amx" and not lib.amx_init():
+        warnings.warn("verispec: the OS does not grant AMX tile state to this process", stacklevel=2)
+        return None
+    lib.isa = isa
     return lib

@@ -13,6 +13,9 @@
 
 void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
+// qgemm_amx.c, in the 'amx' build only (q4t weights exist only there): NULL elsewhere
+__attribute__((weak)) void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
+                                     int nthreads);
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
@@ -27,7 +30,7 @@ void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float 
 
 typedef struct {
     const uint8_t *w_qkv, *w_o, *w_gate_up, *w_down;  // quantized blocks (qweight.py layouts)
-    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 = q4, 1 = q8
+    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 = q4, 1 = q8, 2 = q4t
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
     float *kv;                                         // this layer's cache [slots, 2 Hkv, T, D]
@@ -42,8 +45,10 @@ typedef struct {
 static void qgemm(int32_t fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nt) {
     if (fmt == 0)
         qgemm_q4(x, M, K, w, N, y, nt);
-    else
+    else if (fmt == 1)
         qgemm_q8(x, M, K, w, N, y, nt);
+    else
+        qgemm_q4t(x, M, K, w, N, y, nt);
 }
 
 // Scratch floats per row that decoder_layers_f32 needs (the caller owns the buffer: nothing is allocated per step).

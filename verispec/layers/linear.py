@@ -46,12 +46,13 @@ class Dense(nn.Module):
         self.pack()
 
     def load_quantized(self, weight: QuantWeight, bias: torch.Tensor | None = None, name: str = "") -> None:
-        """Keep `weight` in its quantized blocks; the float32 parameter is released."""
+        """Keep `weight` in its quantized blocks (in the layout this CPU's kernels run fastest); the float32 parameter
+        is released."""
         if tuple(weight.shape) != (self.out_features, self.in_features):
             raise ValueError(
                 f"tensor '{name}' has shape {tuple(weight.shape)}, expected {(self.out_features, self.in_features)}"
             )
-        self.qweight, self._packed = weight, None
+        self.qweight, self._packed = weight.for_kernels(), None
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
         if bias is not None:
             with torch.no_grad():
