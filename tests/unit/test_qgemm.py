@@ -137,17 +137,18 @@ def test_isa_override_and_switch(monkeypatch):
         build.load_qgemm.cache_clear()
 
 
-def test_tiled_layout_keeps_the_weights():
-    """q4 -> q4t (the AMX build's layout) -> q4 is lossless; shapes that cannot be tiled stay q4."""
-    qw, ref = make_weight("Q4_1", 48, 96)
+@pytest.mark.parametrize(
+    ("qtype", "fmt"), [("Q4_1", "q4t"), ("Q4_K", "q4t"), ("Q8_0", "q8t"), ("Q5_0", "q8t")]
+)
+def test_tiled_layout_keeps_the_weights(qtype, fmt):
+    """q4 / q8 -> q4t / q8t (the AMX build's layouts) -> back is lossless; shapes that cannot be tiled stay."""
+    qw, ref = make_weight(qtype, 48, 256)
     tiled = qw.tiled()
-    assert tiled.fmt == "q4t" and tiled.nbytes == qw.nbytes
+    assert tiled.fmt == fmt and tiled.nbytes == qw.nbytes
     assert torch.equal(tiled.dequantize(), ref)
     assert np.array_equal(tiled.untiled().blocks, qw.blocks)
-    odd, _ = make_weight("Q4_1", 21, 64)
+    odd, _ = make_weight(qtype, 21, 256)
     assert odd.tiled() is odd  # N not a multiple of 16
-    q8, _ = make_weight("Q8_0", 32, 64)
-    assert q8.tiled() is q8
 
 
 def test_tiled_weights_need_the_amx_build():

@@ -95,7 +95,7 @@ ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c
         None,
     ),  # fmt: skip
 }
-AMX_ENTRY_POINTS = {"amx_init": ([], _C), "qgemm_q4t": (_QGEMM, None)}
+AMX_ENTRY_POINTS = {"amx_init": ([], _C), "qgemm_q4t": (_QGEMM, None), "qgemm_q8t": (_QGEMM, None)}
 
 
 def cache_dir() -> Path:

@@ -15,7 +15,7 @@ import torch
 from verispec.kernels.build import load_qgemm
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2}
+FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3}
 
 
 class LayerDesc(ctypes.Structure):

@@ -13,8 +13,10 @@
 
 void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
-// qgemm_amx.c, in the 'amx' build only (q4t weights exist only there): NULL elsewhere
+// qgemm_amx.c, in the 'amx' build only (q4t / q8t weights exist only there): NULL elsewhere
 __attribute__((weak)) void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
+                                     int nthreads);
+__attribute__((weak)) void qgemm_q8t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
                                      int nthreads);
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
@@ -30,7 +32,7 @@ void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float 
 
 typedef struct {
     const uint8_t *w_qkv, *w_o, *w_gate_up, *w_down;  // quantized blocks (qweight.py layouts)
-    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 = q4, 1 = q8, 2 = q4t
+    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 = q4, 1 = q8, 2 = q4t, 3 = q8t
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
     float *kv;                                         // this layer's cache [slots, 2 Hkv, T, D]
@@ -47,8 +49,10 @@ static void qgemm(int32_t fmt, const float *x, int64_t M, int64_t K, const uint8
         qgemm_q4(x, M, K, w, N, y, nt);
     else if (fmt == 1)
         qgemm_q8(x, M, K, w, N, y, nt);
-    else
+    else if (fmt == 2)
         qgemm_q4t(x, M, K, w, N, y, nt);
+    else
+        qgemm_q8t(x, M, K, w, N, y, nt);
 }
 
 // Scratch floats per row that decoder_layers_f32 needs (the caller owns the buffer: nothing is allocated per step).

@@ -1,21 +1,29 @@
-// y[M, N] = x[M, K] @ W[N, K]^T on Intel AMX (TDPBF16PS), 4-bit weights in the q4t layout, float32 activations.
-// Built only for the 'amx' ISA (AVX-512 + AVX512-BF16 + AMX-BF16), next to qgemm.c, ops.c and layers.c.
+// y[M, N] = x[M, K] @ W[N, K]^T on Intel AMX (TDPBF16PS) for quantized weights in the tiled layouts q4t and q8t,
+// float32 activations. Built only for the 'amx' ISA (AVX-512 + AVX512-BF16 + AMX-BF16), next to qgemm.c, ops.c and
+// layers.c.
 //
-// Why it is exact enough to be the same model: the tile unit multiplies bfloat16 pairs and accumulates in float32.
-//   - every weight's 4-bit q (0..15) is a bfloat16 exactly;
+// Why it is the same model: the tile unit multiplies bfloat16 pairs exactly and accumulates in float32.
+//   - a q4 weight's q (0..15) and a q8 weight's q (-128..127) are bfloat16 values exactly;
 //   - every activation is split exactly into three bfloat16 parts, x = x1 + x2 + x3 (8 + 8 + 8 significant bits
-//     cover float32's 24), so each product q * x_i is exact in float32 and only the additions round, as in float32;
+//     cover float32's 24), so every product is exact in float32 and only the additions round, as in float32;
 //   - per 32-weight block b and column n: s = (sum_k q x1 + sum_k q x2) + sum_k q x3, then
-//     y += d[b,n] * s; y += m[b,n] * S[b]  with S[b] = sum_k x (the block's d * q + m, factored).
+//     y += d[b,n] * s (+ m[b,n] * S[b] for q4, S[b] = sum_k x: the block's d * q + m, factored).
 // Determinism: a row's three parts sit in three rows of one A tile and its result is computed from them alone, in
 // a fixed order, whatever M is and whichever tile, chunk or thread it falls in: a row's output never depends on
-// the batch (the same contract as qgemm.c; tests/unit/test_qgemm.py checks it bitwise).
+// the batch (the contract of qgemm.c; tests/unit/test_qgemm.py checks it bitwise).
 //
-// q4t layout (verispec/kernels/qweight.py builds it): columns in groups of 16; group g, block b is 384 bytes at
-// ((g * K/32) + b) * 384: float d[16], float m[16], then 4 chunks of 32 little-endian uint16 words. Nibble t of word
-// j of chunk c is the weight of B-tile row r = c + 4t, word j: column n = j / 2, k = 2r + j % 2 (the VNNI pair
-// order TDPBF16PS reads). One 64-byte load, three shifts and four vpermw (a 32-entry table that ignores the bits
-// above the nibble) expand a block into its 16 x 32 bfloat16 tile.
+// Layouts (verispec/kernels/qweight.py builds them): output columns in groups of 16; group g, block b starts at
+// ((g * K/32) + b) * TBLOCK. q4t (384 bytes): float d[16], float m[16], a nibble plane: 4 chunks of 32
+// little-endian uint16 words; nibble t of word j of chunk c is the weight of B-tile row r = c + 4t, word j:
+// column n = j / 2, k = 2r + j % 2 (the pair order TDPBF16PS reads). One 64-byte load, three shifts and four vpermw
+// (a 32-entry table that ignores the bits above the nibble) expand it into its 16 x 32 bfloat16 tile.
+// q8t (576 bytes): float d[16], then the 512 int8 weights in B-tile order (row r, word j as above), converted
+// through float32 (exact).
+//
+// Speed: the tile store per block is the fixed cost (~15 cycles, whatever the rows), so a tile carries 5 rows x 3
+// parts; up to 10 rows keep their accumulators in registers. The loop over blocks is software-pipelined: a tile
+// load never reads B bytes that vector stores just wrote (block b + AHEAD is expanded while block b is multiplied),
+// and the C tiles of block b are scaled after block b + 1's products are issued.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,15 +32,20 @@
 #include <unistd.h>
 
 #define QK 32
-#define GROUP 16      // output columns per tile
-#define TBLOCK 384    // bytes per (group, block)
-#define A_ROWS 5      // activation rows per A tile (x 3 parts = 15 tile rows)
-#define CHUNK 10      // rows per TDP round: two A tiles
-#define SUPER 20      // rows whose accumulators stay in L1 while a column pair sweeps K
+#define GROUP 16    // output columns per tile
+#define A_ROWS 5    // activation rows per A tile (x 3 parts = 15 tile rows)
+#define CHUNK 10    // rows per tile round: two A tiles
+#define SUPER 20    // more rows: accumulators of this many rows stay in L1 while a column item sweeps K
 #define CTILE (3 * A_ROWS * GROUP)  // floats per stored C tile
-#define AHEAD 2       // blocks expanded ahead of the one multiplied
-#define RING 4        // B tile buffers per column group (> AHEAD)
-#define PREFETCH 8    // blocks of weights fetched ahead of the expansion
+#define AHEAD 2     // blocks expanded ahead of the one multiplied
+#define RING 4      // B tile buffers per tile slot (> AHEAD)
+#define PREFETCH 8  // blocks of weights fetched ahead of the expansion
+
+// The two formats. An item is what one thread computes over all K: q4t two column groups (each its own B tile
+// and C tile), q8t one group.
+enum { Q4T = 0, Q8T = 1 };
+#define TBLOCK(F) ((F) == Q4T ? 384 : 576)
+#define ITEM_GROUPS(F) ((F) == Q4T ? 2 : 1)
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
@@ -46,8 +59,8 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) TileConfig;
 
-// Tiles 0-1: A (5 rows x 3 parts, 32 bf16 each); 2-3: B (16 pair rows, 16 columns x 2); 4-7: C (A's rows x 16 f32).
-// rows0 / rows1: tile rows of A tile 0 / 1 and their C tiles (fewer rows, fewer bytes moved: M = 1 uses 3).
+// Tiles 0-1: A (up to 5 rows x 3 parts, 32 bf16 each); 2-3: B (16 pair rows, 16 columns x 2); 4-5: C of A tile 0,
+// 6-7: C of A tile 1 (16 f32 each). rows0 / rows1: the rows of A tile 0 / 1 (M = 1 moves 3 rows, not 15).
 static void configure_tiles(int rows0, int rows1) {
     TileConfig c;
     memset(&c, 0, sizeof c);
@@ -87,13 +100,15 @@ static void split_rows(const float *x, int64_t M, int64_t Mpad, int64_t K, uint1
             _mm256_storeu_si256((__m256i *)(p + K + k), (__m256i)h2);
             _mm256_storeu_si256((__m256i *)(p + 2 * K + k), (__m256i)h3);
         }
-        for (int64_t b = 0; b < K / QK; b++)
-            S[m * (K / QK) + b] = hsum(_mm512_add_ps(_mm512_loadu_ps(xr + b * QK), _mm512_loadu_ps(xr + b * QK + 16)));
+        if (S)
+            for (int64_t b = 0; b < K / QK; b++)
+                S[m * (K / QK) + b] =
+                    hsum(_mm512_add_ps(_mm512_loadu_ps(xr + b * QK), _mm512_loadu_ps(xr + b * QK + 16)));
     }
 }
 
-// One (group, block)'s nibbles -> its B tile [16 rows][32 bf16] in `bt` (64-byte aligned).
-static inline void expand_block(const uint8_t *nib, uint16_t *bt, __m512i table) {
+// One nibble plane -> its B tile [16 rows][32 bf16] in `bt` (64-byte aligned), each nibble looked up in `table`.
+static inline void expand_plane(const uint8_t *nib, uint16_t *bt, __m512i table) {
     for (int c = 0; c < 4; c++) {
         const __m512i w = _mm512_loadu_si512(nib + 64 * c);
         _mm512_store_si512(bt + 32 * c, _mm512_permutexvar_epi16(w, table));
@@ -103,31 +118,51 @@ static inline void expand_block(const uint8_t *nib, uint16_t *bt, __m512i table)
     }
 }
 
-// acc[i, 16j..16j+15] += d_j * s + m_j * S for the rows of one chunk; its C tiles (a, j) are c[2a + j].
-static inline void scale_rows(const float (*c)[CTILE], int64_t rows, int ng, const uint8_t *blk0, const uint8_t *blk1,
-                              const float *S, int64_t nb, float *acc) {
-    for (int64_t i = 0; i < rows; i++) {
-        const int a = (int)(i / A_ROWS), r = (int)(i % A_ROWS);
-        const __m512 sx = _mm512_set1_ps(S[i * nb]);
-        for (int j = 0; j < ng; j++) {
-            const uint8_t *blk = j ? blk1 : blk0;
-            const float *t = c[2 * a + j] + 3 * r * GROUP;
-            const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(t), _mm512_load_ps(t + GROUP)),
-                                           _mm512_load_ps(t + 2 * GROUP));
-            __m512 y = _mm512_load_ps(acc + i * 2 * GROUP + j * GROUP);
-            y = _mm512_fmadd_ps(s, _mm512_loadu_ps((const float *)blk), y);
-            y = _mm512_fmadd_ps(sx, _mm512_loadu_ps((const float *)(blk + 64)), y);
-            _mm512_store_ps(acc + i * 2 * GROUP + j * GROUP, y);
-        }
+// One q8t block's int8 weights (B-tile order, 32 per row) -> its B tile of exact bfloat16 values.
+static inline void expand_int8(const uint8_t *q, uint16_t *bt) {
+    for (int r = 0; r < 16; r++) {
+        const __m512 a = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * r))));
+        const __m512 b = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 32 * r + 16))));
+        _mm512_store_si512(bt + 32 * r, (__m512i)_mm512_cvtne2ps_pbh(b, a));  // words 0-15: a, 16-31: b
     }
 }
 
-// One chunk's products for one block: A tiles from xs, B tiles 2 (and 3) already loaded; C tiles stored to c.
-static inline void tile_round(const uint8_t *a0, int64_t a_stride, int64_t rows, int ng, float (*c)[CTILE]) {
+typedef struct {
+    __m512i lo;  // word i = bf16(i % 16)
+} Tables;
+
+static Tables make_tables(void) {
+    const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return (Tables){(__m512i)_mm512_cvtne2ps_pbh(q, q)};
+}
+
+// Block b of an item -> its B tiles (q4t: bt[0], bt[1] for groups 0 and 1; q8t: bt[0]), prefetching ahead.
+static inline __attribute__((always_inline)) void expand_item_block(const int F, const uint8_t *w0, int64_t nb,
+                                                                    int ng, int64_t b, uint16_t (*bt)[16 * 32],
+                                                                    Tables tb) {
+    const uint8_t *blk = w0 + b * TBLOCK(F);
+    for (int l = 0; l < TBLOCK(F); l += 64) _mm_prefetch((const char *)blk + PREFETCH * TBLOCK(F) + l, _MM_HINT_T0);
+    if (F == Q4T) {
+        expand_plane(blk + 128, bt[0], tb.lo);
+        if (ng == 2) {
+            const uint8_t *blk1 = blk + nb * TBLOCK(F);
+            for (int l = 0; l < TBLOCK(F); l += 64)
+                _mm_prefetch((const char *)blk1 + PREFETCH * TBLOCK(F) + l, _MM_HINT_T0);
+            expand_plane(blk1 + 128, bt[1], tb.lo);
+        }
+    } else {
+        expand_int8(blk + 64, bt[0]);
+    }
+}
+
+// One chunk's products for one block, B tiles 2-3 loaded: A tiles from xs (a0: the chunk's first row, block b);
+// C tiles stored to c[2a + j] (A tile a, column group j).
+static inline __attribute__((always_inline)) void tile_round(const int F, const uint8_t *a0, int64_t a_stride,
+                                                             int64_t rows, int ng, float (*c)[CTILE]) {
     _tile_loadd(0, a0, a_stride);
     _tile_zero(4);
     _tile_dpbf16ps(4, 0, 2);
-    if (ng == 2) {
+    if (F == Q4T && ng == 2) {
         _tile_zero(5);
         _tile_dpbf16ps(5, 0, 3);
     }
@@ -135,99 +170,120 @@ static inline void tile_round(const uint8_t *a0, int64_t a_stride, int64_t rows,
         _tile_loadd(1, a0 + 3 * A_ROWS * a_stride, a_stride);
         _tile_zero(6);
         _tile_dpbf16ps(6, 1, 2);
-        if (ng == 2) {
+        if (F == Q4T && ng == 2) {
             _tile_zero(7);
             _tile_dpbf16ps(7, 1, 3);
         }
     }
     _tile_stored(4, c[0], 64);
-    if (ng == 2) _tile_stored(5, c[1], 64);
+    if (F == Q4T && ng == 2) _tile_stored(5, c[1], 64);
     if (rows > A_ROWS) {
         _tile_stored(6, c[2], 64);
-        if (ng == 2) _tile_stored(7, c[3], 64);
+        if (F == Q4T && ng == 2) _tile_stored(7, c[3], 64);
     }
 }
 
-// scale_rows with the accumulators in registers: acc[i][j] for row i, column group j (R a constant at each call).
-static inline __attribute__((always_inline)) void scale_regs(const int R, const float (*c)[CTILE], int ng,
-                                                             const uint8_t *blk0, const uint8_t *blk1,
-                                                             const float *S, int64_t nb, __m512 acc[CHUNK][2]) {
-#pragma GCC unroll 10
-    for (int i = 0; i < R; i++) {
-        const int a = i / A_ROWS, r = i % A_ROWS;
-        const __m512 sx = _mm512_set1_ps(S[i * nb]);
-#pragma GCC unroll 2
-        for (int j = 0; j < 2; j++) {
-            if (j == 1 && ng == 1) break;
-            const uint8_t *blk = j ? blk1 : blk0;
-            const float *t = c[2 * a + j] + 3 * r * GROUP;
-            const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(t), _mm512_load_ps(t + GROUP)),
-                                           _mm512_load_ps(t + 2 * GROUP));
-            acc[i][j] = _mm512_fmadd_ps(s, _mm512_loadu_ps((const float *)blk), acc[i][j]);
-            acc[i][j] = _mm512_fmadd_ps(sx, _mm512_loadu_ps((const float *)(blk + 64)), acc[i][j]);
-        }
-    }
+// acc += d_j * s (+ m_j * S) for row i, column group j of one chunk's C tiles; `blk`: the item's block (group 0).
+static inline __attribute__((always_inline)) __m512 scale_one(const int F, const float (*c)[CTILE], int i, int j,
+                                                              const uint8_t *blk, int64_t nb, const float *S,
+                                                              __m512 acc) {
+    const float *t = c[2 * (i / A_ROWS) + j] + 3 * (i % A_ROWS) * GROUP;
+    const __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(t), _mm512_load_ps(t + GROUP)),
+                                   _mm512_load_ps(t + 2 * GROUP));
+    const uint8_t *g = blk + j * nb * TBLOCK(F);
+    acc = _mm512_fmadd_ps(s, _mm512_loadu_ps((const float *)g), acc);
+    if (F == Q4T) acc = _mm512_fmadd_ps(_mm512_set1_ps(S[i * nb]), _mm512_loadu_ps((const float *)(g + 64)), acc);
+    return acc;
 }
 
-// One column pair for M = R <= CHUNK rows: the same operations as the general path, accumulators in registers.
-static inline __attribute__((always_inline)) void pair_small(const int R, const uint16_t *xs, const float *S,
-                                                             int64_t K, const uint8_t *w0, int ng,
+// One item for M = R <= CHUNK rows (R a constant at each call): accumulators in registers.
+static inline __attribute__((always_inline)) void item_small(const int F, const int R, const uint16_t *xs,
+                                                             const float *S, int64_t K, const uint8_t *w0, int ng,
                                                              uint16_t (*bt)[2][16 * 32], float (*cbuf)[4][CTILE],
-                                                             __m512i table, float *y, int64_t N) {
+                                                             Tables tb, float *y, int64_t N) {
     const int64_t nb = K / QK, a_stride = K * (int64_t)sizeof(uint16_t);
-    const uint8_t *w1 = w0 + nb * TBLOCK;
     __m512 acc[CHUNK][2];
 #pragma GCC unroll 10
     for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb + AHEAD; b++) {
-        if (b < nb)
-            for (int j = 0; j < ng; j++) {
-                const uint8_t *blk = (j ? w1 : w0) + b * TBLOCK;
-                for (int l = 0; l < TBLOCK; l += 64)
-                    _mm_prefetch((const char *)blk + PREFETCH * TBLOCK + l, _MM_HINT_T0);
-                expand_block(blk + 128, bt[b % RING][j], table);
-            }
-        const int64_t u = b - AHEAD;
-        if (u >= 0) {
+    for (int64_t b = 0; b <= nb + AHEAD; b++) {
+        if (b < nb) expand_item_block(F, w0, nb, ng, b, bt[b % RING], tb);
+        const int64_t u = b - AHEAD;  // the block multiplied now; u - 1 is scaled
+        if (u >= 0 && u < nb) {
             _tile_loadd(2, bt[u % RING][0], 64);
-            if (ng == 2) _tile_loadd(3, bt[u % RING][1], 64);
-            tile_round((const uint8_t *)(xs + u * QK), a_stride, R, ng, cbuf[u % 2]);
+            if (F == Q4T && ng == 2) _tile_loadd(3, bt[u % RING][1], 64);
+            tile_round(F, (const uint8_t *)(xs + u * QK), a_stride, R, ng, cbuf[u % 2]);
         }
-        if (u >= 1)
-            scale_regs(R, (const float (*)[CTILE])cbuf[(u - 1) % 2], ng, w0 + (u - 1) * TBLOCK,
-                       w1 + (u - 1) * TBLOCK, S + u - 1, nb, acc);
+        if (u >= 1) {
+            const float(*c)[CTILE] = (const float(*)[CTILE])cbuf[(u - 1) % 2];
+            const uint8_t *blk = w0 + (u - 1) * TBLOCK(F);
+#pragma GCC unroll 10
+            for (int i = 0; i < R; i++) {
+                acc[i][0] = scale_one(F, c, i, 0, blk, nb, S + u - 1, acc[i][0]);
+                if (F == Q4T && ng == 2) acc[i][1] = scale_one(F, c, i, 1, blk, nb, S + u - 1, acc[i][1]);
+            }
+        }
     }
-    scale_regs(R, (const float (*)[CTILE])cbuf[(nb - 1) % 2], ng, w0 + (nb - 1) * TBLOCK, w1 + (nb - 1) * TBLOCK,
-               S + nb - 1, nb, acc);
 #pragma GCC unroll 10
     for (int i = 0; i < R; i++) {
         _mm512_storeu_ps(y + i * N, acc[i][0]);
-        if (ng == 2) _mm512_storeu_ps(y + i * N + GROUP, acc[i][1]);
+        if (F == Q4T && ng == 2) _mm512_storeu_ps(y + i * N + GROUP, acc[i][1]);
     }
 }
 
-#define PAIR_SMALL_CASE(R) \
-    case R:                \
-        pair_small(R, xs, S, K, w0, ng, bt, (float (*)[4][CTILE])cbuf, table, y + g0 * GROUP, N); \
+// One item for any M: SUPER rows at a time, accumulators in L1 (acc [SUPER, 2 groups x 16]).
+static inline __attribute__((always_inline)) void item_large(const int F, int64_t M, const uint16_t *xs,
+                                                             const float *S, int64_t K, const uint8_t *w0, int ng,
+                                                             uint16_t (*bt)[2][16 * 32],
+                                                             float (*cbuf)[SUPER / CHUNK][4][CTILE], Tables tb,
+                                                             float *acc, float *y, int64_t N) {
+    const int64_t nb = K / QK, a_stride = K * (int64_t)sizeof(uint16_t);
+    const int outs = F == Q4T ? ng : 1;
+    for (int64_t m0 = 0; m0 < M; m0 += SUPER) {
+        const int64_t m1 = M < m0 + SUPER ? M : m0 + SUPER;
+        memset(acc, 0, SUPER * 2 * GROUP * sizeof(float));
+        for (int64_t b = 0; b <= nb + AHEAD; b++) {
+            if (b < nb) expand_item_block(F, w0, nb, ng, b, bt[b % RING], tb);
+            const int64_t u = b - AHEAD;
+            if (u >= 0 && u < nb) {
+                _tile_loadd(2, bt[u % RING][0], 64);
+                if (F == Q4T && ng == 2) _tile_loadd(3, bt[u % RING][1], 64);
+                for (int64_t c = m0; c < m1; c += CHUNK)
+                    tile_round(F, (const uint8_t *)(xs + c * 3 * K + u * QK), a_stride,
+                               m1 - c < CHUNK ? m1 - c : CHUNK, ng, cbuf[u % 2][(c - m0) / CHUNK]);
+            }
+            if (u >= 1)
+                for (int64_t c = m0; c < m1; c += CHUNK) {
+                    const float(*cb)[CTILE] = (const float(*)[CTILE])cbuf[(u - 1) % 2][(c - m0) / CHUNK];
+                    const int64_t rows = m1 - c < CHUNK ? m1 - c : CHUNK;
+                    for (int i = 0; i < rows; i++)
+                        for (int j = 0; j < outs; j++) {
+                            float *a = acc + ((c - m0) + i) * 2 * GROUP + j * GROUP;
+                            _mm512_store_ps(a, scale_one(F, cb, i, j, w0 + (u - 1) * TBLOCK(F), nb,
+                                                         S + c * nb + u - 1, _mm512_load_ps(a)));
+                        }
+                }
+        }
+        for (int64_t m = m0; m < m1; m++)
+            memcpy(y + m * N, acc + (m - m0) * 2 * GROUP, (size_t)outs * GROUP * sizeof(float));
+    }
+}
+
+#define SMALL_CASE(F, R) \
+    case R:              \
+        item_small(F, R, xs, S, K, w0, ng, bt, (float(*)[4][CTILE])cbuf, tb, y + g0 * GROUP, N); \
         break;
 
-// Entry point (ctypes): x [M, K] float32, w in the q4t layout (N a multiple of 16, K of 32), y [M, N] float32.
-// Software-pipelined over blocks: a tile load never reads the B tile vector stores just wrote (block b + AHEAD is
-// expanded while block b is multiplied), and the C tiles of block b are scaled after block b + 1's products are
-// issued (a tile store and the vector loads of the same bytes back to back stall for hundreds of cycles).
-void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) {
+static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const float *x, int64_t M, int64_t K,
+                                                              const uint8_t *w, int64_t N, float *y, int nthreads) {
     // up to 10 rows: tiles of exactly their rows; more: chunks of 10, the last one padded with zero rows
     const int64_t nb = K / QK, groups = N / GROUP, Mpad = M <= CHUNK ? M : (M + CHUNK - 1) / CHUNK * CHUNK;
     const int rows0 = 3 * (int)(Mpad < A_ROWS ? Mpad : A_ROWS);
     const int rows1 = 3 * (int)(Mpad < CHUNK ? (Mpad > A_ROWS ? Mpad - A_ROWS : 0) : A_ROWS);
-    const int64_t xs_bytes = (Mpad * 3 * K * (int64_t)sizeof(uint16_t) + 63) / 64 * 64;
-    uint16_t *xs = aligned_alloc(64, (size_t)xs_bytes);
-    float *S = malloc((size_t)(M * nb) * sizeof(float));
+    uint16_t *xs = aligned_alloc(64, (size_t)((Mpad * 3 * K * (int64_t)sizeof(uint16_t) + 63) / 64 * 64));
+    float *S = F == Q4T ? malloc((size_t)(M * nb) * sizeof(float)) : NULL;
     split_rows(x, M, Mpad, K, xs, S);
-    const int64_t items = (groups + 1) / 2, a_stride = K * (int64_t)sizeof(uint16_t);  // A row = (row, part)
-    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(
-        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));  // word i = bf16(i % 16)
+    const int64_t items = (groups + ITEM_GROUPS(F) - 1) / ITEM_GROUPS(F);
+    const Tables tb = make_tables();
 #pragma omp parallel num_threads(nthreads)
     {
         configure_tiles(rows0, rows1);
@@ -236,51 +292,27 @@ void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N
         float acc[SUPER * 2 * GROUP] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
-            const int64_t g0 = 2 * it;
-            const int ng = groups - g0 >= 2 ? 2 : 1;
-            const uint8_t *w0 = w + g0 * nb * TBLOCK, *w1 = w0 + nb * TBLOCK;
-            if (M <= CHUNK) {
-                switch (M) {
-                    PAIR_SMALL_CASE(1) PAIR_SMALL_CASE(2) PAIR_SMALL_CASE(3) PAIR_SMALL_CASE(4) PAIR_SMALL_CASE(5)
-                    PAIR_SMALL_CASE(6) PAIR_SMALL_CASE(7) PAIR_SMALL_CASE(8) PAIR_SMALL_CASE(9) PAIR_SMALL_CASE(10)
-                }
-                continue;
-            }
-            for (int64_t m0 = 0; m0 < M; m0 += SUPER) {
-                const int64_t m1 = M < m0 + SUPER ? M : m0 + SUPER;
-                memset(acc, 0, sizeof acc);
-                for (int64_t b = 0; b < nb + AHEAD; b++) {
-                    if (b < nb)
-                        for (int j = 0; j < ng; j++) {
-                            const uint8_t *blk = (j ? w1 : w0) + b * TBLOCK;
-                            for (int l = 0; l < TBLOCK; l += 64)  // the weights PREFETCH blocks ahead
-                                _mm_prefetch((const char *)blk + PREFETCH * TBLOCK + l, _MM_HINT_T0);
-                            expand_block(blk + 128, bt[b % RING][j], table);
-                        }
-                    const int64_t u = b - AHEAD;  // the block multiplied now
-                    if (u >= 0) {
-                        _tile_loadd(2, bt[u % RING][0], 64);
-                        if (ng == 2) _tile_loadd(3, bt[u % RING][1], 64);
-                        for (int64_t c = m0; c < m1; c += CHUNK)
-                            tile_round((const uint8_t *)(xs + c * 3 * K + u * QK), a_stride,
-                                       m1 - c < CHUNK ? m1 - c : CHUNK, ng, cbuf[u % 2][(c - m0) / CHUNK]);
-                    }
-                    if (u >= 1)
-                        for (int64_t c = m0; c < m1; c += CHUNK)
-                            scale_rows(cbuf[(u - 1) % 2][(c - m0) / CHUNK], m1 - c < CHUNK ? m1 - c : CHUNK, ng,
-                                       w0 + (u - 1) * TBLOCK, w1 + (u - 1) * TBLOCK, S + c * nb + u - 1, nb,
-                                       acc + (c - m0) * 2 * GROUP);
-                }
-                for (int64_t c = m0; c < m1; c += CHUNK)  // the last block
-                    scale_rows(cbuf[(nb - 1) % 2][(c - m0) / CHUNK], m1 - c < CHUNK ? m1 - c : CHUNK, ng,
-                               w0 + (nb - 1) * TBLOCK, w1 + (nb - 1) * TBLOCK, S + c * nb + nb - 1, nb,
-                               acc + (c - m0) * 2 * GROUP);
-                for (int64_t m = m0; m < m1; m++)
-                    memcpy(y + m * N + g0 * GROUP, acc + (m - m0) * 2 * GROUP, (size_t)ng * GROUP * sizeof(float));
+            const int64_t g0 = ITEM_GROUPS(F) * it;
+            const int ng = groups - g0 >= ITEM_GROUPS(F) ? ITEM_GROUPS(F) : 1;
+            const uint8_t *w0 = w + g0 * nb * TBLOCK(F);
+            switch (M) {
+                SMALL_CASE(F, 1) SMALL_CASE(F, 2) SMALL_CASE(F, 3) SMALL_CASE(F, 4) SMALL_CASE(F, 5)
+                SMALL_CASE(F, 6) SMALL_CASE(F, 7) SMALL_CASE(F, 8) SMALL_CASE(F, 9) SMALL_CASE(F, 10)
+                default:
+                    item_large(F, M, xs, S, K, w0, ng, bt, cbuf, tb, acc, y + g0 * GROUP, N);
             }
         }
         _tile_release();
     }
     free(xs);
     free(S);
+}
+
+// Entry points (ctypes): x [M, K] float32, w in the q4t / q8t layout (N a multiple of 16, K of 32), y [M, N].
+void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) {
+    qgemm_tiled(Q4T, x, M, K, w, N, y, nthreads);
+}
+
+void qgemm_q8t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) {
+    qgemm_tiled(Q8T, x, M, K, w, N, y, nthreads);
 }

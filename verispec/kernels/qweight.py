@@ -5,9 +5,9 @@ GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 rows are repacked (once, at load time) i
   q4: float32 d, float32 m, 2 x uint64 (24 bytes); uint64 h holds weights 16h..16h+15, the even ones in its low
       32 bits (nibble t = weight 16h+2t), the odd ones in its high 32 bits (nibble t = weight 16h+2t+1)
   q8: float32 d, 32 x int8 (36 bytes)
-  q4t: the q4 weights regrouped for the AMX build (qgemm_amx.c): per 16 output columns and block, 384 bytes =
-      float32 d[16], float32 m[16], 4 x 32 uint16 words whose nibbles are the block's bfloat16 B tile
-      (`tiled()` makes it from q4 once the rows are final; N must be a multiple of 16)
+  q4t / q8t: q4 / q8 regrouped for the AMX build (qgemm_amx.c), per 16 output columns and block: q4t (384 bytes) =
+      float32 d[16], float32 m[16], one nibble plane (4 x 32 uint16 words whose nibbles are the block's bfloat16
+      B tile); q8t (576 bytes) = float32 d[16], the 512 int8 weights in B-tile order. `tiled()` makes them once the rows are final (N must be a multiple of 16).
 Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
 """
 
@@ -22,7 +22,8 @@ import torch
 from verispec.kernels.build import load_qgemm
 
 QK = 32
-BLOCK_BYTES = {"q4": 24, "q8": 36, "q4t": 24}  # q4t: per (column, block) on average (384 per 16 columns)
+BLOCK_BYTES = {"q4": 24, "q8": 36, "q4t": 24, "q8t": 36}  # q4t / q8t: per (column, block) on average
+TILED = {"q4": "q4t", "q8": "q8t"}
 GROUP = 16  # q4t: output columns per AMX tile
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")  # GGML type names this module repacks
 SUPER_BLOCK = {"Q4_K": 256}  # K must be a multiple of this (default: QK)
@@ -51,6 +52,38 @@ def _q4_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     q = b[..., 16:].reshape(n, ns, 4, 1, 32) >> shifts  # [N, ns, 4, 2, 32]: 64 weights = low, high nibbles
     q = (q & 0x0F).reshape(n, -1, QK)  # [N, ns*8, 32] weight order
     return dj, mj, q[..., :16] | (q[..., 16:] << 4)  # GGUF Q4_0 byte order: weight j low, weight 16 + j high
+
+
+def _to_groups(a: np.ndarray) -> np.ndarray:
+    """[N, nb, 1] per-(column, block) values -> [G, nb, 16]: the 16 columns of a group side by side."""
+    n, nb = a.shape[:2]
+    return np.ascontiguousarray(a.reshape(n // GROUP, GROUP, nb).transpose(0, 2, 1))
+
+
+def _from_groups(a: np.ndarray, n: int) -> np.ndarray:
+    """[G, nb, 16] -> [N, nb, 1] (inverse of _to_groups)."""
+    return np.ascontiguousarray(a.transpose(0, 2, 1).reshape(n, -1, 1))
+
+
+def _to_plane(q: np.ndarray) -> np.ndarray:
+    """q [N, nb, 32] values 0..15 in weight order -> nibble planes [G, nb, 4, 32] uint16 (layout: qgemm_amx.c).
+
+    Word j of chunk c holds in nibble t the weight of B-tile row r = 4t + c, word j: column j // 2, k = 2r + j % 2."""
+    n, nb = q.shape[:2]
+    rows = q.reshape(n // GROUP, GROUP, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # [G, nb, r, n, pair]
+    rows = rows.reshape(n // GROUP, nb, 4, 4, 32).astype(np.uint16)  # r = 4t + c: [G, nb, t, c, j]
+    return (rows << (4 * np.arange(4, dtype=np.uint16)).reshape(4, 1, 1)).sum(axis=2, dtype=np.uint16)
+
+
+def _from_plane(b: np.ndarray, n: int) -> np.ndarray:
+    """[G, nb, 256] uint8 plane bytes -> q [N, nb, 32] uint8 (inverse of _to_plane)."""
+    g, nb = b.shape[:2]
+    words = b.copy().view(np.uint16).reshape(g, nb, 4, 32)  # [G, nb, c, j]
+    rows = (
+        words[:, :, None] >> (4 * np.arange(4, dtype=np.uint16)).reshape(4, 1, 1)
+    ) & 15  # [G, nb, t, c, j]
+    rows = rows.reshape(g, nb, 16, GROUP, 2)  # [G, nb, r, n, pair]
+    return rows.transpose(0, 3, 1, 2, 4).reshape(n, nb, QK).astype(np.uint8)  # k = 2r + pair
 
 
 @dataclass
@@ -122,15 +155,8 @@ class QuantWeight:
         nb = k // QK
         if self.fmt == "q4t":
             b = self.blocks.reshape(n // GROUP, nb, 384)
-            d = b[..., 0:64].copy().view(np.float32)  # [G, nb, 16]
-            m = b[..., 64:128].copy().view(np.float32)
-            words = b[..., 128:].copy().view(np.uint16).reshape(n // GROUP, nb, 4, 32)  # [G, nb, c, j]
-            rows = (
-                words[:, :, None] >> (4 * np.arange(4, dtype=np.uint16)).reshape(4, 1, 1)
-            ) & 15  # [G, nb, t, c, j]
-            rows = rows.reshape(n // GROUP, nb, 16, GROUP, 2)  # B row r = 4t + c: [G, nb, r, n, pair]
-            q = rows.transpose(0, 3, 1, 2, 4).reshape(n, nb, QK).astype(np.uint8)  # k = 2r + pair
-            return tuple(a.transpose(0, 2, 1).reshape(n, nb, 1) for a in (d, m)) + (q,)
+            d, m = (_from_groups(b[..., o : o + 64].copy().view(np.float32), n) for o in (0, 64))
+            return d, m, _from_plane(b[..., 128:], n)
         b = self.blocks.reshape(n, nb, BLOCK_BYTES["q4"])
         d = b[..., 0:4].copy().view(np.float32)  # [N, nb, 1]
         m = b[..., 4:8].copy().view(np.float32)
@@ -141,57 +167,70 @@ class QuantWeight:
         q = q.swapaxes(-1, -2).reshape(n, nb, QK).astype(np.uint8)  # weight order 16h + 2t + parity
         return d, m, q
 
+    def _q8_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """q8 / q8t -> d [N, nb, 1] float32 and q [N, nb, 32] int8 in weight order (weight = d * q)."""
+        n, k = self.shape
+        nb = k // QK
+        if self.fmt == "q8t":
+            b = self.blocks.reshape(n // GROUP, nb, 576)
+            rows = b[..., 64:].reshape(n // GROUP, nb, 16, GROUP, 2)  # [G, nb, r, n, pair]: k = 2r + pair
+            q = rows.transpose(0, 3, 1, 2, 4).reshape(n, nb, QK).view(np.int8)
+            return _from_groups(b[..., 0:64].copy().view(np.float32), n), q
+        b = self.blocks.reshape(n, nb, BLOCK_BYTES["q8"])
+        return b[..., 0:4].copy().view(np.float32), b[..., 4:].view(np.int8)
+
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32, exactly the values the kernel multiplies with."""
         n, k = self.shape
-        if self.fmt == "q8":
-            b = self.blocks.reshape(n, k // QK, BLOCK_BYTES["q8"])
-            d = b[..., 0:4].copy().view(np.float32)  # [N, nb, 1]
-            q = b[..., 4:].view(np.int8).astype(np.float32)
-            return torch.from_numpy((q * d).reshape(n, k))
+        if self.fmt in ("q8", "q8t"):
+            d, q = self._q8_parts()
+            return torch.from_numpy((q.astype(np.float32) * d).reshape(n, k))
         d, m, q = self._q4_parts()
         w = d * q.astype(np.float32) + m
         return torch.from_numpy(np.ascontiguousarray(w.reshape(n, k)))
 
     def tiled(self) -> QuantWeight:
-        """This q4 weight in the q4t layout of the AMX kernel (the same weights); itself if it cannot be tiled."""
+        """This weight in the q4t / q8t layout of the AMX kernel (the same weights); itself if it cannot be tiled."""
         n, k = self.shape
-        if self.fmt != "q4" or n % GROUP:
+        if self.fmt not in TILED or n % GROUP:
             return self
-        nb, g = k // QK, n // GROUP
-        d, m, q = self._q4_parts()
-        rows = q.reshape(g, GROUP, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # [G, nb, r, n, pair]: k = 2r + pair
-        rows = rows.reshape(g, nb, 4, 4, 32).astype(np.uint16)  # B row r = 4t + c: [G, nb, t, c, j]
-        words = (rows << (4 * np.arange(4, dtype=np.uint16)).reshape(4, 1, 1)).sum(axis=2, dtype=np.uint16)
-        dm = [
-            np.ascontiguousarray(a.reshape(g, GROUP, nb).transpose(0, 2, 1)) for a in (d, m)
-        ]  # [G, nb, 16] float32
-        out = np.concatenate(
-            [dm[0].view(np.uint8), dm[1].view(np.uint8), words.reshape(g, nb, 128).view(np.uint8)], -1
-        )
-        return QuantWeight("q4t", np.ascontiguousarray(out.reshape(n, -1)), self.shape)
+        g, nb = n // GROUP, k // QK
+        if self.fmt == "q4":
+            d, m, q = self._q4_parts()
+            parts = [_to_groups(d), _to_groups(m), _to_plane(q)]
+        else:
+            d, q = self._q8_parts()
+            rows = (
+                q.view(np.uint8).reshape(g, GROUP, nb, 16, 2).transpose(0, 2, 3, 1, 4)
+            )  # [G, nb, r, n, pair]
+            parts = [_to_groups(d), np.ascontiguousarray(rows)]
+        out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
+        return QuantWeight(TILED[self.fmt], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
     def untiled(self) -> QuantWeight:
-        """This q4t weight back in the q4 layout of qgemm.c (the same weights); itself if it is not q4t."""
+        """This q4t / q8t weight back in the q4 / q8 layout of qgemm.c (the same weights); itself otherwise."""
+        if self.fmt == "q8t":
+            return QuantWeight._q8(*self._q8_parts(), self.shape)
         if self.fmt != "q4t":
             return self
         d, m, q = self._q4_parts()
         return QuantWeight._q4(d, m, q[..., :16] | (q[..., 16:] << 4), self.shape)
 
     def for_kernels(self, lib: ctypes.CDLL | None = None) -> QuantWeight:
-        """The layout `lib` (default: this CPU's kernels) multiplies: q4t on the AMX build where possible, else q4."""
+        """The layout `lib` (default: this CPU's kernels) multiplies: q4t / q8t on the AMX build where the shape
+        allows (N a multiple of 16), else q4 / q8."""
         lib = lib or load_qgemm()
         return self.tiled() if getattr(lib, "isa", None) == "amx" else self.untiled()
 
     def take_rows(self, order: np.ndarray) -> QuantWeight:
-        assert self.fmt != "q4t", "reorder rows before tiling"
+        assert self.fmt not in TILED.values(), "reorder rows before tiling"
         return QuantWeight(self.fmt, np.ascontiguousarray(self.blocks[order]), self.shape)
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight | None:
         """Rows of several weights stacked (fused qkv / gate_up), or None if their formats or K differ."""
         fmts, ks = {p.fmt for p in parts}, {p.shape[1] for p in parts}
-        assert "q4t" not in fmts, "stack rows before tiling"
+        assert not fmts & set(TILED.values()), "stack rows before tiling"
         if len(fmts) != 1 or len(ks) != 1:
             return None
         n = sum(p.shape[0] for p in parts)
@@ -205,9 +244,9 @@ class QuantWeight:
         x = x.contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
         if m:
-            fn = {"q4": lib.qgemm_q4, "q8": lib.qgemm_q8, "q4t": getattr(lib, "qgemm_q4t", None)}[self.fmt]
-            if fn is None:
-                raise ValueError("a q4t weight needs the 'amx' kernel build")
+            if self.fmt not in TILED and getattr(lib, "isa", None) != "amx":
+                raise ValueError(f"a {self.fmt} weight needs the 'amx' kernel build")
+            fn = getattr(lib, f"qgemm_{self.fmt}")
             fn(x.data_ptr(), m, k, self._ptr, n, y.data_ptr(), torch.get_num_threads())
         return y
 
