@@ -159,3 +159,24 @@ def test_tiled_weights_need_the_amx_build():
     assert qw.for_kernels(lib) is qw
     with pytest.raises(ValueError, match="amx"):
         qw.tiled().matmul(torch.zeros(1, 64), lib)
+
+
+def test_isa_choice_follows_the_cpu_flags(monkeypatch):
+    """amx where the CPU has AMX-BF16 + AVX512-BF16, else avx512, else avx2; asking for more than it has is an error."""
+    base = {"avx2", "fma"}
+    avx512 = base | {"avx512f", "avx512dq"}
+    amx = avx512 | {"avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"}
+    monkeypatch.delenv("VERISPEC_KERNEL_ISA", raising=False)
+    for flags, isa in [
+        (set(), None),
+        (base, "avx2"),
+        (avx512, "avx512"),
+        (amx - {"amx_bf16"}, "avx512"),
+        (amx, "amx"),
+    ]:
+        monkeypatch.setattr(build, "_cpu_flags", lambda flags=flags: flags)
+        assert build.kernel_isa() == isa
+    monkeypatch.setattr(build, "_cpu_flags", lambda: avx512)
+    monkeypatch.setenv("VERISPEC_KERNEL_ISA", "amx")
+    with pytest.raises(ValueError, match="VERISPEC_KERNEL_ISA=amx but this CPU lacks amx_bf16, amx_tile"):
+        build.kernel_isa()
