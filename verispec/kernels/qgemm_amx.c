@@ -21,9 +21,10 @@
 // through float32 (exact).
 //
 // Speed: the tile store per block is the fixed cost (~15 cycles, whatever the rows), so a tile carries 5 rows x 3
-// parts; up to 10 rows keep their accumulators in registers. The loop over blocks is software-pipelined: a tile
-// load never reads B bytes that vector stores just wrote (block b + AHEAD is expanded while block b is multiplied),
-// and the C tiles of block b are scaled after block b + 1's products are issued.
+// parts. Rows go in chunks of 10 (two A tiles) whose accumulators live in registers. The loop over blocks is
+// software-pipelined: a tile load never reads B bytes that vector stores just wrote (block b + AHEAD is expanded
+// while block b is multiplied), and the C tiles of block b are scaled after block b + 1's products are issued.
+// Past PRE_ROWS rows an item's blocks are expanded once, up front, and reused by every chunk.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@
 #define GROUP 16    // output columns per tile
 #define A_ROWS 5    // activation rows per A tile (x 3 parts = 15 tile rows)
 #define CHUNK 10    // rows per tile round: two A tiles
-#define SUPER 20    // more rows: accumulators of this many rows stay in L1 while a column item sweeps K
+#define PRE_ROWS 20 // more rows than this: an item's B tiles are expanded once for all its row chunks
 #define CTILE (3 * A_ROWS * GROUP)  // floats per stored C tile
 #define AHEAD 2     // blocks expanded ahead of the one multiplied
 #define RING 4      // B tile buffers per tile slot (> AHEAD)
@@ -196,21 +197,24 @@ static inline __attribute__((always_inline)) __m512 scale_one(const int F, const
     return acc;
 }
 
-// One item for M = R <= CHUNK rows (R a constant at each call): accumulators in registers.
-static inline __attribute__((always_inline)) void item_small(const int F, const int R, const uint16_t *xs,
-                                                             const float *S, int64_t K, const uint8_t *w0, int ng,
-                                                             uint16_t (*bt)[2][16 * 32], float (*cbuf)[4][CTILE],
-                                                             Tables tb, float *y, int64_t N) {
+// One item for R <= CHUNK rows (R a constant at each call), accumulators in registers. The B tiles come from
+// `pre` (all K/32 blocks expanded beforehand: [nb][2][16 * 32]) or, if NULL, are expanded on the way (ring bt).
+static inline __attribute__((always_inline)) void item_rows(const int F, const int R, const uint16_t *xs,
+                                                            const float *S, int64_t K, const uint8_t *w0, int ng,
+                                                            const uint16_t *pre, uint16_t (*bt)[2][16 * 32],
+                                                            float (*cbuf)[4][CTILE], Tables tb, float *y, int64_t N) {
     const int64_t nb = K / QK, a_stride = K * (int64_t)sizeof(uint16_t);
     __m512 acc[CHUNK][2];
 #pragma GCC unroll 10
     for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-    for (int64_t b = 0; b <= nb + AHEAD; b++) {
-        if (b < nb) expand_item_block(F, w0, nb, ng, b, bt[b % RING], tb);
-        const int64_t u = b - AHEAD;  // the block multiplied now; u - 1 is scaled
+    const int ahead = pre ? 0 : AHEAD;
+    for (int64_t b = 0; b <= nb + ahead; b++) {
+        if (!pre && b < nb) expand_item_block(F, w0, nb, ng, b, bt[b % RING], tb);
+        const int64_t u = b - ahead;  // the block multiplied now; u - 1 is scaled
         if (u >= 0 && u < nb) {
-            _tile_loadd(2, bt[u % RING][0], 64);
-            if (F == Q4T && ng == 2) _tile_loadd(3, bt[u % RING][1], 64);
+            const uint16_t *b0 = pre ? pre + u * 2 * 16 * 32 : bt[u % RING][0];
+            _tile_loadd(2, b0, 64);
+            if (F == Q4T && ng == 2) _tile_loadd(3, b0 + 16 * 32, 64);
             tile_round(F, (const uint8_t *)(xs + u * QK), a_stride, R, ng, cbuf[u % 2]);
         }
         if (u >= 1) {
@@ -230,47 +234,9 @@ static inline __attribute__((always_inline)) void item_small(const int F, const 
     }
 }
 
-// One item for any M: SUPER rows at a time, accumulators in L1 (acc [SUPER, 2 groups x 16]).
-static inline __attribute__((always_inline)) void item_large(const int F, int64_t M, const uint16_t *xs,
-                                                             const float *S, int64_t K, const uint8_t *w0, int ng,
-                                                             uint16_t (*bt)[2][16 * 32],
-                                                             float (*cbuf)[SUPER / CHUNK][4][CTILE], Tables tb,
-                                                             float *acc, float *y, int64_t N) {
-    const int64_t nb = K / QK, a_stride = K * (int64_t)sizeof(uint16_t);
-    const int outs = F == Q4T ? ng : 1;
-    for (int64_t m0 = 0; m0 < M; m0 += SUPER) {
-        const int64_t m1 = M < m0 + SUPER ? M : m0 + SUPER;
-        memset(acc, 0, SUPER * 2 * GROUP * sizeof(float));
-        for (int64_t b = 0; b <= nb + AHEAD; b++) {
-            if (b < nb) expand_item_block(F, w0, nb, ng, b, bt[b % RING], tb);
-            const int64_t u = b - AHEAD;
-            if (u >= 0 && u < nb) {
-                _tile_loadd(2, bt[u % RING][0], 64);
-                if (F == Q4T && ng == 2) _tile_loadd(3, bt[u % RING][1], 64);
-                for (int64_t c = m0; c < m1; c += CHUNK)
-                    tile_round(F, (const uint8_t *)(xs + c * 3 * K + u * QK), a_stride,
-                               m1 - c < CHUNK ? m1 - c : CHUNK, ng, cbuf[u % 2][(c - m0) / CHUNK]);
-            }
-            if (u >= 1)
-                for (int64_t c = m0; c < m1; c += CHUNK) {
-                    const float(*cb)[CTILE] = (const float(*)[CTILE])cbuf[(u - 1) % 2][(c - m0) / CHUNK];
-                    const int64_t rows = m1 - c < CHUNK ? m1 - c : CHUNK;
-                    for (int i = 0; i < rows; i++)
-                        for (int j = 0; j < outs; j++) {
-                            float *a = acc + ((c - m0) + i) * 2 * GROUP + j * GROUP;
-                            _mm512_store_ps(a, scale_one(F, cb, i, j, w0 + (u - 1) * TBLOCK(F), nb,
-                                                         S + c * nb + u - 1, _mm512_load_ps(a)));
-                        }
-                }
-        }
-        for (int64_t m = m0; m < m1; m++)
-            memcpy(y + m * N, acc + (m - m0) * 2 * GROUP, (size_t)outs * GROUP * sizeof(float));
-    }
-}
-
-#define SMALL_CASE(F, R) \
-    case R:              \
-        item_small(F, R, xs, S, K, w0, ng, bt, (float(*)[4][CTILE])cbuf, tb, y + g0 * GROUP, N); \
+#define ROWS_CASE(F, R) \
+    case R:             \
+        item_rows(F, R, xc, Sc, K, w0, ng, pre, bt, cbuf, tb, yc, N); \
         break;
 
 static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const float *x, int64_t M, int64_t K,
@@ -288,21 +254,30 @@ static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const
     {
         configure_tiles(rows0, rows1);
         uint16_t bt[RING][2][16 * 32] __attribute__((aligned(64)));
-        float cbuf[2][SUPER / CHUNK][4][CTILE] __attribute__((aligned(64)));
-        float acc[SUPER * 2 * GROUP] __attribute__((aligned(64)));
+        float cbuf[2][4][CTILE] __attribute__((aligned(64)));
+        // more than PRE_ROWS rows: every block of an item is expanded once, then multiplied chunk by chunk (fewer
+        // rows: each chunk expands on the way, which pipelines better)
+        uint16_t *pre = M > PRE_ROWS ? aligned_alloc(64, (size_t)nb * 2 * 16 * 32 * sizeof(uint16_t)) : NULL;
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < items; it++) {
             const int64_t g0 = ITEM_GROUPS(F) * it;
             const int ng = groups - g0 >= ITEM_GROUPS(F) ? ITEM_GROUPS(F) : 1;
             const uint8_t *w0 = w + g0 * nb * TBLOCK(F);
-            switch (M) {
-                SMALL_CASE(F, 1) SMALL_CASE(F, 2) SMALL_CASE(F, 3) SMALL_CASE(F, 4) SMALL_CASE(F, 5)
-                SMALL_CASE(F, 6) SMALL_CASE(F, 7) SMALL_CASE(F, 8) SMALL_CASE(F, 9) SMALL_CASE(F, 10)
-                default:
-                    item_large(F, M, xs, S, K, w0, ng, bt, cbuf, tb, acc, y + g0 * GROUP, N);
+            if (pre)
+                for (int64_t b = 0; b < nb; b++)
+                    expand_item_block(F, w0, nb, ng, b, (uint16_t(*)[16 * 32])(pre + b * 2 * 16 * 32), tb);
+            for (int64_t m0 = 0; m0 < M; m0 += CHUNK) {
+                const uint16_t *xc = xs + m0 * 3 * K;
+                const float *Sc = S ? S + m0 * nb : NULL;
+                float *yc = y + m0 * N + g0 * GROUP;
+                switch (M - m0 < CHUNK ? M - m0 : CHUNK) {
+                    ROWS_CASE(F, 1) ROWS_CASE(F, 2) ROWS_CASE(F, 3) ROWS_CASE(F, 4) ROWS_CASE(F, 5)
+                    ROWS_CASE(F, 6) ROWS_CASE(F, 7) ROWS_CASE(F, 8) ROWS_CASE(F, 9) ROWS_CASE(F, 10)
+                }
             }
         }
         _tile_release();
+        free(pre);
     }
     free(xs);
     free(S);
