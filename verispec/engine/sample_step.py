@@ -67,25 +67,37 @@ def sample_step(
         )
         padded = logits.index_select(0, (starts[:, None] + offs).reshape(-1)).view(b, stride, v)
     raw = padded
-    draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev).view(b, k)  # [B, K], -1 pad
     params = [r.params for r in reqs]
-    st = S.SamplingTensors.from_params(params, dev, v).repeat_interleave([stride] * b)
+    all_greedy = all(p.is_greedy for p in params)
+    any_penalties = any(
+        p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0 for p in params
+    )
+    # per-row sampling tensors only where something reads them (greedy decoding without penalties: none)
+    st = None
+    if any_penalties or not all_greedy:
+        st = S.SamplingTensors.from_params(params, dev, v)
+        st = st.repeat_interleave([stride] * b) if stride > 1 else st
+    draft_t = None
+    if k > 0 or any_penalties:
+        draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev).view(
+            b, k
+        )  # [B, K], -1 pad
     proc = padded
     if any(p.min_tokens > 0 for p in params):
         proc = proc.clone()
         _suppress_early_stops(proc, reqs, stride)
     flat = proc.reshape(b * stride, v)
-    if st.any_penalties:
+    if any_penalties:
         mask, counts = _penalty_state(reqs, v, dev)
         counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
         flat = S.apply_penalties(flat, mask.repeat_interleave(stride, 0), counts, st)
     argmax = S.greedy(flat).view(b, stride)  # [B, K+1]
     probs = noise = None
-    if not st.all_greedy:
+    if not all_greedy:
         probs = S.logits_to_probs(flat, st).view(b, stride, v)
         gens = [r.generator for r in reqs]
         noise = S.draw_noise([stride] * b, gens, v, dev, default_generator).view(b, stride, v)
-    greedy_rows = torch.tensor([p.is_greedy for p in params], device=dev)
+    greedy_rows = None if all_greedy and k == 0 else torch.tensor([p.is_greedy for p in params], device=dev)
     if k == 0:
         out = argmax if probs is None else torch.where(greedy_rows[:, None], argmax, S.sample(probs, noise))
         out_list = out.view(b).tolist()  # the one host sync of the step
