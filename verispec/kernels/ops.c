@@ -68,11 +68,14 @@ static inline __m128 dot4(const float *q, const float *k0, const float *k1, cons
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
 }
 
-// o[0, D) = sum_t p[t] * v[t] (v rows kt apart), up to 64 (AVX2) / 128 (AVX-512) output floats at a time in
-// registers, zero weights skipped. Every output element is one FMA chain over t in order.
+// o_h[0, D) = sum_t p_h[t] * v[t] for G heads h that share the value rows (one GQA group): each v row is loaded
+// once for all G heads. Up to 8 x VL output floats per head in registers at a time; a key whose weight is zero for
+// every head is skipped (a zero weight among others adds exactly +-0: the same sums). Every output element is one
+// FMA chain over t in order, whatever G is, so a head's result never depends on the others.
 #if defined(__AVX512F__)
 #define WS_VEC __m512
 #define WS_VL 16
+#define WS_REGS 28
 #define WS_ZERO _mm512_setzero_ps
 #define WS_SET1 _mm512_set1_ps
 #define WS_FMA _mm512_fmadd_ps
@@ -81,38 +84,71 @@ static inline __m128 dot4(const float *q, const float *k0, const float *k1, cons
 #else
 #define WS_VEC __m256
 #define WS_VL 8
+#define WS_REGS 14
 #define WS_ZERO _mm256_setzero_ps
 #define WS_SET1 _mm256_set1_ps
 #define WS_FMA _mm256_fmadd_ps
 #define WS_LOAD _mm256_loadu_ps
 #define WS_STORE _mm256_storeu_ps
 #endif
-#define DEFINE_WS_CHUNK(R)                                                                                   \
-    static inline void ws_chunk_##R(const float *p, const float *v, int64_t T, int64_t kt, float *o) {     \
-        WS_VEC acc[R];                                                                                     \
-        for (int j = 0; j < R; j++) acc[j] = WS_ZERO();                                                    \
-        for (int64_t t = 0; t < T; t++) {                                                                  \
-            if (p[t] == 0.0f) continue;                                                                    \
-            const WS_VEC w = WS_SET1(p[t]);                                                                \
-            const float *vt = v + t * kt;                                                                  \
-            for (int j = 0; j < R; j++) acc[j] = WS_FMA(w, WS_LOAD(vt + WS_VL * j), acc[j]);               \
-        }                                                                                                  \
-        for (int j = 0; j < R; j++) WS_STORE(o + WS_VL * j, acc[j]);                                       \
-    }
-DEFINE_WS_CHUNK(8)
-DEFINE_WS_CHUNK(4)
-DEFINE_WS_CHUNK(1)
+#define WS_MAX_HEADS 4
 
-static inline void weighted_sum(const float *p, const float *v, int64_t T, int64_t kt, int64_t D, float *o) {
+// R vectors of output for G heads (G, R constants at each call): p [G rows, pstride apart], o [G rows, D apart].
+static inline __attribute__((always_inline)) void ws_tile(const int G, const int R, const float *p, int64_t pstride,
+                                                          const float *v, int64_t T, int64_t kt, float *o,
+                                                          int64_t D) {
+    WS_VEC acc[WS_MAX_HEADS][8];
+    for (int h = 0; h < G; h++)
+        for (int j = 0; j < R; j++) acc[h][j] = WS_ZERO();
+    for (int64_t t = 0; t < T; t++) {
+        int live = 0;
+        for (int h = 0; h < G; h++) live |= p[h * pstride + t] != 0.0f;
+        if (!live) continue;
+        const float *vt = v + t * kt;
+        WS_VEC vv[8];
+        for (int j = 0; j < R; j++) vv[j] = WS_LOAD(vt + WS_VL * j);
+        for (int h = 0; h < G; h++) {
+            const WS_VEC w = WS_SET1(p[h * pstride + t]);
+            for (int j = 0; j < R; j++) acc[h][j] = WS_FMA(w, vv[j], acc[h][j]);
+        }
+    }
+    for (int h = 0; h < G; h++)
+        for (int j = 0; j < R; j++) WS_STORE(o + h * D + WS_VL * j, acc[h][j]);
+}
+
+// The widest register tiles that fit (G heads x R vectors + R value vectors <= WS_REGS), then narrower ones.
+static inline __attribute__((always_inline)) void ws_heads(const int G, const float *p, int64_t pstride,
+                                                           const float *v, int64_t T, int64_t kt, int64_t D,
+                                                           float *o) {
     int64_t d0 = 0;
-    for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_chunk_8(p, v + d0, T, kt, o + d0);
-    for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_chunk_4(p, v + d0, T, kt, o + d0);
-    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_chunk_1(p, v + d0, T, kt, o + d0);
-    for (; d0 < D; d0 += 8) {  // AVX-512 build with D % 16 == 8
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t t = 0; t < T; t++)
-            if (p[t] != 0.0f) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(v + t * kt + d0), acc);
-        _mm256_storeu_ps(o + d0, acc);
+    if ((G + 1) * 8 <= WS_REGS)
+        for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_tile(G, 8, p, pstride, v + d0, T, kt, o + d0, D);
+    if ((G + 1) * 4 <= WS_REGS)
+        for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_tile(G, 4, p, pstride, v + d0, T, kt, o + d0, D);
+    for (; d0 + 2 * WS_VL <= D; d0 += 2 * WS_VL) ws_tile(G, 2, p, pstride, v + d0, T, kt, o + d0, D);
+    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_tile(G, 1, p, pstride, v + d0, T, kt, o + d0, D);
+    for (; d0 < D; d0 += 8)  // AVX-512 build with D % 16 == 8
+        for (int h = 0; h < G; h++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t t = 0; t < T; t++)
+                if (p[h * pstride + t] != 0.0f)
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[h * pstride + t]), _mm256_loadu_ps(v + t * kt + d0), acc);
+            _mm256_storeu_ps(o + h * D + d0, acc);
+        }
+}
+
+// ws_heads for any number of heads: passes of up to WS_MAX_HEADS.
+static void weighted_sums(int64_t G, const float *p, int64_t pstride, const float *v, int64_t T, int64_t kt,
+                          int64_t D, float *o) {
+    for (int64_t h0 = 0; h0 < G; h0 += WS_MAX_HEADS) {
+        const float *ph = p + h0 * pstride;
+        float *oh = o + h0 * D;
+        switch (G - h0 < WS_MAX_HEADS ? G - h0 : WS_MAX_HEADS) {
+            case 1: ws_heads(1, ph, pstride, v, T, kt, D, oh); break;
+            case 2: ws_heads(2, ph, pstride, v, T, kt, D, oh); break;
+            case 3: ws_heads(3, ph, pstride, v, T, kt, D, oh); break;
+            default: ws_heads(4, ph, pstride, v, T, kt, D, oh); break;
+        }
     }
 }
 
@@ -126,60 +162,74 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
                    int nthreads) {
-    const int64_t group = Hq / Hkv, work = S * Hq * Q, T8 = (T + 7) / 8 * 8;
-    const int threads = work * T * D >= (1 << 17) ? nthreads : 1;  // small problems: no thread wake-up
+    // one work item = one query row of one KV group: its G query heads read every key and value row once
+    const int64_t G = Hq / Hkv, work = S * Hkv * Q, T8 = (T + 7) / 8 * 8 > 0 ? (T + 7) / 8 * 8 : 8;
+    const int threads = work * G * T * D >= (1 << 17) ? nthreads : 1;  // small problems: no thread wake-up
 #pragma omp parallel num_threads(threads)
     {
-        float *p = aligned_alloc(32, sizeof(float) * (T8 > 0 ? T8 : 8));
+        float *p = aligned_alloc(32, sizeof(float) * G * T8);  // [G, T8] scores, then softmax weights
+        float *inv = malloc(sizeof(float) * G);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < work; i++) {
-            const int64_t s = i / (Hq * Q), h = (i / Q) % Hq, t0 = i % Q, g = h / group;
-            const float *qv = q + s * qs + h * qh + t0 * qq;
+            const int64_t s = i / (Hkv * Q), g = (i / Q) % Hkv, t0 = i % Q, h0 = g * G;
             const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
             int64_t tend = 0;  // keys past the last group with an unmasked key are all masked (causal prefill)
             for (int64_t t = 0; t < T; t += 4) {
                 const int64_t t1 = t + 1 < T ? t + 1 : t, t2 = t + 2 < T ? t + 2 : t, t3 = t + 3 < T ? t + 3 : t;
                 if (mrow && !(mrow[t] | mrow[t1] | mrow[t2] | mrow[t3])) {
-                    for (int64_t j = t; j < t + 4 && j < T; j++) p[j] = -INFINITY;
+                    for (int64_t h = 0; h < G; h++)
+                        for (int64_t j = t; j < t + 4 && j < T; j++) p[h * T8 + j] = -INFINITY;
                     continue;
                 }
                 tend = t + 4 < T ? t + 4 : T;
-                float sc[4];
-                _mm_storeu_ps(sc, _mm_mul_ps(dot4(qv, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D),
-                                             _mm_set1_ps(scale)));
-                for (int64_t j = t; j < t + 4 && j < T; j++) {
-                    float x = sc[j - t];
-                    if (softcap > 0) x = tanhf(x / softcap) * softcap;
-                    p[j] = mrow && !mrow[j] ? -INFINITY : x;
+                for (int64_t h = 0; h < G; h++) {  // the 4 key rows stay in L1 for the group's heads
+                    const float *qv = q + s * qs + (h0 + h) * qh + t0 * qq;
+                    float sc[4];
+                    _mm_storeu_ps(sc, _mm_mul_ps(dot4(qv, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D),
+                                                 _mm_set1_ps(scale)));
+                    for (int64_t j = t; j < t + 4 && j < T; j++) {
+                        float x = sc[j - t];
+                        if (softcap > 0) x = tanhf(x / softcap) * softcap;
+                        p[h * T8 + j] = mrow && !mrow[j] ? -INFINITY : x;
+                    }
                 }
             }
             const int64_t tend8 = (tend + 7) / 8 * 8;
-            for (int64_t t = tend; t < tend8; t++) p[t] = -INFINITY;
-            __m256 vmx = _mm256_set1_ps(-INFINITY);
-            for (int64_t t = 0; t < tend8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(p + t));
-            float mx = -INFINITY;
-            float lanes[8];
-            _mm256_storeu_ps(lanes, vmx);
-            for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
-            float *o = out + ((s * Q + t0) * Hq + h) * D;
-            if (mx == -INFINITY) {  // nothing to attend to
-                for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-                continue;
+            for (int64_t h = 0; h < G; h++) {  // softmax numerators in place, 1 / their sum in inv[h]
+                float *ph = p + h * T8;
+                for (int64_t t = tend; t < tend8; t++) ph[t] = -INFINITY;
+                __m256 vmx = _mm256_set1_ps(-INFINITY);
+                for (int64_t t = 0; t < tend8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(ph + t));
+                float mx = -INFINITY;
+                float lanes[8];
+                _mm256_storeu_ps(lanes, vmx);
+                for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+                if (mx == -INFINITY) {  // nothing to attend to: zero weights, zero output
+                    for (int64_t t = 0; t < tend8; t++) ph[t] = 0.0f;
+                    inv[h] = 0.0f;
+                    continue;
+                }
+                const __m256 vm = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
+                __m256 vs = _mm256_setzero_ps();
+                for (int64_t t = 0; t < tend8; t += 8) {
+                    const __m256 x = _mm256_load_ps(ph + t);
+                    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vm)));
+                    _mm256_store_ps(ph + t, e);
+                    vs = _mm256_add_ps(vs, e);
+                }
+                inv[h] = 1.0f / hsum8(vs);
             }
-            const __m256 vm = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
-            __m256 vs = _mm256_setzero_ps();
-            for (int64_t t = 0; t < tend8; t += 8) {
-                const __m256 x = _mm256_load_ps(p + t);
-                const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vm)));
-                _mm256_store_ps(p + t, e);
-                vs = _mm256_add_ps(vs, e);
+            float *o = out + ((s * Q + t0) * Hq + h0) * D;  // the group's heads are consecutive: [G, D]
+            weighted_sums(G, p, T8, vb, tend, kt, D, o);
+            for (int64_t h = 0; h < G; h++) {
+                const __m256 vi = _mm256_set1_ps(inv[h]);
+                for (int64_t d = 0; d < D; d += 8)
+                    _mm256_storeu_ps(o + h * D + d, _mm256_mul_ps(_mm256_loadu_ps(o + h * D + d), vi));
             }
-            weighted_sum(p, vb, tend, kt, D, o);
-            const __m256 inv = _mm256_set1_ps(1.0f / hsum8(vs));
-            for (int64_t d = 0; d < D; d += 8) _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), inv));
         }
         free(p);
+        free(inv);
     }
 }
 
