@@ -162,16 +162,18 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
                    int nthreads) {
-    // one work item = one query row of one KV group: its G query heads read every key and value row once
-    const int64_t G = Hq / Hkv, work = S * Hkv * Q, T8 = (T + 7) / 8 * 8 > 0 ? (T + 7) / 8 * 8 : 8;
-    const int threads = work * G * T * D >= (1 << 17) ? nthreads : 1;  // small problems: no thread wake-up
+    // one work item = one query row of one KV group: its G query heads read every key and value row once; too few
+    // such items to keep the threads busy (batch 1 decode): one item per head
+    const int64_t group = Hq / Hkv, T8 = (T + 7) / 8 * 8 > 0 ? (T + 7) / 8 * 8 : 8;
+    const int threads = S * Hq * Q * T * D >= (1 << 17) ? nthreads : 1;  // small problems: no thread wake-up
+    const int64_t G = S * Hkv * Q >= 2 * threads ? group : 1, work = S * (Hq / G) * Q;
 #pragma omp parallel num_threads(threads)
     {
         float *p = aligned_alloc(32, sizeof(float) * G * T8);  // [G, T8] scores, then softmax weights
         float *inv = malloc(sizeof(float) * G);
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < work; i++) {
-            const int64_t s = i / (Hkv * Q), g = (i / Q) % Hkv, t0 = i % Q, h0 = g * G;
+            const int64_t s = i / (Hq / G * Q), h0 = (i / Q) % (Hq / G) * G, t0 = i % Q, g = h0 / group;
             const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
             int64_t tend = 0;  // keys past the last group with an unmasked key are all masked (causal prefill)

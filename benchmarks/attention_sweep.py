@@ -1,0 +1,90 @@
+"""Decode attention over the KV cache: the fused C kernel (kernels/ops.c) by batch size and context length.
+
+SmolLM2-135M's shapes by default (9 query heads sharing 3 KV heads, head dim 64, the slot-major cache of a
+1024-token slot); one query row per sequence (plain decode) or 5 (verifying 4 drafts). Prints microseconds per
+layer call and writes JSON. --baseline REF adds the kernels of git revision REF, run in the same process on the
+same inputs, and checks that both give bitwise the same outputs.
+    .venv/bin/python benchmarks/attention_sweep.py [--baseline REF] [--contexts 128,512,1000] [--batches 1,8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+from kernel_sweep import baseline_kernels
+
+
+def attention_call(lib, q, cache, hkv: int, t: int, out):
+    s, hq, nq, d = q.shape
+    t_alloc = cache.shape[2]
+    return lambda: lib.attention_f32(
+        q.data_ptr(), s, hq, nq, d, hq * nq * d, nq * d, d,
+        cache.data_ptr(), cache[:, hkv:].data_ptr(), hkv, t, 2 * hkv * t_alloc * d, t_alloc * d, d,
+        None, 0, 0, d**-0.5, 0.0, out.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+
+
+def best_of(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--contexts", default="128,512,1000")
+    ap.add_argument(
+        "--queries", default="1,5", help="query rows per sequence (1 = decode, 5 = verify 4 drafts)"
+    )
+    ap.add_argument("--heads", default="9,3,64", help="query heads, KV heads, head dim")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--baseline", help="git revision whose kernels to run side by side")
+    ap.add_argument("--output", default="bench_results/attention_sweep.json")
+    args = ap.parse_args()
+    from verispec.kernels import build
+
+    lib = build.load_qgemm()
+    if lib is None:
+        raise SystemExit("no kernels on this machine (VERISPEC_KERNELS=0, no compiler or no AVX2)")
+    base = baseline_kernels(args.baseline, lib.isa) if args.baseline else None
+    hq, hkv, d = (int(x) for x in args.heads.split(","))
+    print(
+        f"kernels={lib.isa} threads={torch.get_num_threads()} heads={hq}/{hkv} head_dim={d} (us per layer call)"
+    )
+    extra = f" {args.baseline[:10] + ' us':>14} {'x':>6} {'equal':>6}" if base else ""
+    print(f"{'batch':>5} {'queries':>7} {'context':>7} {'us':>9}{extra}")
+    rows = []
+    for s in [int(x) for x in args.batches.split(",")]:
+        for nq in [int(x) for x in args.queries.split(",")]:
+            for t in [int(x) for x in args.contexts.split(",")]:
+                g = torch.Generator().manual_seed(0)
+                cache = torch.randn(s, 2 * hkv, max(t, 1024) + 1, d, generator=g)
+                q = torch.randn(s, hq, nq, d, generator=g)
+                out = torch.empty(s, nq, hq, d)
+                r = {"batch": s, "queries": nq, "context": t}
+                r["s"] = best_of(attention_call(lib, q, cache, hkv, t, out), args.reps)
+                line = f"{s:>5} {nq:>7} {t:>7} {r['s'] * 1e6:>9.1f}"
+                if base is not None:
+                    ref = torch.empty_like(out)
+                    r["baseline_s"] = best_of(attention_call(base, q, cache, hkv, t, ref), args.reps)
+                    r["equal"] = torch.equal(out, ref)
+                    line += f" {r['baseline_s'] * 1e6:>14.1f} {r['baseline_s'] / r['s']:>5.2f}x {str(r['equal']):>6}"
+                rows.append(r)
+                print(line)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(
+        json.dumps({"kernels": lib.isa, "baseline": args.baseline, "rows": rows}, indent=2)
+    )
+
+
+if __name__ == "__main__":
+    main()
