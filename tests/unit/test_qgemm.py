@@ -180,3 +180,14 @@ def test_isa_choice_follows_the_cpu_flags(monkeypatch):
     monkeypatch.setenv("VERISPEC_KERNEL_ISA", "amx")
     with pytest.raises(ValueError, match="VERISPEC_KERNEL_ISA=amx but this CPU lacks amx_bf16, amx_tile"):
         build.kernel_isa()
+
+
+def test_long_prompts_keep_every_row(lib):
+    """More rows than one pass of the AMX kernel (320): every row equals the row computed alone."""
+    qw, ref = make_weight("Q4_1", 32, 64)
+    qw = qw.for_kernels(lib)
+    x = torch.randn(700, 64, generator=torch.Generator().manual_seed(3))
+    whole = qw.matmul(x, lib)
+    torch.testing.assert_close(whole, x @ ref.T, rtol=1e-5, atol=1e-4)
+    for i in (0, 319, 320, 321, 699):
+        assert torch.equal(whole[i : i + 1], qw.matmul(x[i : i + 1], lib))

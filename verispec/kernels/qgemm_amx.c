@@ -284,10 +284,15 @@ static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const
 }
 
 // Entry points (ctypes): x [M, K] float32, w in the q4t / q8t layout (N a multiple of 16, K of 32), y [M, N].
+// Long prompts go MAX_ROWS rows per pass: the bf16 parts of a pass stay small (~2 MB at K = 1536) whatever M is,
+// and a row's result does not depend on the pass it is in.
+#define MAX_ROWS 320
 void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) {
-    qgemm_tiled(Q4T, x, M, K, w, N, y, nthreads);
+    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS)
+        qgemm_tiled(Q4T, x + m0 * K, M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS, K, w, N, y + m0 * N, nthreads);
 }
 
 void qgemm_q8t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) {
-    qgemm_tiled(Q8T, x, M, K, w, N, y, nthreads);
+    for (int64_t m0 = 0; m0 < M; m0 += MAX_ROWS)
+        qgemm_tiled(Q8T, x + m0 * K, M - m0 < MAX_ROWS ? M - m0 : MAX_ROWS, K, w, N, y + m0 * N, nthreads);
 }
