@@ -1,7 +1,7 @@
 """Compile qgemm.c + ops.c + layers.c once per source version into a cache folder and load them with ctypes.
 
 The kernel needs x86-64 with AVX2 + FMA and a C compiler (gcc or cc); it is built for the best the CPU has: 'amx'
-(AVX-512 plus AMX-BF16 tiles for the 4-bit products, qgemm_amx.c), 'avx512' (16 lanes) or 'avx2' (8 lanes);
+(AVX-512 plus AMX-BF16 tiles for the quantized products, qgemm_amx.c), 'avx512' (16 lanes) or 'avx2' (8 lanes);
 VERISPEC_KERNEL_ISA=avx2|avx512|amx overrides the choice. Without a
 compiler or a suitable CPU, or with VERISPEC_KERNELS=0, `load_qgemm()` returns None and GGUF weights are
 dequantized to float32 instead (same model, more bytes per token).
@@ -23,7 +23,9 @@ import warnings
 from pathlib import Path
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c"))
-AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")  # the 'amx' build adds it: qgemm_q4t on the tile unit
+AMX_SOURCE = Path(__file__).with_name(
+    "qgemm_amx.c"
+)  # the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 _AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")
 ISA_FLAGS = {
@@ -174,7 +176,7 @@ def load_qgemm() -> ctypes.CDLL | None:
 
 @functools.cache
 def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | None:
-    """Compile (once per source version, cached on disk) and load the library for `isa` ('avx2' | 'avx512').
+    """Compile (once per source version, cached on disk) and load the library for `isa` ('avx2' | 'avx512' | 'amx').
 
     `sources`: qgemm.c, ops.c and layers.c (another version of them: benchmarks/kernel_sweep.py --baseline); the
     'amx' build adds qgemm_amx.c from the same folder. The library's `isa` attribute names its build."""

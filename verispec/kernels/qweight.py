@@ -7,7 +7,8 @@ GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 rows are repacked (once, at load time) i
   q8: float32 d, 32 x int8 (36 bytes)
   q4t / q8t: q4 / q8 regrouped for the AMX build (qgemm_amx.c), per 16 output columns and block: q4t (384 bytes) =
       float32 d[16], float32 m[16], one nibble plane (4 x 32 uint16 words whose nibbles are the block's bfloat16
-      B tile); q8t (576 bytes) = float32 d[16], the 512 int8 weights in B-tile order. `tiled()` makes them once the rows are final (N must be a multiple of 16).
+      B tile); q8t (576 bytes) = float32 d[16], the 512 int8 weights in B-tile order. `tiled()` makes them once
+      the rows are final (N must be a multiple of 16).
 Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
 """
 
@@ -24,7 +25,7 @@ from verispec.kernels.build import load_qgemm
 QK = 32
 BLOCK_BYTES = {"q4": 24, "q8": 36, "q4t": 24, "q8t": 36}  # q4t / q8t: per (column, block) on average
 TILED = {"q4": "q4t", "q8": "q8t"}
-GROUP = 16  # q4t: output columns per AMX tile
+GROUP = 16  # q4t / q8t: output columns per AMX tile
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")  # GGML type names this module repacks
 SUPER_BLOCK = {"Q4_K": 256}  # K must be a multiple of this (default: QK)
 
@@ -88,7 +89,7 @@ def _from_plane(b: np.ndarray, n: int) -> np.ndarray:
 
 @dataclass
 class QuantWeight:
-    fmt: str  # "q4" | "q8"
+    fmt: str  # "q4" | "q8" | "q4t" | "q8t"
     blocks: np.ndarray  # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
     shape: tuple[int, int]  # (N, K) = (out_features, in_features)
     _ptr: int = field(init=False, repr=False, default=0)
@@ -244,7 +245,7 @@ class QuantWeight:
         x = x.contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
         if m:
-            if self.fmt not in TILED and getattr(lib, "isa", None) != "amx":
+            if self.fmt in TILED.values() and getattr(lib, "isa", None) != "amx":
                 raise ValueError(f"a {self.fmt} weight needs the 'amx' kernel build")
             fn = getattr(lib, f"qgemm_{self.fmt}")
             fn(x.data_ptr(), m, k, self._ptr, n, y.data_ptr(), torch.get_num_threads())
