@@ -9,6 +9,7 @@ The last column (T_alloc - 1) is a scratch column that padded query rows write i
 from __future__ import annotations
 
 import heapq
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,10 +64,19 @@ def plan_cache(
 
 
 def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Zeroed cache memory. On the CPU in float32 through numpy's calloc: the OS hands out zero pages lazily, so a
-    multi-GiB budget costs nothing until a slot's rows are written (torch.zeros would memset it all at start-up)."""
+    """Zeroed cache memory. On the CPU in float32, a private anonymous mapping: the OS hands out zero pages lazily,
+    so a multi-GiB budget costs nothing until a slot's rows are written (torch.zeros would memset it all at
+    start-up). Huge pages are refused for it: a slot's K/V rows of one head lie a head's stride apart, so its first
+    tokens would touch (and the kernel zero) a 2 MiB page per head and layer, ~0.2 GB per new slot (numpy's own
+    allocations ask for huge pages; that made first prompts spend half their time zeroing pages)."""
     if torch.device(device).type == "cpu" and dtype == torch.float32:
-        return torch.from_numpy(np.zeros(shape, dtype=np.float32))
+        nbytes = max(4 * int(np.prod(shape)), 1)
+        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_NOHUGEPAGE"):
+            buf.madvise(mmap.MADV_NOHUGEPAGE)
+        return torch.from_numpy(
+            np.frombuffer(buf, dtype=np.float32, count=int(np.prod(shape))).reshape(shape)
+        )
     return torch.zeros(shape, device=device, dtype=dtype)
 
 
