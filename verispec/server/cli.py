@@ -191,9 +191,10 @@ def run_server(args: argparse.Namespace) -> int:
 
     from verispec.llm import LLM
     from verispec.server.app import build_app
+    from verispec.server.async_engine import on_engine_thread
 
-    try:
-        llm = LLM(
+    def load() -> LLM:
+        return LLM(
             cfg.model,
             dtype=cfg.dtype,
             max_model_len=cfg.max_model_len,
@@ -204,6 +205,9 @@ def run_server(args: argparse.Namespace) -> int:
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
         )
+
+    try:
+        llm = on_engine_thread(load).result()  # the thread that will step the engine (see async_engine.py)
     except OSError as e:
         raise ValueError(f"cannot load model {cfg.model!r}: {e}") from None
     names = cfg.served_model_name or [cfg.model]
