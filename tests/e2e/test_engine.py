@@ -209,3 +209,29 @@ def test_corrupt_checkpoints(tiny_llama, tmp_path):
     bad_gguf.write_bytes(b"GGUF" + b"\x00" * 20)
     with pytest.raises(ValueError):
         LLM(str(bad_gguf))
+
+
+def test_generating_on_another_thread_warns_once(tiny_llama):
+    """Two OpenMP thread pools (load on one thread, generate on another) make the CPU kernels slow: say so once."""
+    import threading
+    import warnings
+
+    llm = LLM(tiny_llama, max_num_seqs=2, max_model_len=64, device="cpu")
+    sp = SamplingParams(temperature=0, max_tokens=2)
+    caught: list[list[warnings.WarningMessage]] = []
+
+    def work():
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}], sp, use_tqdm=False)
+            llm.generate([{"prompt_token_ids": [1, 2, 3]}], sp, use_tqdm=False)
+        caught.append(w)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    msgs = [str(w.message) for w in caught[0] if "another thread" in str(w.message)]
+    assert len(msgs) == 1 and "same thread" in msgs[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the loading thread: no warning
+        llm.generate([{"prompt_token_ids": [1, 2, 3]}], sp, use_tqdm=False)
