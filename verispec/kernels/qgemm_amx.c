@@ -128,28 +128,25 @@ static inline void expand_int8(const uint8_t *q, uint16_t *bt) {
     }
 }
 
-typedef struct {
-    __m512i lo;  // word i = bf16(i % 16)
-} Tables;
-
-static Tables make_tables(void) {
+// The 32-entry vpermw table of expand_plane: word i = bf16(i % 16).
+static __m512i nibble_table(void) {
     const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return (Tables){(__m512i)_mm512_cvtne2ps_pbh(q, q)};
+    return (__m512i)_mm512_cvtne2ps_pbh(q, q);
 }
 
 // Block b of an item -> its B tiles (q4t: bt[0], bt[1] for groups 0 and 1; q8t: bt[0]), prefetching ahead.
 static inline __attribute__((always_inline)) void expand_item_block(const int F, const uint8_t *w0, int64_t nb,
                                                                     int ng, int64_t b, uint16_t (*bt)[16 * 32],
-                                                                    Tables tb) {
+                                                                    __m512i table) {
     const uint8_t *blk = w0 + b * TBLOCK(F);
     for (int l = 0; l < TBLOCK(F); l += 64) _mm_prefetch((const char *)blk + PREFETCH * TBLOCK(F) + l, _MM_HINT_T0);
     if (F == Q4T) {
-        expand_plane(blk + 128, bt[0], tb.lo);
+        expand_plane(blk + 128, bt[0], table);
         if (ng == 2) {
             const uint8_t *blk1 = blk + nb * TBLOCK(F);
             for (int l = 0; l < TBLOCK(F); l += 64)
                 _mm_prefetch((const char *)blk1 + PREFETCH * TBLOCK(F) + l, _MM_HINT_T0);
-            expand_plane(blk1 + 128, bt[1], tb.lo);
+            expand_plane(blk1 + 128, bt[1], table);
         }
     } else {
         expand_int8(blk + 64, bt[0]);
@@ -202,14 +199,14 @@ static inline __attribute__((always_inline)) __m512 scale_one(const int F, const
 static inline __attribute__((always_inline)) void item_rows(const int F, const int R, const uint16_t *xs,
                                                             const float *S, int64_t K, const uint8_t *w0, int ng,
                                                             const uint16_t *pre, uint16_t (*bt)[2][16 * 32],
-                                                            float (*cbuf)[4][CTILE], Tables tb, float *y, int64_t N) {
+                                                            float (*cbuf)[4][CTILE], __m512i table, float *y, int64_t N) {
     const int64_t nb = K / QK, a_stride = K * (int64_t)sizeof(uint16_t);
     __m512 acc[CHUNK][2];
 #pragma GCC unroll 10
     for (int i = 0; i < R; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
     const int ahead = pre ? 0 : AHEAD;
     for (int64_t b = 0; b <= nb + ahead; b++) {
-        if (!pre && b < nb) expand_item_block(F, w0, nb, ng, b, bt[b % RING], tb);
+        if (!pre && b < nb) expand_item_block(F, w0, nb, ng, b, bt[b % RING], table);
         const int64_t u = b - ahead;  // the block multiplied now; u - 1 is scaled
         if (u >= 0 && u < nb) {
             const uint16_t *b0 = pre ? pre + u * 2 * 16 * 32 : bt[u % RING][0];
@@ -236,7 +233,7 @@ static inline __attribute__((always_inline)) void item_rows(const int F, const i
 
 #define ROWS_CASE(F, R) \
     case R:             \
-        item_rows(F, R, xc, Sc, K, w0, ng, pre, bt, cbuf, tb, yc, N); \
+        item_rows(F, R, xc, Sc, K, w0, ng, pre, bt, cbuf, table, yc, N); \
         break;
 
 static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const float *x, int64_t M, int64_t K,
@@ -249,7 +246,7 @@ static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const
     float *S = F == Q4T ? malloc((size_t)(M * nb) * sizeof(float)) : NULL;
     split_rows(x, M, Mpad, K, xs, S);
     const int64_t items = (groups + ITEM_GROUPS(F) - 1) / ITEM_GROUPS(F);
-    const Tables tb = make_tables();
+    const __m512i table = nibble_table();
 #pragma omp parallel num_threads(nthreads)
     {
         configure_tiles(rows0, rows1);
@@ -265,7 +262,7 @@ static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const
             const uint8_t *w0 = w + g0 * nb * TBLOCK(F);
             if (pre)
                 for (int64_t b = 0; b < nb; b++)
-                    expand_item_block(F, w0, nb, ng, b, (uint16_t(*)[16 * 32])(pre + b * 2 * 16 * 32), tb);
+                    expand_item_block(F, w0, nb, ng, b, (uint16_t(*)[16 * 32])(pre + b * 2 * 16 * 32), table);
             for (int64_t m0 = 0; m0 < M; m0 += CHUNK) {
                 const uint16_t *xc = xs + m0 * 3 * K;
                 const float *Sc = S ? S + m0 * nb : NULL;
