@@ -196,7 +196,7 @@ class LLM:
             self._warned_thread = True
             warnings.warn(
                 "verispec: generating on another thread than the one that loaded the model; the CPU kernels' OpenMP "
-                "runtime then keeps two thread pools and can run several times slower (3x measured on 2 cores). Load and "
+                "runtime then keeps two thread pools and can run several times slower. Load and "
                 "generate on the same thread.",
                 stacklevel=3,
             )
