@@ -236,14 +236,28 @@ static inline __attribute__((always_inline)) void item_rows(const int F, const i
         item_rows(F, R, xc, Sc, K, w0, ng, pre, bt, cbuf, table, yc, N); \
         break;
 
+// The calling thread's scratch (activation parts and block sums), grown on demand and kept: a decode step makes
+// ~150 kernel calls and none of them allocates. A pass has at most MAX_ROWS rows, so it stays a few MB.
+static void *caller_scratch(size_t bytes) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    if (bytes > cap) {
+        free(buf);
+        cap = (bytes + 4095) / 4096 * 4096;
+        buf = aligned_alloc(64, cap);
+    }
+    return buf;
+}
+
 static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const float *x, int64_t M, int64_t K,
                                                               const uint8_t *w, int64_t N, float *y, int nthreads) {
     // up to 10 rows: tiles of exactly their rows; more: chunks of 10, the last one padded with zero rows
     const int64_t nb = K / QK, groups = N / GROUP, Mpad = M <= CHUNK ? M : (M + CHUNK - 1) / CHUNK * CHUNK;
     const int rows0 = 3 * (int)(Mpad < A_ROWS ? Mpad : A_ROWS);
     const int rows1 = 3 * (int)(Mpad < CHUNK ? (Mpad > A_ROWS ? Mpad - A_ROWS : 0) : A_ROWS);
-    uint16_t *xs = aligned_alloc(64, (size_t)((Mpad * 3 * K * (int64_t)sizeof(uint16_t) + 63) / 64 * 64));
-    float *S = F == Q4T ? malloc((size_t)(M * nb) * sizeof(float)) : NULL;
+    const size_t xs_bytes = (size_t)((Mpad * 3 * K * (int64_t)sizeof(uint16_t) + 63) / 64 * 64);
+    uint16_t *xs = caller_scratch(xs_bytes + (size_t)(M * nb) * sizeof(float));
+    float *S = F == Q4T ? (float *)((uint8_t *)xs + xs_bytes) : NULL;
     split_rows(x, M, Mpad, K, xs, S);
     const int64_t items = (groups + ITEM_GROUPS(F) - 1) / ITEM_GROUPS(F);
     const __m512i table = nibble_table();
@@ -276,8 +290,6 @@ static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const
         _tile_release();
         free(pre);
     }
-    free(xs);
-    free(S);
 }
 
 // Entry points (ctypes): x [M, K] float32, w in the q4t / q8t layout (N a multiple of 16, K of 32), y [M, N].
