@@ -92,3 +92,25 @@ def test_attention_fully_masked_row_is_zero():
 def test_inapplicable_inputs_fall_back():
     assert ops.silu_mul(rand(2, 8).double()) is None
     assert ops.add_rmsnorm(rand(2, 12), None, rand(12), 1e-6) is None  # D % 8 != 0
+
+
+@pytest.mark.parametrize(("n", "v"), [(1, 7), (3, 49152), (8, 1000), (2, 8)])
+def test_argmax_matches_torch(n, v):
+    x = rand(n, v)
+    x[0, v // 2] = x[0].max() + 1  # a clear winner
+    if n > 1:
+        x[1, :] = 0.0
+        x[1, v - 1] = x[1, 3] = 2.0  # a tie: the first index wins
+    if n > 2:
+        x[2, :] = float("-inf")  # nothing finite: index 0
+    got = ops.argmax(x)
+    assert torch.equal(got, x.argmax(dim=-1))
+    assert torch.equal(ops.argmax(x[::2]), x[::2].argmax(dim=-1))  # strided rows
+
+
+def test_argmax_nan_counts_as_largest():
+    x = rand(2, 100)
+    x[0, 41] = x[0, 77] = float("nan")
+    x[1, 99] = float("nan")  # in the scalar tail of an 8-lane pass
+    assert torch.equal(ops.argmax(x), x.argmax(dim=-1))
+    assert ops.argmax(x).tolist() == [41, 99]

@@ -74,6 +74,7 @@ ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c
     "silu_mul_f32": ([_P, _I, _I, _P, _C], None),
     "rope_f32": ([_P, _I, _I, _I, _I, _I, _I, _I, _P, _P], None),
     "write_kv_f32": ([_P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I], None),
+    "argmax_rows_f32": ([_P, _I, _I, _I, _P, _C], None),
     "decoder_scratch_per_row": ([_P], _I),
     "decoder_layers_f32": (
         [
@@ -201,6 +202,8 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
         return None
     entry_points = {**ENTRY_POINTS, **AMX_ENTRY_POINTS} if isa == "amx" else ENTRY_POINTS
     for name, (argtypes, restype) in entry_points.items():
+        if sources[: len(SOURCES)] != SOURCES and not hasattr(lib, name):
+            continue  # an older version of the sources (a benchmark's baseline) may lack newer entry points
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
     if isa == "amx" and not lib.amx_init():

@@ -152,6 +152,44 @@ static void weighted_sums(int64_t G, const float *p, int64_t pstride, const floa
     }
 }
 
+// Scores of G query heads (q, qh apart) against keys [0, T) (kt apart): p[h * pstride + t] = q_h . k_t * scale,
+// softcapped, -inf where mrow (if any) masks t. Keys go 4 at a time, each 4-key group loaded once for the G heads
+// (G a constant at each call: the G x 4 dot products interleave). Each score is dot4's, whatever G: bitwise the
+// same as one head at a time. Returns the end of the last 4-key group with an unmasked key (0 if none); p is
+// written up to that group's end, rounded up to 4 (pstride >= T rounded up to 8).
+static inline __attribute__((always_inline)) int64_t scores(const int G, const float *q, int64_t qh, const float *kb,
+                                                            int64_t T, int64_t kt, int64_t D, const uint8_t *mrow,
+                                                            float scale, float softcap, float *p, int64_t pstride) {
+    const __m128 vscale = _mm_set1_ps(scale), ninf = _mm_set1_ps(-INFINITY);
+    int64_t tend = 0;
+    for (int64_t t = 0; t < T; t += 4) {
+        const int64_t t1 = t + 1 < T ? t + 1 : t, t2 = t + 2 < T ? t + 2 : t, t3 = t + 3 < T ? t + 3 : t;
+        __m128 keep = _mm_castsi128_ps(_mm_set1_epi32(-1));
+        if (mrow) {
+            const __m128i m = _mm_setr_epi32(mrow[t], mrow[t1], mrow[t2], mrow[t3]);
+            keep = _mm_castsi128_ps(_mm_xor_si128(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm_set1_epi32(-1)));
+            if (_mm_movemask_ps(keep) == 0) {
+                for (int h = 0; h < G; h++) _mm_storeu_ps(p + h * pstride + t, ninf);
+                continue;
+            }
+        }
+        tend = t + 4 < T ? t + 4 : T;
+        __m128 sc[4];
+        for (int h = 0; h < G; h++)
+            sc[h] = _mm_mul_ps(dot4(q + h * qh, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D), vscale);
+        for (int h = 0; h < G; h++) {
+            if (softcap > 0) {
+                float x[4];
+                _mm_storeu_ps(x, sc[h]);
+                for (int j = 0; j < 4; j++) x[j] = tanhf(x[j] / softcap) * softcap;
+                sc[h] = _mm_loadu_ps(x);
+            }
+            _mm_storeu_ps(p + h * pstride + t, _mm_blendv_ps(ninf, sc[h], keep));
+        }
+    }
+    return tend;
+}
+
 // q: [S, Hq, Q, D] with strides (qs, qh, qq) in elements, D contiguous; k, v: [S, Hkv, T, D] with strides
 // (ks, kh, kt) (the cache view; v shares k's strides); mask: [S, 1, Q, T] bool with strides (ms, mq), T contiguous,
 // or NULL (attend to all T). out: [S, Q, Hq, D] contiguous (the layout o_proj reads). D % 8 == 0.
@@ -176,27 +214,19 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
             const int64_t s = i / (Hq / G * Q), h0 = (i / Q) % (Hq / G) * G, t0 = i % Q, g = h0 / group;
             const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
-            int64_t tend = 0;  // keys past the last group with an unmasked key are all masked (causal prefill)
-            for (int64_t t = 0; t < T; t += 4) {
-                const int64_t t1 = t + 1 < T ? t + 1 : t, t2 = t + 2 < T ? t + 2 : t, t3 = t + 3 < T ? t + 3 : t;
-                if (mrow && !(mrow[t] | mrow[t1] | mrow[t2] | mrow[t3])) {
-                    for (int64_t h = 0; h < G; h++)
-                        for (int64_t j = t; j < t + 4 && j < T; j++) p[h * T8 + j] = -INFINITY;
-                    continue;
-                }
-                tend = t + 4 < T ? t + 4 : T;
-                for (int64_t h = 0; h < G; h++) {  // the 4 key rows stay in L1 for the group's heads
-                    const float *qv = q + s * qs + (h0 + h) * qh + t0 * qq;
-                    float sc[4];
-                    _mm_storeu_ps(sc, _mm_mul_ps(dot4(qv, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D),
-                                                 _mm_set1_ps(scale)));
-                    for (int64_t j = t; j < t + 4 && j < T; j++) {
-                        float x = sc[j - t];
-                        if (softcap > 0) x = tanhf(x / softcap) * softcap;
-                        p[h * T8 + j] = mrow && !mrow[j] ? -INFINITY : x;
-                    }
-                }
-            }
+            const float *qv = q + s * qs + h0 * qh + t0 * qq;
+            int64_t tend = 0;  // keys past the last 4-key group with an unmasked key are all masked (causal prefill)
+            if (G == 1)
+                tend = scores(1, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+            else if (G == 2)
+                tend = scores(2, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+            else if (G == 3)
+                tend = scores(3, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+            else if (G == 4)
+                tend = scores(4, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+            else  // larger groups: one head at a time (the mask, hence the end, is the same for every head)
+                for (int64_t h = 0; h < G; h++)
+                    tend = scores(1, qv + h * qh, qh, kb, T, kt, D, mrow, scale, softcap, p + h * T8, T8);
             const int64_t tend8 = (tend + 7) / 8 * 8;
             for (int64_t h = 0; h < G; h++) {  // softmax numerators in place, 1 / their sum in inv[h]
                 float *ph = p + h * T8;
@@ -303,4 +333,44 @@ void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float 
                 for (int64_t i = 0; i < D; i++) dst[i] = src[i];
             }
         }
+}
+
+// out[n] = argmax over x[n, 0..V) (row n at x + n * stride), torch.argmax's answer: the first index of the
+// maximum, NaN counting as larger than every number (the first NaN wins). Two passes over a row: the maximum
+// (and whether any NaN is present), then the first index holding it. Rows are independent.
+void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads) {
+    const int threads = N > 1 && N * V >= (1 << 16) ? nthreads : 1;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *r = x + n * stride;
+        const int64_t V8 = V / 8 * 8;
+        __m256 vmx = _mm256_set1_ps(-INFINITY), unord = _mm256_setzero_ps();
+        for (int64_t i = 0; i < V8; i += 8) {
+            const __m256 v = _mm256_loadu_ps(r + i);
+            vmx = _mm256_max_ps(vmx, v);
+            unord = _mm256_or_ps(unord, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        float lanes[8], mx = -INFINITY;
+        int nan = _mm256_movemask_ps(unord) != 0;
+        _mm256_storeu_ps(lanes, vmx);
+        for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+        for (int64_t i = V8; i < V; i++) {
+            nan |= r[i] != r[i];
+            mx = r[i] > mx ? r[i] : mx;
+        }
+        int64_t best = 0;
+        if (nan) {
+            while (r[best] == r[best]) best++;
+        } else {
+            const __m256 vm = _mm256_set1_ps(mx);
+            int64_t i = 0;
+            for (; i < V8; i += 8) {
+                const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + i), vm, _CMP_EQ_OQ));
+                if (hit) break;
+            }
+            while (r[i] != mx) i++;  // the first hit inside the vector (or in the tail)
+            best = i;
+        }
+        out[n] = best;
+    }
 }

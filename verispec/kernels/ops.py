@@ -1,4 +1,4 @@
-"""Fused CPU ops (ops.c) for the decode path: attention, residual add + RMSNorm, SiLU * up.
+"""Fused CPU ops (ops.c) for the decode path: attention, residual add + RMSNorm, SiLU * up, greedy argmax.
 
 Each wrapper returns None when the fused kernel cannot take the inputs (not CPU float32, odd sizes, kernels
 unavailable) and the caller runs its PyTorch version; both compute the same function.
@@ -99,3 +99,16 @@ def write_kv(cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> bool:
         cache.data_ptr(), cs, ch, ct, x.data_ptr(), xs, xh, xq, pos.data_ptr(), s, h, nq, d
     )
     return True
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor | None:
+    """x [N, V] -> torch.argmax(x, dim=-1) [N] int64 (first maximum, NaN largest); None if not applicable.
+
+    torch's CPU argmax reduces [8, 49152] logits in ~0.3 ms, a few percent of a batch-8 decode step."""
+    if x.dim() != 2 or x.stride(-1) != 1 or x.shape[-1] == 0 or not _usable(x):
+        return None
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    load_qgemm().argmax_rows_f32(
+        x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr(), torch.get_num_threads()
+    )
+    return out

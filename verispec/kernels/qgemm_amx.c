@@ -85,27 +85,23 @@ static inline __m512 bf16_to_f32(__m256bh h) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)h), 16));
 }
 
-// xs [Mpad, 3, K] bf16: row m's parts x1, x2, x3 (rows M..Mpad-1 zero); S [M, K/32]: per-block sums of x.
-static void split_rows(const float *x, int64_t M, int64_t Mpad, int64_t K, uint16_t *xs, float *S) {
-    memset(xs + M * 3 * K, 0, (size_t)(Mpad - M) * 3 * K * sizeof(uint16_t));
-    for (int64_t m = 0; m < M; m++) {
-        const float *xr = x + m * K;
-        uint16_t *p = xs + m * 3 * K;
-        for (int64_t k = 0; k < K; k += 16) {
-            const __m512 v = _mm512_loadu_ps(xr + k);
-            const __m256bh h1 = _mm512_cvtneps_pbh(v);
-            const __m512 r1 = _mm512_sub_ps(v, bf16_to_f32(h1));  // exact
-            const __m256bh h2 = _mm512_cvtneps_pbh(r1);
-            const __m256bh h3 = _mm512_cvtneps_pbh(_mm512_sub_ps(r1, bf16_to_f32(h2)));  // exact, fits 8 bits
-            _mm256_storeu_si256((__m256i *)(p + k), (__m256i)h1);
-            _mm256_storeu_si256((__m256i *)(p + K + k), (__m256i)h2);
-            _mm256_storeu_si256((__m256i *)(p + 2 * K + k), (__m256i)h3);
-        }
-        if (S)
-            for (int64_t b = 0; b < K / QK; b++)
-                S[m * (K / QK) + b] =
-                    hsum(_mm512_add_ps(_mm512_loadu_ps(xr + b * QK), _mm512_loadu_ps(xr + b * QK + 16)));
+// Row m of x -> its three bf16 parts in xs [Mpad, 3, K] (x1, x2, x3) and, if S, its per-block sums S [M, K/32].
+static void split_row(const float *x, int64_t m, int64_t K, uint16_t *xs, float *S) {
+    const float *xr = x + m * K;
+    uint16_t *p = xs + m * 3 * K;
+    for (int64_t k = 0; k < K; k += 16) {
+        const __m512 v = _mm512_loadu_ps(xr + k);
+        const __m256bh h1 = _mm512_cvtneps_pbh(v);
+        const __m512 r1 = _mm512_sub_ps(v, bf16_to_f32(h1));  // exact
+        const __m256bh h2 = _mm512_cvtneps_pbh(r1);
+        const __m256bh h3 = _mm512_cvtneps_pbh(_mm512_sub_ps(r1, bf16_to_f32(h2)));  // exact, fits 8 bits
+        _mm256_storeu_si256((__m256i *)(p + k), (__m256i)h1);
+        _mm256_storeu_si256((__m256i *)(p + K + k), (__m256i)h2);
+        _mm256_storeu_si256((__m256i *)(p + 2 * K + k), (__m256i)h3);
     }
+    if (S)
+        for (int64_t b = 0; b < K / QK; b++)
+            S[m * (K / QK) + b] = hsum(_mm512_add_ps(_mm512_loadu_ps(xr + b * QK), _mm512_loadu_ps(xr + b * QK + 16)));
 }
 
 // One nibble plane -> its B tile [16 rows][32 bf16] in `bt` (64-byte aligned), each nibble looked up in `table`.
@@ -258,11 +254,14 @@ static inline __attribute__((always_inline)) void qgemm_tiled(const int F, const
     const size_t xs_bytes = (size_t)((Mpad * 3 * K * (int64_t)sizeof(uint16_t) + 63) / 64 * 64);
     uint16_t *xs = caller_scratch(xs_bytes + (size_t)(M * nb) * sizeof(float));
     float *S = F == Q4T ? (float *)((uint8_t *)xs + xs_bytes) : NULL;
-    split_rows(x, M, Mpad, K, xs, S);
+    memset(xs + M * 3 * K, 0, (size_t)(Mpad - M) * 3 * K * sizeof(uint16_t));  // padding rows of the last chunk
     const int64_t items = (groups + ITEM_GROUPS(F) - 1) / ITEM_GROUPS(F);
     const __m512i table = nibble_table();
 #pragma omp parallel num_threads(nthreads)
     {
+        // the rows are split by all threads (implicit barrier), then every thread reads every row's parts
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) split_row(x, m, K, xs, S);
         configure_tiles(rows0, rows1);
         uint16_t bt[RING][2][16 * 32] __attribute__((aligned(64)));
         float cbuf[2][4][CTILE] __attribute__((aligned(64)));
