@@ -1,11 +1,12 @@
 """Plain decoding speed: verispec vs transformers' generate on the same model and prompts, plus the roofline.
 
-Greedy, 128 new tokens, batch 1 and batch 8, one process, one run. Prints a table and writes JSON.
+Greedy, 128 new tokens, batch 1 and batch 8, one process. Each configuration runs once untimed, then --repeats
+timed runs (median reported: this VM drifts run to run). Prints a table and writes JSON.
 Rows: verispec as it runs by default (GGUF weights kept quantized, native kernels), verispec with every weight
 dequantized to float32 (keep_quantized=False: what transformers holds), and transformers.
 Two rooflines (measured read bandwidth / bytes streamed per token, embedding table excluded): the float32 one (the
 model as transformers holds it) and the one for the bytes verispec actually streams.
-    .venv/bin/python benchmarks/decode_speed.py [--model smollm2-135m-instruct] [--new-tokens 128]
+    .venv/bin/python benchmarks/decode_speed.py [--model smollm2-135m-instruct] [--new-tokens 128] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -59,8 +61,8 @@ def encode_prompt(tok, text: str) -> list[int]:
         return tok.encode(text)
 
 
-def bench_verispec(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
-    """-> (end-to-end tok/s, decode-only tok/s: tokens of decode steps / time in decode steps)."""
+def bench_verispec(llm, prompts: list[list[int]], new_tokens: int, repeats: int) -> tuple[float, float]:
+    """-> (end-to-end tok/s, decode-only tok/s: tokens of decode steps / time in decode steps), medians of repeats."""
     from verispec import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -68,29 +70,40 @@ def bench_verispec(llm, prompts: list[list[int]], new_tokens: int) -> tuple[floa
     # zeroes them in the kernel, a one-off start-up cost), so the timed run is the steady state a server sees
     llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     c = llm.engine.counters
-    d0, n0 = c.decode_seconds, c.decode_tokens
-    t = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-    dt = time.perf_counter() - t
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
-    return n / dt, (c.decode_tokens - n0) / (c.decode_seconds - d0)
+    e2e, dec = [], []
+    for _ in range(repeats):
+        d0, n0 = c.decode_seconds, c.decode_tokens
+        t = time.perf_counter()
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        e2e.append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
+        dec.append((c.decode_tokens - n0) / (c.decode_seconds - d0))
+    return statistics.median(e2e), statistics.median(dec)
 
 
-def bench_transformers(model, prompts: list[list[int]], new_tokens: int, pad_id: int) -> tuple[float, float]:
-    """-> (end-to-end tok/s, decode-only tok/s: the same generate minus a 1-token generate (the prefill))."""
+def bench_transformers(
+    model, prompts: list[list[int]], new_tokens: int, pad_id: int, repeats: int
+) -> tuple[float, float]:
+    """-> (end-to-end tok/s, decode-only tok/s: the same generate minus a 1-token generate (the prefill)), medians."""
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
+    e2e, dec = [], []
     with torch.inference_mode():
         model.generate(input_ids=ids, attention_mask=mask, **kw)  # untimed warm-up, as for verispec
-        t = time.perf_counter()
-        model.generate(input_ids=ids, attention_mask=mask, **kw)
-        dt = time.perf_counter() - t
-        t = time.perf_counter()
-        model.generate(input_ids=ids, attention_mask=mask, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1})
-        prefill = time.perf_counter() - t
-    return len(prompts) * new_tokens / dt, len(prompts) * (new_tokens - 1) / (dt - prefill)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            model.generate(input_ids=ids, attention_mask=mask, **kw)
+            dt = time.perf_counter() - t
+            t = time.perf_counter()
+            model.generate(
+                input_ids=ids, attention_mask=mask, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1}
+            )
+            prefill = time.perf_counter() - t
+            e2e.append(len(prompts) * new_tokens / dt)
+            dec.append(len(prompts) * (new_tokens - 1) / (dt - prefill))
+    return statistics.median(e2e), statistics.median(dec)
 
 
 def main() -> None:
@@ -99,6 +112,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--no-transformers", action="store_true")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed runs per configuration; the median is reported (default 3)",
+    )
     ap.add_argument("--output", default="bench_results/decode_speed.json")
     args = ap.parse_args()
     from verispec import LLM
@@ -126,10 +145,10 @@ def main() -> None:
     rows = []
     for b in [int(x) for x in args.batches.split(",")]:
         ps = (prompts * (b // len(prompts) + 1))[:b]
-        ours, ours_dec = bench_verispec(llm, ps, args.new_tokens)
-        f32, _ = bench_verispec(llm_f32, ps, args.new_tokens)
+        ours, ours_dec = bench_verispec(llm, ps, args.new_tokens, args.repeats)
+        f32, _ = bench_verispec(llm_f32, ps, args.new_tokens, 1)
         theirs, theirs_dec = (
-            bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0])
+            bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0], args.repeats)
             if hf is not None
             else (None, None)
         )
@@ -184,6 +203,7 @@ def main() -> None:
         json.dumps(
             {
                 "model": args.model,
+                "repeats": args.repeats,
                 "bandwidth_gbs": bw,
                 "weight_bytes": weight_bytes,
                 "roofline_tok_s": roofline,

@@ -287,7 +287,7 @@ void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, 
 // gate_up [N, 2I] -> out [N, I] = silu(gate) * up, silu(g) = g / (1 + exp(-g)). Element-wise: each output depends
 // only on its own inputs (the vector / scalar split is by column, the same for every row).
 void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads) {
-    const int threads = N * I >= (1 << 16) ? nthreads : 1;
+    const int threads = N > 1 && N * I >= (1 << 13) ? nthreads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float *g = gate_up + n * 2 * I, *u = g + I;
