@@ -40,6 +40,9 @@ ISA_CPU_FLAGS = {  # /proc/cpuinfo flags each build needs
 }
 _P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
 _QGEMM = [_P, _I, _I, _P, _I, _P, _C]  # x, M, K, blocks, N, y, threads
+# layers, n_layers, dims, h, S, Q, pack (or NULL), N, cos, ssin, slot_lo, cache_pos, kv_len, mask, ms, mq, scratch,
+# threads
+_DECODER_LAYERS = [_P, _I, _P, _P, _I, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _P, _C]
 ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c / ops.c / layers.c
     "qgemm_q4": (_QGEMM, None),
     "qgemm_q8": (_QGEMM, None),
@@ -76,27 +79,7 @@ ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c
     "write_kv_f32": ([_P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I], None),
     "argmax_rows_f32": ([_P, _I, _I, _I, _P, _C], None),
     "decoder_scratch_per_row": ([_P], _I),
-    "decoder_layers_f32": (
-        [
-            _P,
-            _I,
-            _P,
-            _P,
-            _I,
-            _I,
-            _P,
-            _P,  # layers, n_layers, dims, h, S, Q, cos, ssin
-            _I,
-            _P,
-            _I,
-            _P,
-            _I,
-            _I,
-            _P,
-            _C,
-        ],  # slot_lo, cache_pos, kv_len, mask, mask strides, scratch, threads
-        None,
-    ),  # fmt: skip
+    "decoder_layers_f32": (_DECODER_LAYERS, None),
 }
 AMX_ENTRY_POINTS = {"amx_init": ([], _C), "qgemm_q4t": (_QGEMM, None), "qgemm_q8t": (_QGEMM, None)}
 

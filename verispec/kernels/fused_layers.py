@@ -1,9 +1,9 @@
 """FusedLayers: a Llama-style decoder's layers run by one C call (layers.c) instead of ~30 PyTorch ops per layer.
 
 Applies to models whose layers are plain pre-norm Llama blocks (Llama, SmolLM, Mistral without sliding layers,
-Qwen2 with its qkv bias) with every projection kept quantized, on the CPU in float32, for steps where every row
-scores the same number of tokens (decode steps, uniform speculative verification). The C code calls the same
-kernels as the module path in the same order, so the two are bitwise equal; anything else runs the modules.
+Qwen2 with its qkv bias) with every projection kept quantized, on the CPU in float32: prompts (ragged rows stay
+packed), decode steps, speculative verification, token trees. The C code calls the same kernels as the module
+path in the same order, so the two are bitwise equal; anything else runs the modules.
 """
 
 from __future__ import annotations
@@ -101,16 +101,15 @@ class FusedLayers:
         self._scratch = torch.empty(0)  # grown to the largest fused step seen (<= the KV budget), then reused
 
     def applies(self, h: torch.Tensor, rope, ctx) -> bool:
-        """Whether this step can run fused: inputs in the layouts layers.c reads, and little padding.
+        """Whether this step can run fused: inputs in the layouts layers.c reads.
 
-        layers.c works on the padded [S, Q] layout; the module path packs the N real tokens for projections and
-        MLPs. Where the padding would cost more than a quarter of the work (a prompt batched with decode rows),
-        the module path is cheaper."""
+        Like the module path, layers.c runs projections, norms and MLPs on the N packed tokens and only RoPE,
+        the KV write and attention on the padded [S, Q] layout, so ragged rows (prompts of different lengths)
+        cost no padded matmul rows."""
         cos, ssin = rope
         pos, mask = ctx.cache_pos, ctx.mask
         return (
-            (ctx.pack is None or 4 * pos.numel() <= 5 * ctx.pack.numel())
-            and h.is_cpu
+            h.is_cpu
             and h.dtype is torch.float32
             and cos.is_contiguous()
             and ssin.is_contiguous()
@@ -120,7 +119,7 @@ class FusedLayers:
         )
 
     def run(self, h: torch.Tensor, rope, ctx, kv: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
-        """Layers [lo, hi) on h [S*Q, hidden] (updated in place and returned)."""
+        """Layers [lo, hi) on the packed tokens h [N, hidden] (contiguous; updated in place and returned)."""
         if (
             kv is not self._kv
         ):  # the engine's cache list (held here; its tensors never move): refresh on a new one
@@ -128,10 +127,11 @@ class FusedLayers:
                 desc.kv = t.data_ptr()
             self.dims.cs, self.dims.ch, self.dims.ct = kv[0].stride()[:3]
             self._kv = kv
-        if self._scratch.numel() < h.shape[0] * self._per_row:
-            self._scratch = torch.empty(h.shape[0] * self._per_row)
         cos, ssin = rope
         s, q = ctx.cache_pos.shape
+        if self._scratch.numel() < s * q * self._per_row:
+            self._scratch = torch.empty(s * q * self._per_row)
+        pack = ctx.pack  # [N] int64 padded position of each packed token, or None (no padding)
         mask = ctx.mask
         m_ptr, ms, mq = (
             (mask.data_ptr(), mask.stride(0), mask.stride(2)) if mask is not None else (None, 0, 0)
@@ -140,7 +140,8 @@ class FusedLayers:
             ms = 0
         first = ctypes.addressof(self.descs) + lo * ctypes.sizeof(LayerDesc)
         self._lib.decoder_layers_f32(
-            first, hi - lo, ctypes.addressof(self.dims), h.data_ptr(), s, q, cos.data_ptr(), ssin.data_ptr(),
+            first, hi - lo, ctypes.addressof(self.dims), h.data_ptr(), s, q,
+            pack.data_ptr() if pack is not None else None, h.shape[0], cos.data_ptr(), ssin.data_ptr(),
             ctx.slot_lo, ctx.cache_pos.data_ptr(), ctx.kv_len, m_ptr, ms, mq, self._scratch.data_ptr(),
             torch.get_num_threads(),
         )  # fmt: skip

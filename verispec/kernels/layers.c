@@ -3,13 +3,16 @@
 // layer. Every value is computed by the same C function as on the module path, so both paths are bitwise equal
 // (tests/unit/test_fused_layers.py) and a row's result still never depends on the other rows.
 //
-// Layer l, on N = S * Q rows (the padded layout: row s * Q + t is token t of sequence s):
+// Layer l, on the N packed rows (the real tokens; pack[i] is row i's place in the padded [S, Q] layout, row s * Q + t
+// being token t of sequence s; pack NULL: N = S * Q, no padding). Projections, norms and the MLP see the N rows;
+// RoPE, the KV write and attention work on the padded layout (qkv scattered into it, attention gathered back):
 //   normed = rmsnorm(h) * norm_in                 (fused with the previous layer's residual add)
 //   qkv = normed @ Wqkv^T (+ b); RoPE on the q and k heads; K|V written to the cache at cache_pos
 //   h += attention(q, cache) @ Wo^T; normed = rmsnorm(h) * norm_post
 //   h += (silu(normed @ Wg^T) * (normed @ Wu^T)) @ Wd^T
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
@@ -55,21 +58,27 @@ static void qgemm(int32_t fmt, const float *x, int64_t M, int64_t K, const uint8
         qgemm_q8t(x, M, K, w, N, y, nt);
 }
 
-// Scratch floats per row that decoder_layers_f32 needs (the caller owns the buffer: nothing is allocated per step).
+// Scratch floats per padded row (S * Q of them) that decoder_layers_f32 needs (the caller owns the buffer: nothing
+// is allocated per step).
 int64_t decoder_scratch_per_row(const ModelDims *m) {
-    return 2 * m->hidden + (m->hq + 2 * m->hkv) * m->d + m->hq * m->d + 3 * m->inter;
+    const int64_t F = (m->hq + 2 * m->hkv) * m->d;
+    return 2 * m->hidden + 2 * F + 2 * m->hq * m->d + 3 * m->inter;
 }
 
-// h [S * Q, hidden] in place: the residual stream after layers [0, n_layers) of `layers`.
+// h [N, hidden] in place: the residual stream after layers [0, n_layers) of `layers`. pack [N] (or NULL: N = S * Q).
 // cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL;
 // scratch: S * Q * decoder_scratch_per_row(m) floats.
 void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
-                        int64_t Q, const float *cos, const float *ssin, int64_t slot_lo, const int64_t *cache_pos,
-                        int64_t kv_len, const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads) {
-    const int64_t N = S * Q, H = m->hidden, D = m->d, hq = m->hq, hkv = m->hkv, I = m->inter;
-    const int64_t F = (hq + 2 * hkv) * D;
-    float *normed = scratch, *qkv = normed + N * H, *attn = qkv + N * F, *a = attn + N * hq * D;
+                        int64_t Q, const int64_t *pack, int64_t N, const float *cos, const float *ssin,
+                        int64_t slot_lo, const int64_t *cache_pos, int64_t kv_len, const uint8_t *mask, int64_t ms,
+                        int64_t mq, float *scratch, int nthreads) {
+    const int64_t P = S * Q, H = m->hidden, D = m->d, hq = m->hq, hkv = m->hkv, I = m->inter;
+    const int64_t F = (hq + 2 * hkv) * D, O = hq * D;
+    if (!pack) N = P;
+    float *normed = scratch, *qkv = normed + N * H, *attn = qkv + N * F, *a = attn + N * O;
     float *gu = a + N * H, *act = gu + N * 2 * I;
+    float *qkv_pad = pack ? act + N * I : qkv, *attn_pad = pack ? qkv_pad + P * F : attn;
+    if (pack) memset(qkv_pad, 0, sizeof(float) * P * F);  // padding rows: zeros (finite; never read back)
     for (int64_t l = 0; l < n_layers; l++) {
         const LayerDesc *L = layers + l;
         if (l == 0) add_rmsnorm_f32(h, NULL, L->norm_in, N, H, m->eps, h, normed);
@@ -77,12 +86,16 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         if (L->b_qkv)
             for (int64_t n = 0; n < N; n++)
                 for (int64_t f = 0; f < F; f++) qkv[n * F + f] += L->b_qkv[f];
-        rope_f32(qkv, S, hq + hkv, Q, D, Q * F, D, F, cos, ssin);
+        if (pack)
+            for (int64_t n = 0; n < N; n++) memcpy(qkv_pad + pack[n] * F, qkv + n * F, sizeof(float) * F);
+        rope_f32(qkv_pad, S, hq + hkv, Q, D, Q * F, D, F, cos, ssin);
         float *cache = L->kv + slot_lo * m->cs;
-        write_kv_f32(cache, m->cs, m->ch, m->ct, qkv + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D);
-        attention_f32(qkv, S, hq, Q, D, Q * F, D, F, cache, cache + hkv * m->ch, hkv, kv_len, m->cs, m->ch, m->ct,
-                      mask, ms, mq, m->scale, m->softcap, attn, nthreads);
-        qgemm(L->f_o, attn, N, hq * D, L->w_o, H, a, nthreads);
+        write_kv_f32(cache, m->cs, m->ch, m->ct, qkv_pad + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D);
+        attention_f32(qkv_pad, S, hq, Q, D, Q * F, D, F, cache, cache + hkv * m->ch, hkv, kv_len, m->cs, m->ch,
+                      m->ct, mask, ms, mq, m->scale, m->softcap, attn_pad, nthreads);
+        if (pack)
+            for (int64_t n = 0; n < N; n++) memcpy(attn + n * O, attn_pad + pack[n] * O, sizeof(float) * O);
+        qgemm(L->f_o, attn, N, O, L->w_o, H, a, nthreads);
         add_rmsnorm_f32(h, a, L->norm_post, N, H, m->eps, h, normed);
         qgemm(L->f_gate_up, normed, N, H, L->w_gate_up, 2 * I, gu, nthreads);
         silu_mul_f32(gu, N, I, act, nthreads);

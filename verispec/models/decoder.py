@@ -157,15 +157,15 @@ class DecoderLM(nn.Module):
         return self.norm.forward(h), aux
 
     def _forward_fused(self, h, rope, ctx, kv, aux_layers) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """forward's layers by FusedLayers, on the padded [S*Q] rows (gathered from / scattered to packed)."""
-        h = ctx.to_padded(h).reshape(-1, h.shape[-1]).contiguous()  # [S*Q, hidden]; run() updates it in place
+        """forward's layers by FusedLayers on the packed tokens h [N, hidden] (updated in place)."""
+        h = h.contiguous()
         aux, lo = [], 0
         for i in sorted({i for i in aux_layers if 0 <= i < len(self.layers)}):
             h = self.fused.run(h, rope, ctx, kv, lo, i)
-            aux.append(ctx.to_packed(h.clone()))
+            aux.append(h.clone())
             lo = i
         h = self.fused.run(h, rope, ctx, kv, lo, len(self.layers))
-        return self.norm.forward(ctx.to_packed(h)), aux
+        return self.norm.forward(h), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., V] (float32)."""
