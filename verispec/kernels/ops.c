@@ -6,6 +6,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+// Row-wise ops (norm, RoPE, KV write) start a parallel region from this many rows (prompts); decode steps' few
+// rows are cheaper than the region's wake-up.
+#define ROWS_PER_REGION 32
+
 static inline float hsum8(__m256 v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -268,6 +272,7 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
 // sum [N, D] = h + a (a == NULL: sum = h, may alias), out [N, D] = sum * rsqrt(mean(sum^2) + eps) * w. D % 8 == 0.
 void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, int64_t D, float eps, float *sum,
                      float *out) {
+#pragma omp parallel for if (N >= ROWS_PER_REGION) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         float *x = sum + n * D;
         const float *hx = h + n * D;
@@ -308,22 +313,25 @@ void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nt
 void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, int64_t xh, int64_t xq,
               const float *cos, const float *ssin) {
     const int64_t half = D / 2;
-    float tmp[1024];
-    for (int64_t s = 0; s < S; s++)
-        for (int64_t t = 0; t < Q; t++) {
-            const float *c = cos + (s * Q + t) * D, *sn = ssin + (s * Q + t) * D;
-            for (int64_t h = 0; h < H; h++) {
-                float *v = x + s * xs + h * xh + t * xq;
-                for (int64_t i = 0; i < D; i++) tmp[i] = v[i];
-                for (int64_t i = 0; i < half; i++) v[i] = tmp[i] * c[i] + tmp[i + half] * sn[i];
-                for (int64_t i = half; i < D; i++) v[i] = tmp[i] * c[i] + tmp[i - half] * sn[i];
-            }
+#pragma omp parallel for if (S * Q >= ROWS_PER_REGION) schedule(static)
+    for (int64_t st = 0; st < S * Q; st++) {
+        const int64_t s = st / Q, t = st % Q;
+        const float *c = cos + st * D, *sn = ssin + st * D;
+        float tmp[1024];
+        for (int64_t h = 0; h < H; h++) {
+            float *v = x + s * xs + h * xh + t * xq;
+            for (int64_t i = 0; i < D; i++) tmp[i] = v[i];
+            for (int64_t i = 0; i < half; i++) v[i] = tmp[i] * c[i] + tmp[i + half] * sn[i];
+            for (int64_t i = half; i < D; i++) v[i] = tmp[i] * c[i] + tmp[i - half] * sn[i];
         }
+    }
 }
 
 // cache[s, h, pos[s, t], :] = x[s, h, t, :] for h < H (cache strides cs, ch, ct; x strides xs, xh, xq; D contiguous).
 void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
                   int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D) {
+    // one sequence per thread: its padding rows all write the same scratch position
+#pragma omp parallel for if (S >= 2 && S * Q >= ROWS_PER_REGION) schedule(static)
     for (int64_t s = 0; s < S; s++)
         for (int64_t t = 0; t < Q; t++) {
             const int64_t p = pos[s * Q + t];
