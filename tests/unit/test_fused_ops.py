@@ -19,11 +19,12 @@ def rand(*shape):
     return torch.randn(*shape, generator=gen)
 
 
+@pytest.mark.parametrize("n", [7, 75])  # 75 rows: split over the threads
 @pytest.mark.parametrize("with_residual", [False, True])
-def test_add_rmsnorm(with_residual):
+def test_add_rmsnorm(with_residual, n):
     norm = RMSNorm(64, 1e-6)
     norm.weight.data = rand(64)
-    h, a = rand(7, 64), rand(7, 64)
+    h, a = rand(n, 64), rand(n, 64)
     s, out = ops.add_rmsnorm(h, a if with_residual else None, norm.weight, 1e-6)
     ref_s = h + a if with_residual else h
     assert torch.equal(s, ref_s)
@@ -39,8 +40,9 @@ def test_silu_mul(n, i):
     assert torch.equal(ops.silu_mul(x[1:2]), out[1:2])  # a row does not depend on the others
 
 
-def test_rope_in_place_matches_reference():
-    s, h, q, d = 3, 5, 4, 32
+@pytest.mark.parametrize(("s", "q"), [(3, 4), (4, 17)])  # 68 rows: split over the threads
+def test_rope_in_place_matches_reference(s, q):
+    h, d = 5, 32
     x = rand(s, q, h + 2, d).transpose(1, 2)  # a strided view, like the fused qkv
     cos, ssin = rope_cos_sin(torch.arange(s * q).view(s, q) + 7, rope_inv_freq(d, 10000.0))
     ref = apply_rope(x[:, :h].clone(), cos, ssin)
@@ -50,10 +52,11 @@ def test_rope_in_place_matches_reference():
     assert torch.equal(x[:, h:], untouched)
 
 
-def test_write_kv_matches_index_put():
-    cache = rand(4, 6, 20, 16)
-    x = rand(3, 2, 6, 16).transpose(1, 2)  # [S=3, H=6, Q=2, D]
-    pos = torch.tensor([[3, 4], [0, 1], [18, 19]])
+@pytest.mark.parametrize("q", [2, 16])  # 3 x 16 rows: one sequence per thread
+def test_write_kv_matches_index_put(q):
+    cache = rand(4, 6, 40, 16)
+    x = rand(3, q, 6, 16).transpose(1, 2)  # [S=3, H=6, Q, D]
+    pos = torch.stack([torch.arange(q) + o for o in (3, 0, 40 - q)])  # [S, Q]
     ref = cache.clone()
     ref[1:4][torch.arange(3).view(3, 1), :, pos] = x.transpose(1, 2)
     assert ops.write_kv(cache[1:4], x, pos)
