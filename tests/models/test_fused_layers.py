@@ -48,7 +48,7 @@ def _script(ck, fused: bool) -> tuple[list, int]:
         ids = torch.randint(0, 49152, (3, 40), generator=g).tolist()
         outs = []
         prefill = [RowInput(0, 0, ids[0][:11]), RowInput(2, 0, ids[1][:23]), RowInput(1, 0, ids[2][:5])]
-        outs.append(runner.run(prefill))  # mixed lengths: packed tokens, attention padded
+        outs.append(runner.run(prefill, aux_layers=(1, 15)))  # mixed lengths: packed tokens, attention padded
         lens = [11, 23, 5]
         for step in range(3):  # decode steps, three rows of different context lengths
             rows = [
@@ -73,8 +73,8 @@ def _script(ck, fused: bool) -> tuple[list, int]:
 def test_fused_layers_equal_module_path_bitwise(smol_model):
     fused, calls = _script(smol_model, True)
     plain, none = _script(smol_model, False)
-    # prefill 1, decode steps in 4 segments each (3 aux layers), chunk 2, tree 1, idle slot 1
-    assert none == 0 and calls == 1 + 3 * 4 + 2 + 1 + 1
+    # prefill 3 segments (2 aux layers), decode steps 4 each (3 aux layers), chunk 2, tree 1, idle slot 1
+    assert none == 0 and calls == 3 + 3 * 4 + 2 + 1 + 1
     assert len(fused) == len(plain)
     for a, b in zip(fused, plain):
         assert torch.equal(a, b)
