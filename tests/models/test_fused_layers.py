@@ -1,8 +1,8 @@
 """kernels/fused_layers: the decoder layers run by one C call give bitwise the module path's results.
 
 On the real SmolLM2 GGUF (Q4_1 + Q8_0 weights, the model the fused path exists for): a ragged prefill (packed
-tokens), decode steps, a multi-token chunk after a truncation, a token tree, an idle slot inside the slot range and
-hidden-state capture, each run fused and unfused.
+tokens), decode steps, a multi-token chunk after a truncation, a token tree, an idle slot inside the slot range,
+ragged verification rows and hidden-state capture, each run fused and unfused.
 """
 
 from __future__ import annotations
@@ -62,6 +62,13 @@ def _script(ck, fused: bool) -> tuple[list, int]:
         outs.append(runner.run([RowInput(0, 10, ids[0][10:14], tree_mask=tree, depths=[0, 1, 1, 2])]))
         # a hole in the slot range (slot 1 idle): one padding row, still fused
         outs.append(runner.run([RowInput(0, 14, ids[0][14:15]), RowInput(2, 30, ids[1][30:31])]))
+        # ragged verification: 2, 5 and 1 tokens scored after different contexts (packed tokens, padded attention)
+        ragged = [
+            RowInput(0, 15, ids[0][15:17]),
+            RowInput(1, 12, ids[2][12:17]),
+            RowInput(2, 31, ids[1][31:32]),
+        ]
+        outs.append(runner.run(ragged, aux_layers=(3,)))
     finally:
         model.fused = keep
         if fused:
@@ -73,8 +80,8 @@ def _script(ck, fused: bool) -> tuple[list, int]:
 def test_fused_layers_equal_module_path_bitwise(smol_model):
     fused, calls = _script(smol_model, True)
     plain, none = _script(smol_model, False)
-    # prefill 3 segments (2 aux layers), decode steps 4 each (3 aux layers), chunk 2, tree 1, idle slot 1
-    assert none == 0 and calls == 3 + 3 * 4 + 2 + 1 + 1
+    # prefill 3 segments (2 aux layers), decode steps 4 each (3 aux layers), chunk 2, tree 1, idle slot 1, ragged 2
+    assert none == 0 and calls == 3 + 3 * 4 + 2 + 1 + 1 + 2
     assert len(fused) == len(plain)
     for a, b in zip(fused, plain):
         assert torch.equal(a, b)
