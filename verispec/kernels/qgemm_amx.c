@@ -40,9 +40,9 @@
 #define CTILE (3 * A_ROWS * GROUP)  // floats per stored C tile
 #define AHEAD 2     // blocks expanded ahead of the one multiplied
 #define RING 4      // B tile buffers per tile slot (> AHEAD)
-// blocks of weights fetched ahead of the expansion (~9 KB of q4t, ~4.5 KB of q8t: measured best in decode steps,
+// blocks of weights fetched ahead of the expansion (~9 KB of q4t, ~2.3 KB of q8t: measured best in decode steps,
 // where the weights come from memory, not cache)
-#define PREFETCH(F) ((F) == Q4T ? 24 : 8)
+#define PREFETCH(F) ((F) == Q4T ? 24 : 4)
 
 // The two formats. An item is what one thread computes over all K: q4t two column groups (each its own B tile
 // and C tile), q8t one group.
