@@ -77,11 +77,10 @@ def sample_step(
     if any_penalties or not all_greedy:
         st = S.SamplingTensors.from_params(params, dev, v)
         st = st.repeat_interleave([stride] * b) if stride > 1 else st
-    draft_t = None
+    draft_t = None  # [B, K] drafted ids, -1 padded; read by verification and draft-aware penalties
     if k > 0 or any_penalties:
-        draft_t = torch.tensor([d + [-1] * (k - len(d)) for d in drafts], device=dev).view(
-            b, k
-        )  # [B, K], -1 pad
+        padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
+        draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
     proc = padded
     if any(p.min_tokens > 0 for p in params):
         proc = proc.clone()
