@@ -44,6 +44,15 @@ def test_seeded_sampling_batch_invariance(llm):
     assert again == batched
 
 
+def test_chunked_prefill_matches_one_pass(tiny_llama, llm):
+    """Prompts longer than max_num_batched_tokens go in chunks (some steps need no logits at all): the same tokens
+    as a one-pass prefill."""
+    chunked = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=16)
+    prompts = _prompts(6, seed=3) + [{"prompt_token_ids": list(range(5, 105))}]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    assert _ids(chunked.generate(prompts, sp, use_tqdm=False)) == _ids(llm.generate(prompts, sp, use_tqdm=False))
+
+
 def test_more_requests_than_slots_are_queued(tiny_llama):
     small = LLM(tiny_llama, max_model_len=128, max_num_seqs=3)
     outs = small.generate(_prompts(10, seed=2), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))

@@ -119,7 +119,7 @@ class ModelRunner:
         if len(flat) == hidden.shape[0]:
             sel, aux_sel = hidden, aux
         else:
-            idx = torch.tensor(flat, device=self.device)
+            idx = torch.tensor(flat, dtype=torch.long, device=self.device)  # may be empty: a mid-prompt chunk
             sel = hidden.index_select(0, idx)  # [n_logits, hidden]
             aux_sel = [a.index_select(0, idx) for a in aux]
         return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel)
