@@ -161,9 +161,12 @@ static void weighted_sums(int64_t G, const float *p, int64_t pstride, const floa
 // (G a constant at each call: the G x 4 dot products interleave). Each score is dot4's, whatever G: bitwise the
 // same as one head at a time. Returns the end of the last 4-key group with an unmasked key (0 if none); p is
 // written up to that group's end, rounded up to 4 (pstride >= T rounded up to 8).
+// vb: the value rows (same strides as the keys), fetched into the cache as their keys are read, so the weighted
+// sums that follow do not wait on memory (in decode steps the cache rows come from DRAM).
 static inline __attribute__((always_inline)) int64_t scores(const int G, const float *q, int64_t qh, const float *kb,
-                                                            int64_t T, int64_t kt, int64_t D, const uint8_t *mrow,
-                                                            float scale, float softcap, float *p, int64_t pstride) {
+                                                            const float *vb, int64_t T, int64_t kt, int64_t D,
+                                                            const uint8_t *mrow, float scale, float softcap, float *p,
+                                                            int64_t pstride) {
     const __m128 vscale = _mm_set1_ps(scale), ninf = _mm_set1_ps(-INFINITY);
     int64_t tend = 0;
     for (int64_t t = 0; t < T; t += 4) {
@@ -178,6 +181,8 @@ static inline __attribute__((always_inline)) int64_t scores(const int G, const f
             }
         }
         tend = t + 4 < T ? t + 4 : T;
+        for (int64_t r = t; r < tend; r++)
+            for (int64_t l = 0; l < D; l += 16) _mm_prefetch((const char *)(vb + r * kt + l), _MM_HINT_T0);
         __m128 sc[4];
         for (int h = 0; h < G; h++)
             sc[h] = _mm_mul_ps(dot4(q + h * qh, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D), vscale);
@@ -221,16 +226,16 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
             const float *qv = q + s * qs + h0 * qh + t0 * qq;
             int64_t tend = 0;  // keys past the last 4-key group with an unmasked key are all masked (causal prefill)
             if (G == 1)
-                tend = scores(1, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+                tend = scores(1, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
             else if (G == 2)
-                tend = scores(2, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+                tend = scores(2, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
             else if (G == 3)
-                tend = scores(3, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+                tend = scores(3, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
             else if (G == 4)
-                tend = scores(4, qv, qh, kb, T, kt, D, mrow, scale, softcap, p, T8);
+                tend = scores(4, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
             else  // larger groups: one head at a time (the mask, hence the end, is the same for every head)
                 for (int64_t h = 0; h < G; h++)
-                    tend = scores(1, qv + h * qh, qh, kb, T, kt, D, mrow, scale, softcap, p + h * T8, T8);
+                    tend = scores(1, qv + h * qh, qh, kb, vb, T, kt, D, mrow, scale, softcap, p + h * T8, T8);
             const int64_t tend8 = (tend + 7) / 8 * 8;
             for (int64_t h = 0; h < G; h++) {  // softmax numerators in place, 1 / their sum in inv[h]
                 float *ph = p + h * T8;
