@@ -50,7 +50,9 @@ def test_chunked_prefill_matches_one_pass(tiny_llama, llm):
     chunked = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=16)
     prompts = _prompts(6, seed=3) + [{"prompt_token_ids": list(range(5, 105))}]
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    assert _ids(chunked.generate(prompts, sp, use_tqdm=False)) == _ids(llm.generate(prompts, sp, use_tqdm=False))
+    assert _ids(chunked.generate(prompts, sp, use_tqdm=False)) == _ids(
+        llm.generate(prompts, sp, use_tqdm=False)
+    )
 
 
 def test_more_requests_than_slots_are_queued(tiny_llama):

@@ -106,7 +106,9 @@ def test_mixed_greedy_and_sampled_batch(tiny_llama, tiny_draft, reference):
 def test_greedy_equality_with_chunked_prefill(tiny_llama, tiny_draft, reference, method):
     """Prompts split over several prefill steps (target and draft alike): still the plain greedy tokens."""
     cfg = _spec_configs(tiny_llama, tiny_draft, 3)[method]
-    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=8, speculative_config=cfg)
+    llm = LLM(
+        tiny_llama, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=8, speculative_config=cfg
+    )
     outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
 
