@@ -59,6 +59,22 @@ def make_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[QuantWeight,
     )
 
 
+def test_every_int8_weight_value_is_exact(lib):
+    """All 256 int8 values (-128 too, which llama.cpp's Q8_0 never writes but a file may hold) in every position of
+    a block and of a 16-column group: the kernel multiplies exactly the GGUF weights."""
+    n, k = 32, 256
+    q = (np.arange(n * k).reshape(n, k) * 7 % 256 - 128).astype(np.int8)  # [N, K], each value in many places
+    raw = np.zeros((n, k // 32, 34), np.uint8)
+    raw[..., 0:2] = np.float16(0.5).reshape(1).view(np.uint8)
+    raw[..., 2:] = q.reshape(n, k // 32, 32).view(np.uint8)
+    raw = raw.reshape(n, -1)
+    qw = QuantWeight.from_gguf(raw, "Q8_0", (n, k))
+    ref = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q8_0))
+    assert torch.equal(ref, torch.from_numpy(q.astype(np.float32) * 0.5))
+    assert torch.equal(qw.dequantize(), ref)
+    assert torch.equal(product(qw, torch.eye(k), lib).T, ref)
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_repacked_blocks_dequantize_exactly(qtype):
     qw, ref = make_weight(qtype, 37, 96)
