@@ -87,6 +87,10 @@ class LLM:
             not isinstance(spec_token_budget, int) or spec_token_budget < 1
         ):
             raise ValueError(f"spec_token_budget must be a positive integer, got {spec_token_budget!r}")
+        if not isinstance(max_num_batched_tokens, int) or max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be a positive integer, got {max_num_batched_tokens!r}"
+            )
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2, got {max_model_len!r}")
         self.device = pick_device(device)
@@ -173,20 +177,32 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling_params")
         encoded = [self._to_ids(p) for p in prompts]  # validate everything before adding anything
-        ids = []
-        for (text, toks), sp in zip(encoded, params):
-            ids.append(self._add(text, toks, sp))
+        ids: list[list[str]] = []
+        try:
+            for (text, toks), sp in zip(encoded, params):
+                ids.append(self._add(text, toks, sp))
+        except Exception:  # a rejected prompt: the ones queued before it do not run (or linger) either
+            for rid in (r for group in ids for r in group):
+                self.engine.abort_request(rid)
+                self.engine.release(rid)
+            raise
         return self._run(ids, use_tqdm)
 
     def _add(self, text: str | None, toks: list[int], sp: SamplingParams) -> list[str]:
         base = str(self._counter)
         self._counter += 1
-        children = []
-        for j in range(sp.n):
-            child = sp if sp.n == 1 else _child_params(sp, j)
-            rid = base if sp.n == 1 else f"{base}_{j}"
-            self.engine.add_request(rid, text, toks, child)
-            children.append(rid)
+        children: list[str] = []
+        try:
+            for j in range(sp.n):
+                child = sp if sp.n == 1 else _child_params(sp, j)
+                rid = base if sp.n == 1 else f"{base}_{j}"
+                self.engine.add_request(rid, text, toks, child)
+                children.append(rid)
+        except Exception:
+            for rid in children:
+                self.engine.abort_request(rid)
+                self.engine.release(rid)
+            raise
         return children
 
     def _run(self, groups: list[list[str]], use_tqdm: bool) -> list[RequestOutput]:

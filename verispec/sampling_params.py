@@ -82,6 +82,8 @@ class SamplingParams:
             self.seed = _as_int("seed", self.seed)
             if self.seed == -1:  # vLLM: -1 means "no seed"
                 self.seed = None
+            elif not -(2**63) <= self.seed < 2**63:
+                raise ValueError(f"seed must be a 64-bit integer (-2**63 .. 2**63 - 1), got {self.seed}.")
         if self.max_tokens is not None:
             self.max_tokens = _as_int("max_tokens", self.max_tokens)
         self.min_tokens = _as_int("min_tokens", self.min_tokens)

@@ -85,6 +85,24 @@ def test_stop_rules(llm):
     first = toks.index(stop_id)
     assert out.outputs[0].token_ids == toks[: first + 1]
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop_id
+
+    # the stop token's own text is left out unless include_stop_str_in_output (vLLM): the texts of plain runs
+    # cut after j and j + 1 tokens, for a token whose text is not empty
+    def cut(n: int) -> str:
+        return (
+            llm.generate(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))[0].outputs[0].text
+        )
+
+    j = next(j for j in range(1, 30) if toks.index(toks[j]) == j and cut(j + 1) != cut(j))
+    for include, n in ((False, j), (True, j + 1)):
+        sp = SamplingParams(
+            temperature=0,
+            max_tokens=30,
+            stop_token_ids=[toks[j]],
+            ignore_eos=True,
+            include_stop_str_in_output=include,
+        )
+        assert llm.generate(p, sp)[0].outputs[0].text == cut(n)
     text = free.outputs[0].text
     if len(text) > 12:
         stop = text[6:10]
@@ -141,6 +159,7 @@ def test_skip_tokenizer_init(tiny_llama):
     "kwargs, match",
     [
         (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
         (dict(device="tpu"), "device"),
         (dict(dtype="int3"), "dtype"),
         (dict(max_model_len=100_000), "max_model_len"),
@@ -196,7 +215,25 @@ def test_bad_requests(llm):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError):
         llm.generate([{"foo": 1}])
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**70)
+    with pytest.raises(ValueError, match="logprobs"):
+        llm.generate("hi", SamplingParams(logprobs=10**6))
     assert not llm.engine.has_unfinished()
+
+
+def test_a_rejected_prompt_leaves_nothing_queued(llm):
+    """A batch whose later prompt is refused by the engine: the earlier ones are withdrawn, not run later."""
+    sp = SamplingParams(max_tokens=3, n=2, ignore_eos=True)
+    for bad in ({"prompt_token_ids": [10**6]}, {"prompt_token_ids": [5] * 300}):
+        with pytest.raises(ValueError):
+            llm.generate(["fine", {"prompt_token_ids": [5, 6]}, bad], sp)
+        assert not llm.engine.has_unfinished() and not llm.engine.requests
+    before = llm.engine.counters.generation_tokens
+    assert (
+        len(llm.generate("fine", SamplingParams(max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids) == 2
+    )
+    assert llm.engine.counters.generation_tokens - before == 2
 
 
 @pytest.mark.parametrize("bad", ["nope/missing", "/dev/null"])

@@ -88,6 +88,8 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary size ({vocab})")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
         req = Request(request_id, prompt, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
