@@ -1,7 +1,8 @@
 """Committing emitted tokens to a request, one token at a time, with every stop rule plain decoding has.
 
 A step may emit several tokens (accepted drafts + one); the request ends exactly where plain decoding would:
-EOS, stop_token_ids, stop strings (not leaked into the text), max_tokens, max_model_len.
+EOS, stop_token_ids, stop strings (neither leaks into the text unless include_stop_str_in_output), max_tokens,
+max_model_len.
 """
 
 from __future__ import annotations
@@ -58,19 +59,18 @@ def commit_tokens(r: Request, tokens: list[int], max_model_len: int, step=None, 
             r.cumulative_logprob += float(step.logprobs.token_logprob[row])
         n_out = len(r.output_token_ids)
         is_eos = not p.ignore_eos and t in r.eos_token_ids
-        if r.detokenizer is not None and not is_eos:
+        stop_token = n_out >= p.min_tokens and (is_eos or t in p.all_stop_token_ids)
+        # as vLLM: the text of a token that stops the request is kept only with include_stop_str_in_output
+        render = p.include_stop_str_in_output if stop_token else not is_eos
+        if r.detokenizer is not None and render:
             prev = len(r.text)
             r.detokenizer.add_tokens([t])
             r.text = r.detokenizer.text
-            if n_out >= p.min_tokens and _stop_string(r, prev):
+            if n_out >= p.min_tokens and not stop_token and _stop_string(r, prev):
                 return added
-        if n_out >= p.min_tokens:
-            if is_eos:
-                r.finish_reason = "stop"
-                return added
-            if t in p.all_stop_token_ids:
-                r.finish_reason, r.stop_reason = "stop", t
-                return added
+        if stop_token:
+            r.finish_reason, r.stop_reason = "stop", None if is_eos else t
+            return added
         if p.max_tokens is not None and n_out >= p.max_tokens:
             r.finish_reason = "length"
             return added
