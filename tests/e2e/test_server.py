@@ -367,6 +367,15 @@ def test_logprobs(plain):
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert all(1 <= len(t) <= 3 for t in lp.top_logprobs) and all(x <= 0 for x in lp.token_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+    # streamed with a stop string (its tail is held back): the same offsets, chunk by chunk
+    kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=1, stop=["zzz"])
+    whole = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].logprobs
+    chunks = client.completions.create(**kw, stream=True, extra_body={"ignore_eos": True})
+    offsets = [
+        o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset
+    ]
+    assert offsets == whole.text_offset and len(offsets) == 8
     c = client.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "hi"}],
@@ -537,6 +546,46 @@ ERROR_CASES = [
     ),
     ("/v1/no-such-route", {}, 404, "not found"),
 ]
+MSG = [{"role": "user", "content": "hi"}]
+UNSUPPORTED = [  # fields that would change the output: a 400 naming them, never silently ignored
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"50": 100}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "suffix": "!"}, "suffix"),
+    ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
+    ("/v1/completions", {"prompt": "hi", "allowed_token_ids": [5, 6]}, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+    (
+        "/v1/chat/completions",
+        {"messages": MSG, "response_format": {"type": "json_object"}},
+        "response_format",
+    ),
+    ("/v1/chat/completions", {"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {"messages": MSG, "bad_words": ["x"]}, "bad_words"),
+    (
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        "messages",
+    ),
+    ("/v1/completions", {"prompt": "hi", "seed": 2**70}, "seed"),
+]
+
+
+@pytest.mark.parametrize("path,body,field", UNSUPPORTED)
+def test_unsupported_fields_are_400_naming_them(plain, path, body, field):
+    r = httpx.post(
+        f"{plain.url}{path}",
+        json={"model": "tiny", "max_tokens": 2, **body},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=30,
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(plain):
+    body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "logit_bias": {}, "best_of": 1, "tools": None}
+    body |= {"response_format": {"type": "text"}}
+    r = httpx.post(f"{plain.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("path,body,status,needle", ERROR_CASES)

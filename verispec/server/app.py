@@ -61,6 +61,7 @@ class _Choice:
         self.holdback = holdback
         self.sent_text = 0
         self.sent_tokens = 0
+        self.token_text = 0  # characters of the sent tokens' own texts: the next logprobs text_offset
         self.last: CompletionOutput | None = None
 
     def delta(self, out: RequestOutput) -> tuple[str, int, int]:
@@ -283,13 +284,15 @@ def build_app(
         continuous = req.continuous_usage
         async for i, out in group:
             st = state[i]
-            offset = st.sent_text
             text, a, b = st.delta(out)
             if not text and not out.finished and not (logprobs is not None and b > a):
                 continue
             c = out.outputs[0]
             entries = c.logprobs[a:b] if logprobs is not None and c.logprobs else None
-            choice = make_choice(i, text, entries, offset, c if out.finished else None)
+            # offsets count the tokens' texts, as the non-streamed response does (the sent text lags behind them
+            # while a possible stop string is held back)
+            choice = make_choice(i, text, entries, st.token_text, c if out.finished else None)
+            st.token_text += sum(len(e[next(iter(e))].decoded_token or "") for e in entries or [])
             yield _sse(make_chunk([choice], running_usage(prompts, state) if continuous else None))
         if req.include_usage:
             yield _sse(make_chunk([], usage(prompts, [s.last for s in state])))

@@ -1,6 +1,7 @@
 """OpenAI request/response models for /v1/completions and /v1/chat/completions (vLLM's extra fields included).
 
-Unknown request fields are ignored, as OpenAI and vLLM do. Errors use OpenAI's nested shape
+Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement (logit_bias,
+response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Errors use OpenAI's nested shape
 `{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception class.
 """
 
@@ -53,9 +54,53 @@ class _SamplingFields(_Request):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # OpenAI / vLLM fields this server does not implement: accepted at their neutral value, a 400 naming the field
+    # otherwise (never silently ignored: each would change the output)
+    logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    best_of: int | None = None
+    use_beam_search: bool = False
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    truncate_prompt_tokens: int | None = None
+
+    def unsupported(self) -> list[str]:
+        """Names of the fields set to something this server would have to ignore."""
+        bad = [
+            name
+            for name in (
+                "logit_bias",
+                "allowed_token_ids",
+                "bad_words",
+                "prompt_logprobs",
+                "structured_outputs",
+                "guided_json",
+                "guided_regex",
+                "guided_choice",
+                "guided_grammar",
+                "truncate_prompt_tokens",
+            )
+            if getattr(self, name) not in (None, {}, [])
+        ]
+        if self.best_of is not None and self.best_of != self.n:
+            bad.append("best_of")
+        if self.use_beam_search:
+            bad.append("use_beam_search")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            bad.append("response_format")
+        return bad
 
     def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
         """Build SamplingParams; raises ValueError naming the bad field (passed through as a 400)."""
+        bad = self.unsupported()
+        if bad:
+            raise ValueError(f"{bad[0]} is not supported by this server (set: {', '.join(bad)})")
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -91,6 +136,10 @@ class CompletionRequest(_SamplingFields):
     max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
     logprobs: int | None = None
     echo: bool = False
+    suffix: str | None = None
+
+    def unsupported(self) -> list[str]:
+        return super().unsupported() + (["suffix"] if self.suffix else [])
 
     def requested_logprobs(self) -> int | None:
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
@@ -111,7 +160,7 @@ class ChatMessage(_Request):
         parts = []
         for part in self.content:
             if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
+                raise ValueError("messages may only hold text content parts ({'type': 'text', 'text': ...})")
             parts.append(part["text"])
         return "\n".join(parts)
 
@@ -122,6 +171,12 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: bool | None = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    def unsupported(self) -> list[str]:
+        bad = super().unsupported() + (["tools"] if self.tools else [])
+        return bad + (["tool_choice"] if self.tool_choice not in (None, "none", "auto") else [])
 
     def requested_logprobs(self) -> int | None:
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
