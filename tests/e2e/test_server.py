@@ -529,6 +529,8 @@ ERROR_CASES = [
     ),
     ("/v1/completions", {"model": "tiny", "prompt": [99999]}, 400, "vocabulary"),
     ("/v1/completions", {"model": "tiny"}, 400, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": [True, False]}, 400, "prompt"),
+    ("/v1/completions", {"model": "tiny", "prompt": [1.0, 2.0]}, 400, "prompt"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "hi"}, 404, "The model `gpt-4` does not exist."),
     ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}, 400, "messages"),

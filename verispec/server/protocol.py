@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from verispec.sampling_params import SamplingParams
 
@@ -132,7 +132,9 @@ class _SamplingFields(_Request):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (
+        str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    )  # token ids: no true/false or 1.0 coerced
     max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
     logprobs: int | None = None
     echo: bool = False
