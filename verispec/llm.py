@@ -177,32 +177,27 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling_params")
         encoded = [self._to_ids(p) for p in prompts]  # validate everything before adding anything
-        ids: list[list[str]] = []
+        queued: list[str] = []
         try:
-            for (text, toks), sp in zip(encoded, params):
-                ids.append(self._add(text, toks, sp))
+            ids = [self._add(text, toks, sp, queued) for (text, toks), sp in zip(encoded, params)]
         except Exception:  # a rejected prompt: the ones queued before it do not run (or linger) either
-            for rid in (r for group in ids for r in group):
+            for rid in queued:
                 self.engine.abort_request(rid)
                 self.engine.release(rid)
             raise
         return self._run(ids, use_tqdm)
 
-    def _add(self, text: str | None, toks: list[int], sp: SamplingParams) -> list[str]:
+    def _add(self, text: str | None, toks: list[int], sp: SamplingParams, queued: list[str]) -> list[str]:
+        """Queue the prompt's n requests; their ids -> also appended to `queued` as each is added."""
         base = str(self._counter)
         self._counter += 1
-        children: list[str] = []
-        try:
-            for j in range(sp.n):
-                child = sp if sp.n == 1 else _child_params(sp, j)
-                rid = base if sp.n == 1 else f"{base}_{j}"
-                self.engine.add_request(rid, text, toks, child)
-                children.append(rid)
-        except Exception:
-            for rid in children:
-                self.engine.abort_request(rid)
-                self.engine.release(rid)
-            raise
+        children = []
+        for j in range(sp.n):
+            child = sp if sp.n == 1 else _child_params(sp, j)
+            rid = base if sp.n == 1 else f"{base}_{j}"
+            self.engine.add_request(rid, text, toks, child)
+            children.append(rid)
+            queued.append(rid)
         return children
 
     def _run(self, groups: list[list[str]], use_tqdm: bool) -> list[RequestOutput]:

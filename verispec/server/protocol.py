@@ -1,8 +1,9 @@
 """OpenAI request/response models for /v1/completions and /v1/chat/completions (vLLM's extra fields included).
 
 Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement (logit_bias,
-response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Errors use OpenAI's nested shape
-`{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception class.
+response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Errors use OpenAI's
+nested shape `{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception
+class.
 """
 
 from __future__ import annotations
