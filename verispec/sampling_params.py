@@ -61,6 +61,10 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = (
+        None  # token id -> added to its logit (before penalties), as in vLLM
+    )
+    allowed_token_ids: list[int] | None = None  # only these tokens can be sampled
 
     def __post_init__(self) -> None:
         self._normalise_types()
@@ -93,6 +97,20 @@ class SamplingParams:
             setattr(self, name, _as_bool(name, getattr(self, name)))
         self.stop = _normalise_stop(self.stop)
         self.stop_token_ids = _normalise_stop_token_ids(self.stop_token_ids)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}.")
+            self.logit_bias = {
+                _as_int("logit_bias", k): _as_float("logit_bias", v) for k, v in self.logit_bias.items()
+            }
+        if self.allowed_token_ids is not None:
+            if isinstance(self.allowed_token_ids, (str, bytes)) or not hasattr(
+                self.allowed_token_ids, "__iter__"
+            ):
+                raise ValueError(
+                    f"allowed_token_ids must be a list of integers, got {self.allowed_token_ids!r}."
+                )
+            self.allowed_token_ids = [_as_int("allowed_token_ids", i) for i in self.allowed_token_ids]
 
     def _verify_args(self) -> None:
         if self.n < 1:
@@ -123,6 +141,23 @@ class SamplingParams:
             )
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be non-negative, got {self.logprobs}.")
+        if self.logit_bias and any(t < 0 for t in self.logit_bias):
+            raise ValueError(f"logit_bias token ids must be non-negative, got {sorted(self.logit_bias)[:5]}.")
+        if self.allowed_token_ids is not None:
+            if not self.allowed_token_ids:
+                raise ValueError("allowed_token_ids must not be empty (None allows every token).")
+            if any(t < 0 for t in self.allowed_token_ids):
+                raise ValueError(f"allowed_token_ids must be non-negative, got {self.allowed_token_ids[:5]}.")
+
+    def check_vocab(self, vocab: int) -> None:
+        """ValueError naming the field if a token id is outside [0, vocab) (the engine knows the vocabulary)."""
+        for name, ids in (
+            ("logit_bias", list(self.logit_bias or ())),
+            ("allowed_token_ids", self.allowed_token_ids or []),
+        ):
+            bad = [t for t in ids if t >= vocab]
+            if bad:
+                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}.")
 
     @property
     def is_greedy(self) -> bool:

@@ -113,6 +113,37 @@ def test_stop_rules(llm):
     assert len(length.outputs[0].token_ids) == 7 and length.outputs[0].finish_reason == "length"
 
 
+def test_logit_bias_and_allowed_token_ids(llm):
+    p = _prompts(1, seed=6)[0]
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    toks = llm.generate(p, greedy)[0].outputs[0].token_ids
+
+    def run(**kw) -> list[int]:
+        sp = SamplingParams(**{"temperature": 0, "max_tokens": 6, "ignore_eos": True, **kw})
+        return llm.generate(p, sp)[0].outputs[0].token_ids
+
+    assert run(logit_bias={7: 100.0}) == [7] * 6
+    assert run(logit_bias={toks[0]: -100.0})[0] != toks[0]
+    assert run(logit_bias={toks[0]: 0.0}) == toks
+    assert run(allowed_token_ids=[toks[0], 9])[0] == toks[0]  # the argmax, still allowed
+    allowed = {11, 12, 13}
+    sampled = run(allowed_token_ids=sorted(allowed), temperature=1.0, seed=3, max_tokens=20)
+    assert set(sampled) <= allowed and len(set(sampled)) > 1
+    for kw, field in (
+        ({"logit_bias": {10**6: 1.0}}, "logit_bias"),
+        ({"allowed_token_ids": [10**6]}, "allowed_token_ids"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            llm.generate(p, SamplingParams(**kw))
+    for kw, field in (
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"logit_bias": {1: "x"}}, "logit_bias"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kw)
+    assert not llm.engine.has_unfinished()
+
+
 def test_eos_and_min_tokens(llm):
     eos = llm.engine.eos_token_ids[0]
     # find a prompt whose greedy continuation hits EOS under a forced bias: use stop at EOS via stop_token_ids

@@ -550,10 +550,11 @@ ERROR_CASES = [
 ]
 MSG = [{"role": "user", "content": "hi"}]
 UNSUPPORTED = [  # fields that would change the output: a 400 naming them, never silently ignored
-    ("/v1/completions", {"prompt": "hi", "logit_bias": {"50": 100}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"999999": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "hi", "suffix": "!"}, "suffix"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
-    ("/v1/completions", {"prompt": "hi", "allowed_token_ids": [5, 6]}, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
     (
         "/v1/chat/completions",
@@ -581,6 +582,17 @@ def test_unsupported_fields_are_400_naming_them(plain, path, body, field):
     )
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == field and field in r.json()["error"]["message"]
+
+
+def test_logit_bias_and_allowed_token_ids(plain, llm):
+    client = plain.client()
+    kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0)
+    r = client.completions.create(**kw, logit_bias={"7": 100}, extra_body={"ignore_eos": True})
+    off = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logit_bias={7: 100.0})
+    assert r.choices[0].text == llm.generate(PROMPTS[0], off)[0].outputs[0].text
+    r = client.completions.create(**kw, extra_body={"ignore_eos": True, "allowed_token_ids": [11, 12]})
+    off = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, allowed_token_ids=[11, 12])
+    assert r.choices[0].text == llm.generate(PROMPTS[0], off)[0].outputs[0].text
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(plain):

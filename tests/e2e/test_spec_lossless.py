@@ -113,6 +113,25 @@ def test_greedy_equality_with_chunked_prefill(tiny_llama, tiny_draft, reference,
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
+def test_greedy_equality_with_logit_bias_and_allowed_tokens(tiny_llama, tiny_draft, method):
+    """The biased / restricted target is what drafts are verified against: the same tokens as plain decoding."""
+    sp = SamplingParams(
+        temperature=0,
+        max_tokens=24,
+        ignore_eos=True,
+        allowed_token_ids=list(range(3, 200)),
+        logit_bias={5: 3.0, 17: -2.0, 40: 1.5},
+    )
+    prompts = _prompts(4, seed=11)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16).generate(prompts, sp, use_tqdm=False)
+    cfg = _spec_configs(tiny_llama, tiny_draft, 3)[method]
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
 def test_disable_by_batch_size(tiny_llama, reference):
     cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "disable_by_batch_size": 2}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)

@@ -88,6 +88,7 @@ class LLMEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+        params.check_vocab(vocab)
         if params.logprobs is not None and params.logprobs > vocab:
             raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary size ({vocab})")
         if params.stop and self.tokenizer is None:

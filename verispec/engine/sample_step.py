@@ -34,6 +34,21 @@ def _penalty_state(reqs: list[Request], vocab: int, device) -> tuple[torch.Tenso
     return prompt_mask, counts
 
 
+def _constrain_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
+    """allowed_token_ids (every other token -inf), then logit_bias (added), at every scored position of the request,
+    before min_tokens and the penalties, as vLLM orders them. logits [B, K+1, V], in place."""
+    for i, r in enumerate(reqs):
+        p = r.params
+        if p.allowed_token_ids is not None:
+            keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)  # [V]
+            keep[torch.tensor(p.allowed_token_ids, device=logits.device)] = True
+            logits[i].masked_fill_(~keep, float("-inf"))
+        if p.logit_bias:
+            ids = torch.tensor(list(p.logit_bias), device=logits.device)  # [n]
+            bias = torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device)
+            logits[i, :, ids] += bias
+
+
 def _suppress_early_stops(logits: torch.Tensor, reqs: list[Request], stride: int) -> None:
     """min_tokens: EOS and stop_token_ids cannot be sampled before min_tokens outputs. logits [B, K+1, V]."""
     for i, r in enumerate(reqs):
@@ -82,8 +97,11 @@ def sample_step(
         padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
         draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
     proc = padded
-    if any(p.min_tokens > 0 for p in params):
+    if any(p.allowed_token_ids is not None or p.logit_bias for p in params):
         proc = proc.clone()
+        _constrain_tokens(proc, reqs)
+    if any(p.min_tokens > 0 for p in params):
+        proc = proc.clone() if proc is padded else proc
         _suppress_early_stops(proc, reqs, stride)
     flat = proc.reshape(b * stride, v)
     if any_penalties:

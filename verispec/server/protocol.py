@@ -1,6 +1,6 @@
 """OpenAI request/response models for /v1/completions and /v1/chat/completions (vLLM's extra fields included).
 
-Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement (logit_bias,
+Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement (bad_words,
 response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Errors use OpenAI's
 nested shape `{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception
 class.
@@ -55,10 +55,12 @@ class _SamplingFields(_Request):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = (
+        None  # OpenAI: token id (as a string) -> bias, clamped to [-100, 100]
+    )
+    allowed_token_ids: list[int] | None = None
     # OpenAI / vLLM fields this server does not implement: accepted at their neutral value, a 400 naming the field
     # otherwise (never silently ignored: each would change the output)
-    logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     best_of: int | None = None
@@ -76,8 +78,6 @@ class _SamplingFields(_Request):
         bad = [
             name
             for name in (
-                "logit_bias",
-                "allowed_token_ids",
                 "bad_words",
                 "prompt_logprobs",
                 "structured_outputs",
@@ -120,7 +120,17 @@ class _SamplingFields(_Request):
             logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            logit_bias=self._logit_bias(),
+            allowed_token_ids=self.allowed_token_ids,
         )
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(k): max(-100.0, min(100.0, v)) for k, v in self.logit_bias.items()}
+        except ValueError:
+            raise ValueError(f"logit_bias keys must be token ids, got {list(self.logit_bias)[:5]}") from None
 
     @property
     def include_usage(self) -> bool:
