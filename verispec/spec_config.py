@@ -51,6 +51,7 @@ _INTERNAL_KEYS = (
 ).split()
 _AUX_LAYERS_KEY = "eagle_aux_hidden_state_layer_ids"
 _NO_MODEL = "num_speculative_tokens was provided but without speculative model"
+MAX_SPECULATIVE_TOKENS = 1024  # drafted tokens one step may verify per request (vLLM sets no bound)
 # Range rules: key -> (check, rule in vLLM's message style).
 _BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_model_len": (lambda v: v is None or v >= 1, "must be >= 1"),
@@ -70,7 +71,7 @@ def _is_int(value: Any) -> bool:
 # Expected type of a user key -> (name for messages, check).
 _TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "int": ("an int", _is_int),
-    "float": ("a float", lambda v: (_is_int(v) or isinstance(v, float)) and not math.isnan(v)),
+    "float": ("a finite float", lambda v: (_is_int(v) or isinstance(v, float)) and math.isfinite(v)),
     "bool": ("a bool", lambda v: isinstance(v, bool)),
     "str": ("a str", lambda v: isinstance(v, str)),
     "tree": ("a str or a list of tuples of ints", lambda v: isinstance(v, (str, list, tuple))),
@@ -374,6 +375,11 @@ def _resolve_num_tokens(method: str, values: dict[str, Any], draft: _DraftInfo) 
         )
     if num_tokens <= 0:
         raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({num_tokens}).")
+    if num_tokens > MAX_SPECULATIVE_TOKENS:  # the default chain tree alone grows as k^2
+        raise ValueError(
+            f"num_speculative_tokens={num_tokens} is more than this build verifies per step "
+            f"(1..{MAX_SPECULATIVE_TOKENS})."
+        )
     if method == "mtp" and num_tokens > (n_predict or 1):
         logger.warning("num_speculative_tokens > 1 reruns the same MTP layer; acceptance may be lower")
     return num_tokens
