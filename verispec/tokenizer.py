@@ -112,7 +112,10 @@ class Tokenizer:
         tokenizer_file = root / "tokenizer.json"
         if not tokenizer_file.is_file():
             raise ValueError(f"{root}: no tokenizer.json found")
-        backend = HFTokenizer.from_file(str(tokenizer_file))
+        try:
+            backend = HFTokenizer.from_file(str(tokenizer_file))
+        except Exception as e:  # the tokenizers library raises a bare Exception for malformed files
+            raise ValueError(f"{tokenizer_file}: not a valid tokenizer file ({e})") from None
         config = _read_json(root / "tokenizer_config.json")
         generation = _read_json(root / "generation_config.json")
 
@@ -319,10 +322,10 @@ def compile_chat_template(source: str) -> jinja2.Template:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    with path.open(encoding="utf-8") as f:
-        return json.load(f)
+    """An optional JSON object file: {} if absent; ValueError naming it if malformed."""
+    from verispec.loader.hf import read_json
+
+    return read_json(path) if path.is_file() else {}
 
 
 def _token_id(backend: HFTokenizer, token: Any) -> int | None:

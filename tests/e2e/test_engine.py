@@ -290,6 +290,49 @@ def test_corrupt_checkpoints(tiny_llama, tmp_path):
         LLM(str(bad_gguf))
 
 
+@pytest.mark.parametrize(
+    "file, content, needle",
+    [
+        ("config.json", "[1, 2, 3]", "config.json: expected a JSON object"),
+        (
+            "tokenizer.json",
+            '{"version": "1.0", "model": {"type": "Nope"}}',
+            "tokenizer.json: not a valid tokenizer",
+        ),
+        ("tokenizer.json", '{"version": "1.0", "model": {', "tokenizer.json: not a valid tokenizer"),
+        ("tokenizer_config.json", '{"bos_token": "<s>",,}', "tokenizer_config.json: not valid JSON"),
+        ("model.safetensors.index.json", '{"weight_map": [1, 2]}', "'weight_map' must map tensor names"),
+    ],
+)
+def test_malformed_checkpoint_files_name_the_file(tiny_llama, tmp_path, file, content, needle):
+    import shutil
+
+    d = tmp_path / "broken"
+    shutil.copytree(tiny_llama, d)
+    (d / file).write_text(content)
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        LLM(str(d))
+
+
+def test_untied_head_must_be_in_the_checkpoint(tiny_llama, tmp_path):
+    """tie_word_embeddings false and no lm_head.weight: an error, not the embeddings silently used as the head."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "headless"
+    shutil.copytree(tiny_llama, d)
+    cfg = json.loads((d / "config.json").read_text())
+    assert not cfg.get("tie_word_embeddings", False)
+    tensors = load_file(d / "model.safetensors")
+    assert "lm_head.weight" in tensors
+    del tensors["lm_head.weight"]
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(ValueError, match="missing tensor 'lm_head.weight'"):
+        LLM(str(d))
+
+
 def test_generating_on_another_thread_warns_once(tiny_llama):
     """Two OpenMP thread pools (load on one thread, generate on another) make the CPU kernels slow: say so once."""
     import threading

@@ -10,12 +10,16 @@ from safetensors.torch import load_file
 
 
 def read_json(path: Path) -> dict:
+    """A JSON object from `path`; ValueError naming the file if it is missing, not JSON or not an object."""
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ValueError(f"{path}: file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def read_hf_config(folder: Path) -> dict:
@@ -27,7 +31,10 @@ def read_hf_config(folder: Path) -> dict:
 def safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(read_json(index).get("weight_map", {}).values()))
+        weight_map = read_json(index).get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ValueError(f"{index}: 'weight_map' must map tensor names to shard file names")
+        names = sorted(set(weight_map.values()))
         files = [folder / n for n in names]
     else:
         files = sorted(folder.glob("*.safetensors"))

@@ -71,9 +71,8 @@ def load_decoder_weights(model: DecoderLM, tensors: dict[str, Tensor], source: s
 
     put(model.embed_tokens.weight, get("embed_tokens.weight"), "embed_tokens.weight")
     put(model.norm.weight, get("norm.weight"), "norm.weight", norm=True)
-    head = tensors.get("lm_head.weight")
-    if head is None or cfg.tie_word_embeddings:
-        head = get("embed_tokens.weight")  # tied: the head keeps its own packed (or quantized) copy
+    # tied: the head keeps its own packed (or quantized) copy of the embeddings; untied: its own tensor, required
+    head = get("embed_tokens.weight") if cfg.tie_word_embeddings else _take(tensors, "lm_head.weight", source)
     dense(model.lm_head, head, None, "lm_head.weight")
     for i, layer in enumerate(model.layers):
         p = f"layers.{i}."
