@@ -90,6 +90,7 @@ def run_bench(
     temperature: float = 0.0,
 ) -> dict:
     from verispec import LLM
+    from verispec.llm import resolve_speculative_config
 
     if spec is None:
         spec = {
@@ -98,9 +99,19 @@ def run_bench(
             "prompt_lookup_max": 4,
             "prompt_lookup_min": 2,
         }
+    # everything that can be checked is checked before the first (slow) run
+    for name, value in (("num_prompts", num_prompts), ("batch_size", batch_size), ("max_tokens", max_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     convs = build_workload(workload, num_prompts)  # validates the workload name before loading anything
+    if output:
+        from pathlib import Path
+
+        if not Path(output).resolve().parent.is_dir():
+            raise ValueError(f"--output {output}: its folder does not exist")
     kw = dict(max_num_seqs=batch_size, max_model_len=max_model_len)
     plain = LLM(model, **kw)
+    resolve_speculative_config(spec, plain.max_model_len)  # a bad config fails now, not after the plain run
     tok = plain.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0 if temperature else None)

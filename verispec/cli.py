@@ -49,6 +49,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sp = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
+    if llm.tokenizer is None:
+        raise ValueError(f"{args.model} has no tokenizer (tokenizer.json): a text prompt cannot be encoded")
     if args.chat:
         text = llm.tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}])
         ids = llm.tokenizer.encode(text, add_special_tokens=False)

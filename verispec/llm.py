@@ -62,6 +62,27 @@ def _draft_hf_config(spec: Mapping[str, Any]) -> dict | None:
     return None
 
 
+def resolve_speculative_config(
+    speculative_config: Mapping[str, Any] | str | None, target_max_model_len: int
+) -> SpeculativeConfig | None:
+    """The user's speculative_config (a dict or a JSON string) validated and resolved as vLLM does, and checked
+    against what this build supports; ValueError naming the key otherwise."""
+    if speculative_config is None:
+        return None
+    if isinstance(speculative_config, str):
+        speculative_config = parse_json_config(speculative_config)
+    if not isinstance(speculative_config, Mapping):
+        raise ValueError("speculative_config must be a dict (or a JSON object string)")
+    spec = SpeculativeConfig.from_dict(
+        speculative_config,
+        target_max_model_len=target_max_model_len,
+        draft_hf_config=_draft_hf_config(speculative_config),
+        supported_methods=SUPPORTED_METHODS,
+    )
+    check_supported(spec)
+    return spec
+
+
 class LLM:
     def __init__(
         self,
@@ -99,19 +120,7 @@ class LLM:
             model, self.device, dtype, tokenizer, skip_tokenizer_init, keep_quantized=keep_quantized
         )
         cfg = self.ckpt.config
-        spec = None
-        if speculative_config is not None:
-            if isinstance(speculative_config, str):
-                speculative_config = parse_json_config(speculative_config)
-            if not isinstance(speculative_config, Mapping):
-                raise ValueError("speculative_config must be a dict (or a JSON object string)")
-            spec = SpeculativeConfig.from_dict(
-                speculative_config,
-                target_max_model_len=max_model_len or cfg.max_position_embeddings,
-                draft_hf_config=_draft_hf_config(speculative_config),
-                supported_methods=SUPPORTED_METHODS,
-            )
-            check_supported(spec)
+        spec = resolve_speculative_config(speculative_config, max_model_len or cfg.max_position_embeddings)
         self.speculative_config = spec
         k = spec.num_speculative_tokens if spec else 0
         budget = kv_cache_memory_bytes or default_kv_budget(self.device)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,10 @@ def _bad_inputs(tmp: Path, tiny: str) -> list[tuple[list[str], str]]:
     arch = tmp / "arch"
     arch.mkdir()
     (arch / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    no_tok = tmp / "no_tokenizer"
+    shutil.copytree(tiny, no_tok)
+    (no_tok / "tokenizer.json").unlink()
+    ngram_inf = '{"method": "suffix", "suffix_decoding_max_spec_factor": Infinity}'
     return [
         (["generate", "no-such-model", "-p", "x"], "not found"),
         (["generate", str(tmp / "missing.gguf"), "-p", "x"], "not found"),
@@ -60,10 +65,18 @@ def _bad_inputs(tmp: Path, tiny: str) -> list[tuple[list[str], str]]:
         (["generate", tiny, "-p", "x", "--temperature", "-1"], "temperature"),
         (["generate", tiny], "--prompt"),
         (["bench", tiny, "--workload", "poetry"], "workload"),
+        (["generate", str(no_tok), "-p", "x"], "no tokenizer"),
+        (["generate", tiny, "-p", "x", "--speculative-config", ngram_inf], "suffix_decoding_max_spec_factor"),
+        (["bench", tiny, "--num-prompts", "0"], "num_prompts"),
+        (["bench", tiny, "--output", str(tmp / "no" / "dir" / "b.json")], "folder does not exist"),
+        (
+            ["bench", tiny, "--speculative-config", '{"method": "eagle3", "model": "x"}'],
+            "speculative_config.model",
+        ),
     ]
 
 
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(15))
 def test_bad_input_exits_2_with_one_line(tiny_llama, tmp_path, case):
     args, needle = _bad_inputs(tmp_path, tiny_llama)[case]
     r = _run(*args)
