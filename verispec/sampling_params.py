@@ -65,6 +65,7 @@ class SamplingParams:
         None  # token id -> added to its logit (before penalties), as in vLLM
     )
     allowed_token_ids: list[int] | None = None  # only these tokens can be sampled
+    bad_words: list[str] | None = None  # words whose last token is banned when the output ends with the rest
 
     def __post_init__(self) -> None:
         self._normalise_types()
@@ -103,6 +104,12 @@ class SamplingParams:
             self.logit_bias = {
                 _as_int("logit_bias", k): _as_float("logit_bias", v) for k, v in self.logit_bias.items()
             }
+        if self.bad_words is not None:
+            if isinstance(self.bad_words, str) or not isinstance(self.bad_words, (list, tuple)):
+                raise ValueError(f"bad_words must be a list of strings, got {self.bad_words!r}.")
+            if not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+                raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}.")
+            self.bad_words = list(self.bad_words)
         if self.allowed_token_ids is not None:
             if isinstance(self.allowed_token_ids, (str, bytes)) or not hasattr(
                 self.allowed_token_ids, "__iter__"

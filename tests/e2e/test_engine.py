@@ -129,6 +129,12 @@ def test_logit_bias_and_allowed_token_ids(llm):
     allowed = {11, 12, 13}
     sampled = run(allowed_token_ids=sorted(allowed), temperature=1.0, seed=3, max_tokens=20)
     assert set(sampled) <= allowed and len(set(sampled)) > 1
+    # bad_words beat a logit bias: 'a' (token 67) never comes; 'the' (86, 259): 259 never right after 86
+    assert 67 not in run(logit_bias={67: 100.0}, bad_words=["a"])
+    two = dict(allowed_token_ids=[86, 259], temperature=1.0, seed=1, max_tokens=20)
+    free, banned = run(**two), run(**two, bad_words=["the"])
+    assert any(free[i : i + 2] == [86, 259] for i in range(19))  # the test means something
+    assert not any(banned[i : i + 2] == [86, 259] for i in range(19)) and 86 in banned
     for kw, field in (
         ({"logit_bias": {10**6: 1.0}}, "logit_bias"),
         ({"allowed_token_ids": [10**6]}, "allowed_token_ids"),
@@ -138,6 +144,8 @@ def test_logit_bias_and_allowed_token_ids(llm):
     for kw, field in (
         ({"allowed_token_ids": []}, "allowed_token_ids"),
         ({"logit_bias": {1: "x"}}, "logit_bias"),
+        ({"bad_words": "the"}, "bad_words"),
+        ({"bad_words": [" "]}, "bad_words"),
     ):
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kw)

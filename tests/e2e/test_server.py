@@ -562,7 +562,7 @@ UNSUPPORTED = [  # fields that would change the output: a 400 naming them, never
         "response_format",
     ),
     ("/v1/chat/completions", {"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
-    ("/v1/chat/completions", {"messages": MSG, "bad_words": ["x"]}, "bad_words"),
+    ("/v1/chat/completions", {"messages": MSG, "bad_words": "x"}, "bad_words"),
     (
         "/v1/chat/completions",
         {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},

@@ -114,7 +114,7 @@ def test_greedy_equality_with_chunked_prefill(tiny_llama, tiny_draft, reference,
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
-def test_greedy_equality_with_logit_bias_and_allowed_tokens(tiny_llama, tiny_draft, method):
+def test_greedy_equality_with_logit_bias_allowed_tokens_and_bad_words(tiny_llama, tiny_draft, method):
     """The biased / restricted target is what drafts are verified against: the same tokens as plain decoding."""
     sp = SamplingParams(
         temperature=0,
@@ -122,6 +122,7 @@ def test_greedy_equality_with_logit_bias_and_allowed_tokens(tiny_llama, tiny_dra
         ignore_eos=True,
         allowed_token_ids=list(range(3, 200)),
         logit_bias={5: 3.0, 17: -2.0, 40: 1.5},
+        bad_words=["a", "the", "hello"],  # "a" is one token (67): banned at every verify position
     )
     prompts = _prompts(4, seed=11)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16).generate(prompts, sp, use_tqdm=False)

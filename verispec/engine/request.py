@@ -31,6 +31,7 @@ class Request:
     num_computed: int = 0  # tokens whose K/V are in the cache (all of prompt + output except the newest)
     generator: torch.Generator | None = None
     detokenizer: object | None = None
+    bad_words_token_ids: list[list[int]] | None = None  # params.bad_words as token sequences (engine-made)
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0

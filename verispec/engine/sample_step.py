@@ -34,10 +34,39 @@ def _penalty_state(reqs: list[Request], vocab: int, device) -> tuple[torch.Tenso
     return prompt_mask, counts
 
 
-def _constrain_tokens(logits: torch.Tensor, reqs: list[Request]) -> None:
-    """allowed_token_ids (every other token -inf), then logit_bias (added), at every scored position of the request,
-    before min_tokens and the penalties, as vLLM orders them. logits [B, K+1, V], in place."""
+def bad_words_token_ids(words: list[str], tokenizer) -> list[list[int]]:
+    """vLLM's tokenization of bad_words: each word as written (leading spaces stripped), plus its ' word' form when
+    that is a different token sequence of the same length (the word in mid-text)."""
+    out: list[list[int]] = []
+    for word in words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        out.append(plain)
+        if spaced and plain and spaced[0] != plain[0] and len(spaced) == len(plain):
+            out.append(spaced)
+    return [ids for ids in out if ids]
+
+
+def banned_by_bad_words(bad: list[list[int]], past: list[int]) -> list[int]:
+    """The last token of every bad word whose other tokens end `past` (the output so far): it cannot come next."""
+    banned = []
+    for ids in bad:
+        n = len(ids) - 1
+        if n <= len(past) and (n == 0 or past[-n:] == ids[:-1]):
+            banned.append(ids[-1])
+    return banned
+
+
+def _constrain_tokens(logits: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> None:
+    """allowed_token_ids (every other token -inf), bad_words (at verify position j the output so far includes the
+    first j drafts), then logit_bias (added), at every scored position of the request, before min_tokens and the
+    penalties, as vLLM orders them. logits [B, K+1, V], in place."""
     for i, r in enumerate(reqs):
+        if r.bad_words_token_ids:
+            for j in range(len(drafts[i]) + 1):
+                banned = banned_by_bad_words(r.bad_words_token_ids, r.output_token_ids + drafts[i][:j])
+                if banned:
+                    logits[i, j, banned] = float("-inf")
         p = r.params
         if p.allowed_token_ids is not None:
             keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)  # [V]
@@ -97,9 +126,9 @@ def sample_step(
         padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
         draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
     proc = padded
-    if any(p.allowed_token_ids is not None or p.logit_bias for p in params):
+    if any(p.allowed_token_ids is not None or p.logit_bias or p.bad_words for p in params):
         proc = proc.clone()
-        _constrain_tokens(proc, reqs)
+        _constrain_tokens(proc, reqs, drafts)
     if any(p.min_tokens > 0 for p in params):
         proc = proc.clone() if proc is padded else proc
         _suppress_early_stops(proc, reqs, stride)

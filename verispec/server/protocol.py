@@ -1,7 +1,7 @@
 """OpenAI request/response models for /v1/completions and /v1/chat/completions (vLLM's extra fields included).
 
-Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement (bad_words,
-response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Errors use OpenAI's
+Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement
+(prompt_logprobs, response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Errors use OpenAI's
 nested shape `{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception
 class.
 """
@@ -59,9 +59,9 @@ class _SamplingFields(_Request):
         None  # OpenAI: token id (as a string) -> bias, clamped to [-100, 100]
     )
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     # OpenAI / vLLM fields this server does not implement: accepted at their neutral value, a 400 naming the field
     # otherwise (never silently ignored: each would change the output)
-    bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     best_of: int | None = None
     use_beam_search: bool = False
@@ -78,7 +78,6 @@ class _SamplingFields(_Request):
         bad = [
             name
             for name in (
-                "bad_words",
                 "prompt_logprobs",
                 "structured_outputs",
                 "guided_json",
@@ -122,6 +121,7 @@ class _SamplingFields(_Request):
             include_stop_str_in_output=self.include_stop_str_in_output,
             logit_bias=self._logit_bias(),
             allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words or None,
         )
 
     def _logit_bias(self) -> dict[int, float] | None:
