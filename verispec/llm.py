@@ -300,4 +300,5 @@ def _merge(outs: list[RequestOutput]) -> RequestOutput:
         True,
         sum(o.num_draft_tokens for o in outs),
         sum(o.num_accepted_tokens for o in outs),
+        prompt_logprobs=first.prompt_logprobs,
     )

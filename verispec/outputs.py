@@ -36,3 +36,6 @@ class RequestOutput:
     num_draft_tokens: int = 0  # speculative tokens proposed for this request
     num_accepted_tokens: int = 0  # of which accepted by the target
     metrics: dict = field(default_factory=dict)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+        None  # SamplingParams.prompt_logprobs: one per token
+    )

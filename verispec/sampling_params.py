@@ -59,6 +59,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt token (the first is None), as vLLM
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = (
@@ -94,6 +95,8 @@ class SamplingParams:
         self.min_tokens = _as_int("min_tokens", self.min_tokens)
         if self.logprobs is not None:
             self.logprobs = _as_int("logprobs", self.logprobs)
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = _as_int("prompt_logprobs", self.prompt_logprobs)
         for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
             setattr(self, name, _as_bool(name, getattr(self, name)))
         self.stop = _normalise_stop(self.stop)
@@ -148,6 +151,8 @@ class SamplingParams:
             )
         if self.logprobs is not None and self.logprobs < 0:
             raise ValueError(f"logprobs must be non-negative, got {self.logprobs}.")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            raise ValueError(f"prompt_logprobs must be non-negative, got {self.prompt_logprobs}.")
         if self.logit_bias and any(t < 0 for t in self.logit_bias):
             raise ValueError(f"logit_bias token ids must be non-negative, got {sorted(self.logit_bias)[:5]}.")
         if self.allowed_token_ids is not None:

@@ -184,6 +184,35 @@ def test_logprobs_and_n(llm):
     ) > 1
 
 
+def test_prompt_logprobs(tiny_llama, llm):
+    """One entry per prompt token (None first), holding the prompt token with its rank: each equals the logprob a
+    1-token generation from that prefix gives the token; the same in chunks; the generated tokens do not change."""
+    p = _prompts(1, seed=8)[0]
+    ids = p["prompt_token_ids"]
+    greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    out = llm.generate(p, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, prompt_logprobs=2))[0]
+    plp = out.prompt_logprobs
+    assert len(plp) == len(ids) and plp[0] is None
+    assert out.outputs[0].token_ids == llm.generate(p, greedy)[0].outputs[0].token_ids
+    vocab = llm.engine.runner.model.cfg.vocab_size
+    for i in (1, len(ids) // 2, len(ids) - 1):
+        entry = plp[i]
+        tok = ids[i]
+        assert next(iter(entry)) == tok and 2 <= len(entry) <= 3
+        one = SamplingParams(temperature=0, max_tokens=1, logprobs=vocab)
+        ref = llm.generate({"prompt_token_ids": ids[:i]}, one)[0].outputs[0].logprobs[0]
+        assert entry[tok].logprob == pytest.approx(ref[tok].logprob, abs=1e-5)
+        assert entry[tok].rank == ref[tok].rank
+    chunked = LLM(tiny_llama, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=4)
+    again = chunked.generate(
+        p, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, prompt_logprobs=2)
+    )[0]
+    assert [
+        None if e is None else {k: round(v.logprob, 4) for k, v in e.items()} for e in again.prompt_logprobs
+    ] == [None if e is None else {k: round(v.logprob, 4) for k, v in e.items()} for e in plp]
+    assert llm.generate(p, greedy)[0].prompt_logprobs is None
+
+
 def test_skip_tokenizer_init(tiny_llama):
     llm = LLM(tiny_llama, skip_tokenizer_init=True, max_model_len=64)
     out = llm.generate(

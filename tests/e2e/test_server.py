@@ -555,7 +555,8 @@ UNSUPPORTED = [  # fields that would change the output: a 400 naming them, never
     ("/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
     ("/v1/completions", {"prompt": "hi", "suffix": "!"}, "suffix"),
     ("/v1/completions", {"prompt": "hi", "best_of": 3}, "best_of"),
-    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 21}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     (
         "/v1/chat/completions",
         {"messages": MSG, "response_format": {"type": "json_object"}},
@@ -593,6 +594,25 @@ def test_logit_bias_and_allowed_token_ids(plain, llm):
     r = client.completions.create(**kw, extra_body={"ignore_eos": True, "allowed_token_ids": [11, 12]})
     off = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, allowed_token_ids=[11, 12])
     assert r.choices[0].text == llm.generate(PROMPTS[0], off)[0].outputs[0].text
+
+
+def test_prompt_logprobs(plain, llm):
+    """vLLM's prompt_logprobs: one entry per prompt token (null first), keyed by token id, as the offline API."""
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 2, "temperature": 0, "prompt_logprobs": 1}
+    r = httpx.post(f"{plain.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 200, r.text
+    got = r.json()["choices"][0]["prompt_logprobs"]
+    ref = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=1))[0]
+    assert len(got) == len(ref.prompt_token_ids) == r.json()["usage"]["prompt_tokens"] and got[0] is None
+    for g, e in zip(got[1:], ref.prompt_logprobs[1:]):
+        assert [int(k) for k in g] == list(e)
+        assert [v["logprob"] for v in g.values()] == pytest.approx([v.logprob for v in e.values()], abs=1e-5)
+    chat = {"model": "tiny", "messages": MSG, "max_tokens": 2, "prompt_logprobs": 0}
+    r = httpx.post(
+        f"{plain.url}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {API_KEY}"}
+    )
+    assert r.status_code == 200 and r.json()["prompt_logprobs"][0] is None
+    assert len(r.json()["prompt_logprobs"]) == r.json()["usage"]["prompt_tokens"]
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(plain):

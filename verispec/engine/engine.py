@@ -12,7 +12,8 @@ from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
 from verispec.engine.sample_step import bad_words_token_ids, sample_step
-from verispec.engine.stop import commit_tokens
+from verispec.engine.stop import commit_tokens, logprob_entry
+from verispec.layers import sampler as S
 from verispec.layers.sampler import make_generator
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput
@@ -89,8 +90,10 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         params.check_vocab(vocab)
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary size ({vocab})")
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(params, name)
+            if n is not None and n > vocab:
+                raise ValueError(f"{name}={n} is more than the vocabulary size ({vocab})")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
         if params.bad_words and self.tokenizer is None:
@@ -165,26 +168,48 @@ class LLMEngine:
             if n <= 0 or (rows and self._padding_waste(rows, r, n)):
                 break
             final = r.num_computed + n == r.num_prompt
+            every = r.params.prompt_logprobs is not None  # logits for every position of the chunk
             rows.append(
                 RowInput(
                     r.slot,
                     r.num_computed,
                     r.prompt_token_ids[r.num_computed : r.num_computed + n],
-                    logits_from=n - 1 if final else n,
+                    logits_from=0 if every else n - 1 if final else n,
                 )
             )
             chosen.append(r)
             budget -= n
         out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
-        finals = []
+        finals, last_rows, at = [], [], 0  # at: the logits row of this request's first returned position
         for r, row in zip(chosen, rows):
+            n_rows = len(row.token_ids) - row.logits_from
+            if r.params.prompt_logprobs is not None:
+                self._add_prompt_logprobs(r, out.logits[at : at + n_rows])
             r.num_computed += len(row.token_ids)
             if not r.in_prefill:
                 finals.append(r)
+                last_rows.append(at + n_rows - 1)
+            at += n_rows
         if finals:
-            step = sample_step(finals, [[] for _ in finals], out.logits, "strict", None, self.generator)
+            logits = out.logits if len(last_rows) == at else out.logits[last_rows]
+            step = sample_step(finals, [[] for _ in finals], logits, "strict", None, self.generator)
             self._commit(finals, step.tokens, step)
         return finals
+
+    def _add_prompt_logprobs(self, r: Request, logits: torch.Tensor) -> None:
+        """logits [n, V] of the chunk r.num_computed.. (not yet advanced): row i scores prompt token
+        num_computed + i + 1 (the last prompt row scores the first output token, sampled, not a prompt logprob)."""
+        start = r.num_computed
+        targets = r.prompt_token_ids[start + 1 : start + 1 + logits.shape[0]]
+        if r.prompt_logprobs is None:
+            r.prompt_logprobs = [None]  # the first prompt token has no context
+        if not targets:
+            return
+        k = r.params.prompt_logprobs
+        lp = S.compute_logprobs(
+            logits[: len(targets)], torch.tensor(targets, device=logits.device), max(k, 1)
+        )
+        r.prompt_logprobs.extend(logprob_entry(r, lp, i, t, k) for i, t in enumerate(targets))
 
     def _padding_waste(self, rows: list[RowInput], r: Request, n: int) -> bool:
         span = max(max(x.slot for x in rows), r.slot) - min(min(x.slot for x in rows), r.slot) + 1
@@ -302,4 +327,5 @@ class LLMEngine:
             r.finished,
             r.num_draft_tokens,
             r.num_accepted_tokens,
+            prompt_logprobs=r.prompt_logprobs,
         )

@@ -34,6 +34,7 @@ class Request:
     bad_words_token_ids: list[list[int]] | None = None  # params.bad_words as token sequences (engine-made)
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled chunk by chunk during prefill
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None

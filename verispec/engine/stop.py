@@ -11,10 +11,9 @@ from verispec.engine.request import Request
 from verispec.outputs import Logprob
 
 
-def _logprob_entry(r: Request, step, row: int, token: int) -> dict[int, Logprob]:
-    lp = step.logprobs
+def logprob_entry(r: Request, lp, row: int, token: int, n: int) -> dict[int, Logprob]:
+    """Row `row` of a sampler Logprobs as vLLM's dict: `token` first, then the top n (decoded if a tokenizer)."""
     entry = {token: Logprob(float(lp.token_logprob[row]), int(lp.token_rank[row]))}
-    n = r.params.logprobs or 0
     for i in range(n):
         tid = int(lp.top_ids[row, i])
         if tid not in entry:
@@ -55,7 +54,7 @@ def commit_tokens(r: Request, tokens: list[int], max_model_len: int, step=None, 
         added += 1
         if r.logprobs is not None and step is not None and step.logprobs is not None:
             row = b * step.row_stride + j
-            r.logprobs.append(_logprob_entry(r, step, row, t))
+            r.logprobs.append(logprob_entry(r, step.logprobs, row, t, r.params.logprobs or 0))
             r.cumulative_logprob += float(step.logprobs.token_logprob[row])
         n_out = len(r.output_token_ids)
         is_eos = not p.ignore_eos and t in r.eos_token_ids

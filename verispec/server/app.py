@@ -341,8 +341,9 @@ def build_app(
                     finish_reason=o.finish_reason,
                     stop_reason=o.stop_reason,
                     logprobs=_completion_logprobs(o.logprobs, 0) if logprobs is not None else None,
+                    prompt_logprobs=P.prompt_logprobs(f.prompt_logprobs),
                 )
-                for i, o in enumerate(outs)
+                for i, (f, o) in enumerate(zip(finals, outs))
             ]
             return P.CompletionResponse(
                 id=rid, created=created, model=name, choices=choices, usage=usage(prompts, outs)
@@ -401,7 +402,12 @@ def build_app(
                 for i, o in enumerate(outs)
             ]
             return P.ChatCompletionResponse(
-                id=rid, created=created, model=name, choices=choices, usage=usage(prompts, outs)
+                id=rid,
+                created=created,
+                model=name,
+                choices=choices,
+                usage=usage(prompts, outs),
+                prompt_logprobs=P.prompt_logprobs(finals[0].prompt_logprobs),
             )
 
         def choice(i, text, entries, offset, final):

@@ -78,7 +78,6 @@ class _SamplingFields(_Request):
         bad = [
             name
             for name in (
-                "prompt_logprobs",
                 "structured_outputs",
                 "guided_json",
                 "guided_regex",
@@ -101,6 +100,10 @@ class _SamplingFields(_Request):
         bad = self.unsupported()
         if bad:
             raise ValueError(f"{bad[0]} is not supported by this server (set: {', '.join(bad)})")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"prompt_logprobs must be in [0, {MAX_LOGPROBS}], got {self.prompt_logprobs}.")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not supported with stream=true by this server")
         return SamplingParams(
             n=self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -122,6 +125,7 @@ class _SamplingFields(_Request):
             logit_bias=self._logit_bias(),
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words or None,
+            prompt_logprobs=self.prompt_logprobs,
         )
 
     def _logit_bias(self) -> dict[int, float] | None:
@@ -217,12 +221,37 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):  # vLLM's prompt_logprobs entries: {token id: this}
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
+def prompt_logprobs(entries: list | None) -> PromptLogprobs | None:
+    """RequestOutput.prompt_logprobs (Logprob dataclasses) -> the response field (-inf as -9999.0, as logprobs)."""
+    if entries is None:
+        return None
+    return [
+        None
+        if e is None
+        else {
+            t: PromptLogprob(logprob=max(v.logprob, -9999.0), rank=v.rank, decoded_token=v.decoded_token)
+            for t, v in e.items()
+        }
+        for e in entries
+    ]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
 
 
 class CompletionResponse(BaseModel):
@@ -268,6 +297,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
 
 
 class DeltaMessage(BaseModel):
