@@ -615,6 +615,32 @@ def test_prompt_logprobs(plain, llm):
     assert len(r.json()["prompt_logprobs"]) == r.json()["usage"]["prompt_tokens"]
 
 
+def test_echo(plain, llm):
+    """echo: the prompt leads the text; with logprobs its tokens lead too (the first without a logprob); with
+    max_tokens=0 only the prompt comes back (what evaluation harnesses send to score a text)."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "tiny", "prompt": PROMPTS[0], "temperature": 0, "echo": True, "logprobs": 1}
+    r = httpx.post(f"{plain.url}/v1/completions", json={**body, "max_tokens": 0}, headers=headers).json()
+    ref = llm.generate(
+        PROMPTS[0], SamplingParams(temperature=0, max_tokens=3, prompt_logprobs=1, ignore_eos=True)
+    )[0]
+    lp = r["choices"][0]["logprobs"]
+    assert r["choices"][0]["text"] == PROMPTS[0] and r["usage"]["completion_tokens"] == 0
+    assert len(lp["tokens"]) == len(ref.prompt_token_ids) and lp["token_logprobs"][0] is None
+    expected = [e[t].logprob for e, t in zip(ref.prompt_logprobs[1:], ref.prompt_token_ids[1:])]
+    assert lp["token_logprobs"][1:] == pytest.approx(expected, abs=1e-5)
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    r = httpx.post(
+        f"{plain.url}/v1/completions", json={**body, "max_tokens": 3, "ignore_eos": True}, headers=headers
+    ).json()
+    assert r["choices"][0]["text"] == PROMPTS[0] + ref.outputs[0].text
+    assert len(r["choices"][0]["logprobs"]["tokens"]) == len(ref.prompt_token_ids) + 3
+    r = httpx.post(
+        f"{plain.url}/v1/completions", json={**body, "max_tokens": 2, "stream": True}, headers=headers
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+
+
 def test_neutral_values_of_unsupported_fields_are_accepted(plain):
     body = {"model": "tiny", "prompt": "hi", "max_tokens": 2, "logit_bias": {}, "best_of": 1, "tools": None}
     body |= {"response_format": {"type": "text"}}

@@ -188,12 +188,13 @@ def build_app(
         req: P._SamplingFields,
         max_tokens: int | None,
         logprobs: int | None,
+        prompt_logprobs: int | None = None,
     ) -> list[EngineRequest]:
         out = []
         for i, (text, ids) in enumerate(prompts):
             check_ids(ids)
             try:
-                sp = req.sampling_params(resolve_max_tokens(max_tokens, len(ids)), logprobs)
+                sp = req.sampling_params(resolve_max_tokens(max_tokens, len(ids)), logprobs, prompt_logprobs)
             except ValueError as e:
                 raise _bad_request(e) from None
             if sp.stop and tokenizer is None:
@@ -321,32 +322,59 @@ def build_app(
     @app.post("/v1/completions", dependencies=[Depends(check_api_key)])
     async def completions(req: P.CompletionRequest, request: Request):
         check_model(req.model)
-        if req.echo:
-            raise APIError(400, "echo is not supported", "echo")
+        if req.echo and (req.stream or tokenizer is None):
+            raise APIError(400, "echo is supported without stream and with a tokenizer only", "echo")
         try:
             logprobs = req.requested_logprobs()
         except ValueError as e:
             raise _bad_request(e) from None
         prompts = _completion_prompts(req.prompt, tokenizer)
         rid = P.random_id("cmpl")
-        group = await submit(engine_requests(rid, prompts, req, req.max_tokens, logprobs))
+        # echo: the prompt leads each choice's text (and its logprobs); max_tokens=0 returns the prompt alone
+        echo_only = req.echo and req.max_tokens == 0
+        group = await submit(
+            engine_requests(
+                rid,
+                prompts,
+                req,
+                1 if echo_only else req.max_tokens,
+                logprobs,
+                logprobs if req.echo else None,
+            )
+        )
         created, name = int(time.time()), req.model or model_name
         if not req.stream:
             finals = await collect(request, group)
             outs = [f.outputs[0] for f in finals]
-            choices = [
-                P.CompletionChoice(
-                    index=i,
-                    text=o.text,
-                    finish_reason=o.finish_reason,
-                    stop_reason=o.stop_reason,
-                    logprobs=_completion_logprobs(o.logprobs, 0) if logprobs is not None else None,
-                    prompt_logprobs=P.prompt_logprobs(f.prompt_logprobs),
+            per_prompt = len(finals) // len(prompts)
+            choices = []
+            for i, (f, o) in enumerate(zip(finals, outs)):
+                text, lp = o.text, _completion_logprobs(o.logprobs, 0) if logprobs is not None else None
+                if req.echo:
+                    ptext, pids = prompts[i // per_prompt]
+                    text = (tokenizer.decode(pids) if ptext is None else ptext) + ("" if echo_only else text)
+                    if logprobs is not None:
+                        lp = _echo_logprobs(
+                            pids, f.prompt_logprobs, tokenizer, [] if echo_only else o.logprobs
+                        )
+                choices.append(
+                    P.CompletionChoice(
+                        index=i,
+                        text=text,
+                        finish_reason="length" if echo_only else o.finish_reason,
+                        stop_reason=None if echo_only else o.stop_reason,
+                        logprobs=lp,
+                        prompt_logprobs=P.prompt_logprobs(f.prompt_logprobs)
+                        if req.prompt_logprobs is not None
+                        else None,
+                    )
                 )
-                for i, (f, o) in enumerate(zip(finals, outs))
-            ]
             return P.CompletionResponse(
-                id=rid, created=created, model=name, choices=choices, usage=usage(prompts, outs)
+                id=rid,
+                created=created,
+                model=name,
+                choices=choices,
+                usage=usage(prompts, [None] * len(outs) if echo_only else outs),
             )
 
         def choice(i, text, entries, offset, final):
@@ -495,6 +523,31 @@ def _completion_logprobs(entries: list[dict[int, Logprob]] | None, offset: int) 
         out.top_logprobs.append({(v.decoded_token or ""): _lp(v.logprob) for v in entry.values()})
         out.text_offset.append(offset)
         offset += len(tok)
+    return out
+
+
+def _echo_logprobs(ids: list[int], prompt_lp, tokenizer, generated) -> P.CompletionLogprobs:
+    """Completion logprobs of an echoed prompt (its first token has none, as in vLLM), then of the generated
+    tokens; text offsets run on through both."""
+    out = P.CompletionLogprobs()
+    offset = 0
+    for i, tid in enumerate(ids):
+        entry = prompt_lp[i] if prompt_lp is not None and i < len(prompt_lp) else None
+        tok = (
+            tokenizer.decode([tid], skip_special_tokens=False)
+            if entry is None
+            else entry[tid].decoded_token or ""
+        )
+        out.tokens.append(tok)
+        out.text_offset.append(offset)
+        out.token_logprobs.append(None if entry is None else _lp(entry[tid].logprob))
+        out.top_logprobs.append(
+            None if entry is None else {(v.decoded_token or ""): _lp(v.logprob) for v in entry.values()}
+        )
+        offset += len(tok)
+    gen = _completion_logprobs(generated, offset)
+    for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        getattr(out, name).extend(getattr(gen, name))
     return out
 
 

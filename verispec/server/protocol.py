@@ -95,8 +95,11 @@ class _SamplingFields(_Request):
             bad.append("response_format")
         return bad
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """Build SamplingParams; raises ValueError naming the bad field (passed through as a 400)."""
+    def sampling_params(
+        self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
+        """Build SamplingParams (prompt_logprobs: an override, e.g. for echo); raises ValueError naming the bad
+        field (passed through as a 400)."""
         bad = self.unsupported()
         if bad:
             raise ValueError(f"{bad[0]} is not supported by this server (set: {', '.join(bad)})")
@@ -125,7 +128,7 @@ class _SamplingFields(_Request):
             logit_bias=self._logit_bias(),
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words or None,
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
         )
 
     def _logit_bias(self) -> dict[int, float] | None:
