@@ -162,7 +162,12 @@ class SamplingParams:
                 raise ValueError(f"allowed_token_ids must be non-negative, got {self.allowed_token_ids[:5]}.")
 
     def check_vocab(self, vocab: int) -> None:
-        """ValueError naming the field if a token id is outside [0, vocab) (the engine knows the vocabulary)."""
+        """ValueError naming the field if a token id is outside [0, vocab) or more logprobs than tokens are asked
+        for (the engine knows the vocabulary)."""
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(self, name)
+            if n is not None and n > vocab:
+                raise ValueError(f"{name}={n} is more than the vocabulary size ({vocab})")
         for name, ids in (
             ("logit_bias", list(self.logit_bias or ())),
             ("allowed_token_ids", self.allowed_token_ids or []),

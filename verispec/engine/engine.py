@@ -90,10 +90,6 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
         params.check_vocab(vocab)
-        for name in ("logprobs", "prompt_logprobs"):
-            n = getattr(params, name)
-            if n is not None and n > vocab:
-                raise ValueError(f"{name}={n} is more than the vocabulary size ({vocab})")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
         if params.bad_words and self.tokenizer is None:
