@@ -449,6 +449,7 @@ def test_32_concurrent_streaming_clients(plain, llm):
 def test_disconnect_aborts_and_frees_cache(plain):
     client = plain.client()
     aborted0 = plain.metric("vllm:request_aborted_total")
+    success0 = plain.metric("vllm:request_success_total", finished_reason="abort")
     stream = client.completions.create(
         model="tiny",
         prompt=PROMPTS[2],
@@ -462,6 +463,7 @@ def test_disconnect_aborts_and_frees_cache(plain):
     assert plain.metric("verispec:kv_cache_free_slots") == 7
     stream.close()  # client goes away mid-stream
     wait_for(lambda: plain.metric("vllm:request_aborted_total") == aborted0 + 1, what="streaming abort")
+    assert plain.metric("vllm:request_success_total", finished_reason="abort") == success0 + 1
     assert (
         plain.metric("verispec:kv_cache_free_slots") == 8 and plain.metric("vllm:num_requests_running") == 0
     )

@@ -270,6 +270,10 @@ class AsyncEngine:
         self.engine.abort_request(rid)
         self.engine.release(rid)
         self._done(1)
+        if self.metrics is not None:
+            self.metrics.request_finished(
+                "abort"
+            )  # vLLM counts it as request_success{finished_reason="abort"}
         track.group.push(rid, RequestAborted(f"request {rid} was aborted"))
 
     def _fail(self, rid: str, error: BaseException) -> None:

@@ -81,7 +81,7 @@ E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
-FINISH_REASONS = ("stop", "length")
+FINISH_REASONS = ("stop", "length", "abort")  # vLLM's FinishReason values: every one exported from the start
 
 
 class ServerMetrics:
