@@ -62,9 +62,8 @@ class SamplingParams:
     prompt_logprobs: int | None = None  # top-N logprobs per prompt token (the first is None), as vLLM
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    logit_bias: dict[int, float] | None = (
-        None  # token id -> added to its logit (before penalties), as in vLLM
-    )
+    # token id -> added to its logit (before the penalties), as in vLLM
+    logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None  # only these tokens can be sampled
     bad_words: list[str] | None = None  # words whose last token is banned when the output ends with the rest
 
