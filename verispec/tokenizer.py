@@ -23,6 +23,8 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
+from verispec.loader.hf import read_json
+
 # llama.cpp token types (gguf.TokenType)
 TOKEN_NORMAL = 1
 TOKEN_CONTROL = 3
@@ -323,8 +325,6 @@ def compile_chat_template(source: str) -> jinja2.Template:
 
 def _read_json(path: Path) -> dict:
     """An optional JSON object file: {} if absent; ValueError naming it if malformed."""
-    from verispec.loader.hf import read_json
-
     return read_json(path) if path.is_file() else {}
 
 

@@ -11,7 +11,7 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
-from verispec.engine.sample_step import bad_words_token_ids, sample_step
+from verispec.engine.sample_step import sample_step, set_token_constraints
 from verispec.engine.stop import commit_tokens, logprob_entry
 from verispec.layers import sampler as S
 from verispec.layers.sampler import make_generator
@@ -94,9 +94,8 @@ class LLMEngine:
             raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True was given)")
-        bad_words = bad_words_token_ids(params.bad_words, self.tokenizer) if params.bad_words else None
         req = Request(request_id, prompt, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
-        req.bad_words_token_ids = bad_words
+        set_token_constraints(req, self.tokenizer, vocab, self.device)
         if params.seed is not None:
             req.generator = make_generator(params.seed, self.device)
         if self.tokenizer is not None:

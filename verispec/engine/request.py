@@ -31,7 +31,11 @@ class Request:
     num_computed: int = 0  # tokens whose K/V are in the cache (all of prompt + output except the newest)
     generator: torch.Generator | None = None
     detokenizer: object | None = None
-    bad_words_token_ids: list[list[int]] | None = None  # params.bad_words as token sequences (engine-made)
+    # params' token constraints in the forms a step applies, made once when the request is added
+    bad_words_token_ids: list[list[int]] | None = None  # bad_words as token sequences
+    disallowed: torch.Tensor | None = None  # [V] bool: the tokens allowed_token_ids leaves out
+    logit_bias_ids: torch.Tensor | None = None  # [n] int64 token ids of logit_bias
+    logit_bias_values: torch.Tensor | None = None  # [n] float32 their biases
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled chunk by chunk during prefill

@@ -57,6 +57,24 @@ def banned_by_bad_words(bad: list[list[int]], past: list[int]) -> list[int]:
     return banned
 
 
+def set_token_constraints(r: Request, tokenizer, vocab: int, device) -> None:
+    """r.params' bad_words, allowed_token_ids and logit_bias in the forms _constrain_tokens applies (once per
+    request, not per step)."""
+    p = r.params
+    if p.bad_words:
+        r.bad_words_token_ids = bad_words_token_ids(p.bad_words, tokenizer)
+    if p.allowed_token_ids is not None:
+        r.disallowed = torch.ones(vocab, dtype=torch.bool, device=device)  # [V]
+        r.disallowed[torch.tensor(p.allowed_token_ids, device=device)] = False
+    if p.logit_bias:
+        r.logit_bias_ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=device)  # [n]
+        r.logit_bias_values = torch.tensor(list(p.logit_bias.values()), dtype=torch.float32, device=device)
+
+
+def _has_constraints(r: Request) -> bool:
+    return bool(r.bad_words_token_ids) or r.disallowed is not None or r.logit_bias_ids is not None
+
+
 def _constrain_tokens(logits: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> None:
     """allowed_token_ids (every other token -inf), bad_words (at verify position j the output so far includes the
     first j drafts), then logit_bias (added), at every scored position of the request, before min_tokens and the
@@ -67,15 +85,10 @@ def _constrain_tokens(logits: torch.Tensor, reqs: list[Request], drafts: list[li
                 banned = banned_by_bad_words(r.bad_words_token_ids, r.output_token_ids + drafts[i][:j])
                 if banned:
                     logits[i, j, banned] = float("-inf")
-        p = r.params
-        if p.allowed_token_ids is not None:
-            keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)  # [V]
-            keep[torch.tensor(p.allowed_token_ids, device=logits.device)] = True
-            logits[i].masked_fill_(~keep, float("-inf"))
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), device=logits.device)  # [n]
-            bias = torch.tensor(list(p.logit_bias.values()), dtype=logits.dtype, device=logits.device)
-            logits[i, :, ids] += bias
+        if r.disallowed is not None:
+            logits[i].masked_fill_(r.disallowed, float("-inf"))
+        if r.logit_bias_ids is not None:
+            logits[i, :, r.logit_bias_ids] += r.logit_bias_values.to(logits.dtype)
 
 
 def _suppress_early_stops(logits: torch.Tensor, reqs: list[Request], stride: int) -> None:
@@ -126,7 +139,7 @@ def sample_step(
         padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
         draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
     proc = padded
-    if any(p.allowed_token_ids is not None or p.logit_bias or p.bad_words for p in params):
+    if any(_has_constraints(r) for r in reqs):
         proc = proc.clone()
         _constrain_tokens(proc, reqs, drafts)
     if any(p.min_tokens > 0 for p in params):

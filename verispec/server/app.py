@@ -506,8 +506,7 @@ def _completion_prompts(prompt, tokenizer) -> list[tuple[str | None, list[int]]]
     return out
 
 
-def _lp(x: float) -> float:
-    return max(x, -9999.0)  # JSON has no -inf (vLLM clamps the same way)
+_lp = P.json_logprob
 
 
 def _completion_logprobs(entries: list[dict[int, Logprob]] | None, offset: int) -> P.CompletionLogprobs:

@@ -233,6 +233,10 @@ class PromptLogprob(BaseModel):  # vLLM's prompt_logprobs entries: {token id: th
 PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
 
+def json_logprob(x: float) -> float:
+    return max(x, -9999.0)  # JSON has no -inf (vLLM clamps the same way)
+
+
 def prompt_logprobs(entries: list | None) -> PromptLogprobs | None:
     """RequestOutput.prompt_logprobs (Logprob dataclasses) -> the response field (-inf as -9999.0, as logprobs)."""
     if entries is None:
@@ -241,7 +245,7 @@ def prompt_logprobs(entries: list | None) -> PromptLogprobs | None:
         None
         if e is None
         else {
-            t: PromptLogprob(logprob=max(v.logprob, -9999.0), rank=v.rank, decoded_token=v.decoded_token)
+            t: PromptLogprob(logprob=json_logprob(v.logprob), rank=v.rank, decoded_token=v.decoded_token)
             for t, v in e.items()
         }
         for e in entries
