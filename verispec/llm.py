@@ -142,6 +142,10 @@ class LLM:
             num_speculative_tokens=k,
             rejection_sample_method=spec.rejection_sample_method if spec else "strict",
             synthetic_acceptance_rate=spec.synthetic_acceptance_rate if spec else None,
+            block_verify=bool(spec and spec.enable_block_verify),
+            entropy_verify=(spec.posterior_threshold, spec.posterior_alpha)
+            if spec and spec.enable_entropy_verify
+            else None,
             disable_by_batch_size=spec.disable_by_batch_size if spec else None,
             spec_token_budget=spec_token_budget or (32 if self.device.type == "cpu" else 2048),
             draft_max_model_len=spec.max_model_len if spec else None,

@@ -476,6 +476,12 @@ def _check_rejection_sampling(values: dict[str, Any]) -> None:
         raise ValueError(f"synthetic_acceptance_rate must be in [0, 1], but got {rate}")
     if method != "synthetic" and rate is not None:
         raise ValueError("synthetic_acceptance_rate is only valid with rejection_sample_method='synthetic'")
+    for key in ("enable_block_verify", "enable_entropy_verify"):
+        if values[key] and method != "probabilistic":
+            raise ValueError(
+                f"{key} changes the acceptance test of rejection_sample_method='probabilistic' (p/q), but "
+                f"rejection_sample_method is {method!r}; set it to 'probabilistic' or remove {key}"
+            )
 
 
 def _check_bounds(values: dict[str, Any]) -> None:

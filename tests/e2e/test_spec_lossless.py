@@ -191,15 +191,20 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
 
 
-@pytest.mark.parametrize("method, top_p", [("probabilistic", 1.0), ("strict", 1.0), ("probabilistic", 0.9)])
-def test_sampled_tokens_follow_target_distribution(tiny_llama, tiny_draft, method, top_p):
+@pytest.mark.parametrize(
+    "method, top_p, block", [("probabilistic", 1.0, False), ("strict", 1.0, False), ("probabilistic", 0.9, False),
+                             ("probabilistic", 1.0, True)]
+)  # fmt: skip
+def test_sampled_tokens_follow_target_distribution(tiny_llama, tiny_draft, method, top_p, block):
     """Second output token (the first one produced by verification, against a deliberately poor draft) has
-    exactly the target's marginal distribution: chi-square p-value must not be tiny; a wrong law must fail."""
+    exactly the target's marginal distribution: chi-square p-value must not be tiny; a wrong law must fail.
+    Block Verify (3 drafts: it applies from 3) keeps the law too."""
     cfg = {
         "method": "draft_model",
         "model": tiny_draft,
-        "num_speculative_tokens": 2,
+        "num_speculative_tokens": 3 if block else 2,
         "rejection_sample_method": method,
+        "enable_block_verify": block,
     }
     llm = LLM(
         tiny_llama,
@@ -222,6 +227,26 @@ def test_sampled_tokens_follow_target_distribution(tiny_llama, tiny_draft, metho
     # the same test has power: the draft model's own law (what a broken verifier would emit) is rejected
     uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
     assert _chi2_pvalue(counts, uniform_mix / uniform_mix.sum(), n) < 1e-4
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
+def test_block_and_entropy_verify_leave_greedy_output_unchanged(tiny_llama, tiny_draft, reference, method):
+    """Both change only the p/q test of sampled requests; greedy requests keep the greedy rule (vLLM Ascend's
+    behaviour). A sampled request in the same batch runs through them (Entropy Verify is not lossless by design, so
+    no law is asserted for it)."""
+    cfg = {
+        **_spec_configs(tiny_llama, tiny_draft, 4)[method],
+        "rejection_sample_method": "probabilistic",
+        "enable_block_verify": True,
+        "enable_entropy_verify": True,
+        "posterior_alpha": 1.0,
+    }
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=3)
+    outs = llm.generate(_prompts(4, seed=4), [greedy, sampled, greedy, greedy], use_tqdm=False)
+    assert [outs[i].outputs[0].token_ids for i in (0, 2, 3)] == [reference[4][i] for i in (0, 2, 3)]
+    assert len(outs[1].outputs[0].token_ids) == 24 and outs[1].num_draft_tokens > 0
 
 
 @pytest.mark.parametrize("batch", [1, 8])

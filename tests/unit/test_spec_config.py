@@ -280,7 +280,11 @@ def test_ngram_max_model_len_follows_target():
         {"rejection_sample_method": "probabilistic"},
         {"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0},
         {"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 1.0},
-        {"enable_block_verify": True, "enable_entropy_verify": True},
+        {
+            "rejection_sample_method": "probabilistic",
+            "enable_block_verify": True,
+            "enable_entropy_verify": True,
+        },
         {"posterior_threshold": 1, "posterior_alpha": 0},
         {"parallel_drafting": True},
     ],
@@ -359,6 +363,8 @@ ERRORS = [
     ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, {}, "suffix_decoding_min_token_prob=1.5 must be in [0, 1]"),
     ({**NGRAM, "posterior_threshold": 0}, {}, "posterior_threshold=0.0 must be in (0, 1]"),
     ({**NGRAM, "posterior_alpha": -1}, {}, "posterior_alpha=-1.0 must be >= 0"),
+    ({**NGRAM, "enable_block_verify": True}, {}, "enable_block_verify changes the acceptance test of rejection_sample_method='probabilistic' (p/q), but rejection_sample_method is 'strict'"),
+    ({**NGRAM, "rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.5, "enable_entropy_verify": True}, {}, "set it to 'probabilistic' or remove enable_entropy_verify"),
     ({**NGRAM, "parallel_drafting": True}, {}, "parallel_drafting is only compatible with EAGLE and draft-model methods"),
     # token tree
     ({**EAGLE_CFG, "speculative_token_tree": "[(0,), (0, 1"}, {}, "speculative_token_tree could not be parsed"),

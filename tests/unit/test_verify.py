@@ -5,6 +5,7 @@ from verispec.spec.verify import (
     METHODS,
     draw_exp_noise,
     draw_uniform,
+    entropy_thresholds,
     greedy_verify,
     rejection_sample,
 )
@@ -228,3 +229,178 @@ def test_wrong_sampler_fails_later_token_test():
     q_rows = torch.stack([Q_POOR, P.roll(5)])
     out, na = _simulate("synthetic", p_rows, q_rows, seed=1, rate=0.9)
     assert _chi2_pvalue(out[na >= 1, 1], p_rows[1]) < MIN_PVALUE
+
+
+# ---------------------------------------------------------------------------- Block / Entropy Verify
+
+
+def test_block_verify_accepts_past_a_failed_position():
+    # drafts 1, 2, 3 from a draft-free proposer (one-hot q); the target gives them 0.5, 1, 1: the block as a whole
+    # has probability 0.5, so it is accepted iff u_3 <= w_3 = 0.5 whatever u_1 says (h_1 = h_2 = 0 here)
+    d = _t([[1, 2, 3]])
+    p = torch.tensor(
+        [[[0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0.25, 0.25, 0.25, 0.25]]], dtype=torch.float64
+    )
+    noise = torch.ones(1, 4, 4, dtype=torch.float64)
+    out, na = rejection_sample(
+        "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), exp_noise=noise, block=True
+    )
+    assert out.tolist() == [[1, 2, 3, 0]] and na.tolist() == [3]  # bonus: race of equal weights picks token 0
+    out, na = rejection_sample(  # token-level verification rejects x_1 (0.9 > 0.5)
+        "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), exp_noise=noise
+    )
+    assert na.tolist() == [0] and out.tolist() == [[0, -1, -1, -1]]  # residual max(p - q, 0) = token 0
+    out, na = rejection_sample(  # nothing passes: the residual of position 0 (token 0)
+        "probabilistic", d, p, uniform_samples=torch.tensor([[0.3, 0.9, 0.9]]), exp_noise=noise, block=True
+    )
+    assert out.tolist() == [[0, -1, -1, -1]] and na.tolist() == [0]
+
+
+def test_block_verify_with_one_draft_is_token_verification():
+    g = torch.Generator().manual_seed(3)
+    B = 500
+    p = torch.rand(B, 2, V, generator=g, dtype=torch.float64).softmax(-1)
+    q = torch.rand(B, 1, V, generator=g, dtype=torch.float64).softmax(-1)
+    d = torch.multinomial(q[:, 0], 1, generator=g)
+    u = torch.rand(B, 1, generator=g, dtype=torch.float64)
+    noise = torch.empty(B, 2, V, dtype=torch.float64).exponential_(generator=g)
+    for dp in (q, None):
+        block = rejection_sample(
+            "probabilistic", d, p, draft_probs=dp, uniform_samples=u, exp_noise=noise, block=True
+        )
+        token = rejection_sample("probabilistic", d, p, draft_probs=dp, uniform_samples=u, exp_noise=noise)
+        assert torch.equal(block[0], token[0]) and torch.equal(block[1], token[1])
+
+
+def test_block_verify_ragged_rows_stop_at_their_own_last_draft():
+    # row 0 has one draft, row 1 none: with u = 0 every test passes, so each row accepts all of its drafts
+    d = _t([[2, -1, -1], [-1, -1, -1]])
+    p = torch.full((2, 4, V), 1.0 / V, dtype=torch.float64)
+    out, na = rejection_sample(
+        "probabilistic", d, p, uniform_samples=torch.zeros(2, 3), exp_noise=torch.ones(2, 4, V), block=True
+    )
+    assert (
+        na.tolist() == [1, 0]
+        and out[0, 0] == 2
+        and (out[:, 2:] == -1).all()
+        and (out[:, 0:2] >= 0).sum() == 3
+    )
+
+
+def _markov_outputs(method, q_mode, block=False, entropy=None, n=20_000, length=6, k=3, seed=0):
+    """Generate `length` tokens per sequence by repeated verification steps, drafts from a poor Markov draft, the
+    target a Markov chain (the next-token law depends on the previous token): the emitted sequences must follow
+    the target chain exactly, whatever the drafts and acceptance were."""
+    g = torch.Generator().manual_seed(seed)
+    last = torch.zeros(n, dtype=torch.long)  # every sequence starts after token 0
+    out = torch.full((n, length), -1, dtype=torch.long)
+    count = torch.zeros(n, dtype=torch.long)
+    steps = accepted = 0  # over the steps of sequences still short of `length`
+    while (count < length).any():
+        drafts, ctx = [], last
+        for _ in range(k):
+            ctx = torch.multinomial(MQ[ctx], 1, generator=g).squeeze(1)
+            drafts.append(ctx)
+        d = torch.stack(drafts, 1)  # [n, k]
+        contexts = torch.cat([last[:, None], d], 1)  # [n, k+1]
+        target = MP[contexts]  # [n, k+1, V]
+        thresholds = None if entropy is None else entropy_thresholds(target[:, :k], *entropy)
+        res, na = rejection_sample(
+            method,
+            d,
+            target,
+            draft_probs=MQ[contexts[:, :k]] if q_mode == "q" else None,
+            uniform_samples=torch.rand(n, k, generator=g, dtype=torch.float64),
+            exp_noise=torch.empty(n, k + 1, V, dtype=torch.float64).exponential_(generator=g),
+            block=block,
+            thresholds=thresholds,
+        )
+        at = count[:, None] + torch.arange(k + 1)  # [n, k+1] output index of each emitted token
+        keep = (res >= 0) & (at < length)
+        out[keep.nonzero(as_tuple=True)[0], at[keep]] = res[keep]
+        last = res.gather(1, na[:, None]).squeeze(1)
+        short = count < length
+        steps, accepted = steps + int(short.sum()), accepted + int(na[short].sum())
+        count += na + 1
+    return out, accepted / steps
+
+
+def _markov_law_pvalues(out: torch.Tensor) -> list[float]:
+    """Chi-square p-values of every output position's marginal and of (y_0, y_1)'s joint law against the chain."""
+    laws = [torch.nn.functional.one_hot(torch.tensor(0), V).double() @ MP]  # law of y_0 (after token 0)
+    for _ in range(1, out.shape[1]):
+        laws.append(laws[-1] @ MP)
+    pvalues = [_chi2_pvalue(out[:, t], law) for t, law in enumerate(laws)]
+    joint = (laws[0][:, None] * MP).flatten()  # law of (y_0, y_1)
+    return pvalues + [_chi2_pvalue(out[:, 0] * V + out[:, 1], joint)]
+
+
+MP = torch.stack([P.roll(i) for i in range(V)]) * 0.7 + 0.3 * torch.eye(
+    V, dtype=torch.float64
+)  # [V, V] target
+MQ = (MP.roll(1, dims=1) + 0.2).softmax(-1)  # a poor draft chain
+
+
+@pytest.mark.parametrize(
+    "method,q_mode,block",
+    [
+        ("strict", "none", False),
+        ("probabilistic", "q", False),
+        ("probabilistic", "none", False),
+        ("probabilistic", "q", True),
+        ("probabilistic", "none", True),
+    ],
+)
+def test_generated_sequences_follow_the_target_chain(method, q_mode, block):
+    assert min(_markov_law_pvalues(_markov_outputs(method, q_mode, block)[0])) > MIN_PVALUE
+
+
+@pytest.mark.parametrize("q_mode,block", [("q", False), ("none", True)])
+def test_entropy_verify_is_not_lossless_and_the_test_sees_it(q_mode, block):
+    # posterior_alpha 1: thresholds ~exp(-1.7) here, drafts accepted far more often than the target allows
+    assert (
+        min(_markov_law_pvalues(_markov_outputs("probabilistic", q_mode, block, entropy=(0.95, 1.0))[0]))
+        < MIN_PVALUE
+    )
+
+
+def test_block_verify_accepts_more_per_step_than_token_verification():
+    # the paper's claim, with a real draft distribution (one-hot drafts gain little: 0.142 vs 0.141 here)
+    _, block = _markov_outputs("probabilistic", "q", block=True, length=60, n=4000, k=4)
+    _, token = _markov_outputs("probabilistic", "q", length=60, n=4000, k=4)
+    assert block > token * 1.1  # measured 1.51 vs 1.31 accepted drafts per step
+
+
+def test_entropy_thresholds():
+    uniform = torch.full((1, 1, 4), 0.25, dtype=torch.float64)
+    sure = torch.tensor([[[1.0, 0, 0, 0]]], dtype=torch.float64)
+    t = entropy_thresholds(torch.cat([uniform, sure], 1), 0.95, 0.4)  # [1, 2]
+    assert t[0, 0].item() == pytest.approx(4**-0.4) and t[0, 1].item() == pytest.approx(0.95)
+    assert entropy_thresholds(uniform, 0.95, 0.0).item() == pytest.approx(
+        0.95
+    )  # alpha 0: the threshold itself
+
+
+def test_block_and_entropy_verify_make_no_host_sync():
+    B, K, meta = 4, 3, {"device": "meta"}
+    probs = torch.empty(B, K + 1, V, **meta)
+    for dp in (torch.empty(B, K, V, **meta), None):
+        out, na = rejection_sample(
+            "probabilistic",
+            torch.empty(B, K, dtype=torch.long, **meta),
+            probs,
+            torch.empty(B, dtype=torch.bool, **meta),
+            draft_probs=dp,
+            uniform_samples=torch.empty(B, K, **meta),
+            exp_noise=torch.empty(B, K + 1, V, **meta),
+            block=True,
+            thresholds=entropy_thresholds(probs[:, :K], 0.95, 0.4),
+        )
+        assert out.shape == (B, K + 1) and na.shape == (B,)
+
+
+def test_block_and_entropy_need_probabilistic():
+    d, p = _t([[1]]), torch.full((1, 2, V), 1.0 / V)
+    for kw in ({"block": True}, {"thresholds": torch.ones(1, 1)}):
+        with pytest.raises(ValueError, match="probabilistic"):
+            rejection_sample("strict", d, p, exp_noise=torch.ones(1, 2, V), **kw)

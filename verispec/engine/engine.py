@@ -27,6 +27,10 @@ class EngineOptions:
     num_speculative_tokens: int = 0
     rejection_sample_method: str = "strict"
     synthetic_acceptance_rate: float | None = None
+    block_verify: bool = False  # Block Verify on steps with >= 3 drafts (probabilistic only)
+    entropy_verify: tuple[float, float] | None = (
+        None  # (posterior_threshold, posterior_alpha): Entropy Verify
+    )
     disable_by_batch_size: int | None = None
     log_interval_s: float = 10.0
     # Most tokens one decode step may score (committed + drafts). Verifying more rows than this turns the
@@ -237,6 +241,8 @@ class LLMEngine:
             draft_probs,
             self.generator,
             o.synthetic_acceptance_rate,
+            block_verify=o.block_verify,
+            entropy_verify=o.entropy_verify,
         )
         stats = SpecDecodingStats(o.num_speculative_tokens) if self.proposer else None
         for r, d, n in zip(reqs, drafts, step.num_accepted):

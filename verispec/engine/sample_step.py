@@ -12,7 +12,7 @@ import torch
 
 from verispec.engine.request import Request
 from verispec.layers import sampler as S
-from verispec.spec.verify import draw_uniform, rejection_sample
+from verispec.spec.verify import draw_uniform, entropy_thresholds, rejection_sample
 
 
 @dataclass
@@ -109,7 +109,12 @@ def sample_step(
     draft_probs: torch.Tensor | None,  # [B, K, V]
     default_generator: torch.Generator | None,
     synthetic_rate: float | None = None,
+    block_verify: bool = False,
+    entropy_verify: tuple[float, float] | None = None,  # (posterior_threshold, posterior_alpha)
 ) -> StepTokens:
+    """Tokens to emit per request. Block Verify applies to steps verifying at least 3 drafts (vLLM Ascend's rule:
+    shorter blocks gain nothing); Entropy Verify's thresholds come from the raw target logits (before penalties,
+    temperature and top-k/p), as vLLM Ascend computes them."""
     b, v = len(reqs), logits.shape[-1]
     dev = logits.device
     k = max((len(d) for d in drafts), default=0)
@@ -162,9 +167,11 @@ def sample_step(
         out_list = out.view(b).tolist()  # the one host sync of the step
         tokens, accepted = [[t] for t in out_list], [0] * b
     else:
-        uniform = None
+        uniform = thresholds = None
         if probs is not None and method != "strict":
             uniform = draw_uniform((b, k), [r.generator for r in reqs], dev)
+            if entropy_verify is not None:
+                thresholds = entropy_thresholds(raw[:, :k].float().softmax(dim=-1), *entropy_verify)  # [B, K]
         out, n_acc = rejection_sample(
             method,
             draft_t,
@@ -175,6 +182,8 @@ def sample_step(
             uniform_samples=uniform,
             exp_noise=noise,
             synthetic_acceptance_rate=synthetic_rate,
+            block=block_verify and k >= 3,
+            thresholds=thresholds,
         )
         n_list = n_acc.tolist()
         rows = out.tolist()

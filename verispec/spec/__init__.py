@@ -80,8 +80,6 @@ def check_supported(cfg: SpeculativeConfig) -> None:
         )
     unsupported = {
         "parallel_drafting": cfg.parallel_drafting,
-        "enable_block_verify": cfg.enable_block_verify,
-        "enable_entropy_verify": cfg.enable_entropy_verify,
         "quantization": cfg.quantization is not None,
         "revision": cfg.revision is not None,
         "code_revision": cfg.code_revision is not None,

@@ -15,13 +15,23 @@ Conventions (B = batch rows, K = max drafts per row, V = vocab):
 
 Randomness is an input, never drawn here, so the caller decides seeding per request:
 
-- ``uniform_samples`` ``[B, K]`` in [0, 1): acceptance tests (``probabilistic``, ``synthetic``).
+- ``uniform_samples`` ``[B, K]`` in [0, 1): acceptance tests (``probabilistic``, ``synthetic``, block).
 - ``exp_noise`` ``[B, K+1, V]`` i.i.d. Exp(1), strictly positive: every categorical sample
   is an "exponential race", ``argmax(p / noise)``, which is an exact sample of
   ``p / p.sum()`` (p need not be normalised).
 
 ``draw_uniform`` / ``draw_exp_noise`` build these tensors, drawing each row that has a
 ``torch.Generator`` from that generator (one loop step per seeded request, not per token).
+
+Options of ``probabilistic`` (vLLM Ascend's ``rejection_sampler_config``):
+
+- Block Verify (``block=True``): Sun et al. 2024, "Block Verification Accelerates Speculative Decoding",
+  Algorithm 2. The drafts are judged as a block through cumulative ratios, the accepted prefix is the *last*
+  position whose test passes (not the first failure), and the replacement comes from a residual scaled by the
+  cumulative ratio. Still exactly lossless; accepts at least as many tokens in expectation.
+- Entropy Verify (``thresholds``): the acceptance test becomes ``u * t < p / q`` with
+  ``t = min(exp(-alpha * H), posterior_threshold)`` per position (``entropy_thresholds``): uncertain positions
+  accept more. NOT lossless by design (a quality/speed trade-off, as vLLM Ascend documents).
 
 No function here syncs with the host (.item(), .tolist(), data-dependent Python branches).
 """
@@ -79,16 +89,25 @@ def _assemble(
     accept: torch.Tensor,  # [B, K] bool, per-position acceptance (ignored where padded)
     next_tokens: torch.Tensor,  # [B, K+1] token to emit if the first rejection is at j
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accepted prefix + one token from ``next_tokens`` at position ``num_accepted``."""
-    B, K = draft_token_ids.shape
+    """Accepted prefix (up to the first rejection) + one token from ``next_tokens`` at ``num_accepted``."""
     valid = draft_token_ids >= 0  # [B, K]
     num_accepted = (accept & valid).long().cumprod(dim=1).sum(dim=1)  # [B]
+    return _assemble_at(draft_token_ids, num_accepted, next_tokens)
+
+
+def _assemble_at(
+    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
+    num_accepted: torch.Tensor,  # [B] accepted prefix length
+    next_tokens: torch.Tensor,  # [B, K+1] (or broadcastable) token to emit at position num_accepted
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafts [0, num_accepted), then ``next_tokens[num_accepted]``, then -1 padding. -> ([B, K+1], [B])."""
+    B, K = draft_token_ids.shape
     pos = torch.arange(K + 1, device=draft_token_ids.device)  # [K+1]
     pad = torch.full((B, 1), -1, dtype=draft_token_ids.dtype, device=draft_token_ids.device)
     drafts = torch.cat([draft_token_ids, pad], dim=1)  # [B, K+1]
     na = num_accepted[:, None]  # [B, 1]
     out = torch.where(pos < na, drafts, torch.where(pos == na, next_tokens.to(drafts.dtype), -1))
-    return out, num_accepted  # [B, K+1], [B]
+    return out, num_accepted
 
 
 def _draft_index(draft_token_ids: torch.Tensor) -> torch.Tensor:
@@ -130,12 +149,13 @@ def probabilistic_verify(
     draft_probs: torch.Tensor | None,  # [B, K, V], None = one-hot q at the draft
     uniform_samples: torch.Tensor,  # [B, K] U[0, 1)
     exp_noise: torch.Tensor,  # [B, K+1, V] Exp(1)
+    thresholds: torch.Tensor | None = None,  # [B, K] Entropy Verify; None = 1 (lossless)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Leviathan et al. / Chen et al. speculative sampling (lossless).
 
-    Accept x_j with prob min(1, p(x_j) / q(x_j)); at the first rejection emit a sample of
-    normalize(max(p - q, 0)) (p if that is all zero); after the last draft emit a bonus
-    sample of p at position num_draft.
+    Accept x_j with prob min(1, p(x_j) / q(x_j)) (with ``thresholds``: min(1, p / (q t))); at the first
+    rejection emit a sample of normalize(max(p - q, 0)) (p if that is all zero); after the last draft emit a
+    bonus sample of p at position num_draft.
     """
     K = draft_token_ids.shape[1]
     idx = _draft_index(draft_token_ids)  # [B, K, 1]
@@ -150,11 +170,78 @@ def probabilistic_verify(
         q_draft = draft_probs.gather(-1, idx)  # [B, K, 1]
         residual[:, :K] -= draft_probs * valid
         residual.clamp_min_(0.0)
-    accept = (uniform_samples[..., None] * q_draft < p_draft).squeeze(-1)  # [B, K]
+    u = uniform_samples if thresholds is None else uniform_samples * thresholds  # [B, K]
+    accept = (u[..., None] * q_draft < p_draft).squeeze(-1)  # [B, K]
     empty = residual.sum(dim=-1, keepdim=True) <= 0  # [B, K+1, 1]
     residual = torch.where(empty, target_probs, residual)  # [B, K+1, V] unnormalised is fine
     next_tokens = exponential_race(residual, exp_noise)  # [B, K+1]
     return _assemble(draft_token_ids, accept, next_tokens)
+
+
+def block_verify(
+    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
+    target_probs: torch.Tensor,  # [B, K+1, V]
+    draft_probs: torch.Tensor | None,  # [B, K, V], None = one-hot q at the draft
+    uniform_samples: torch.Tensor,  # [B, K] U[0, 1)
+    exp_noise: torch.Tensor,  # [B, K+1, V] Exp(1)
+    thresholds: torch.Tensor | None = None,  # [B, K] Entropy Verify; None = 1 (lossless)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification (Sun et al. 2024, Algorithm 2), lossless.
+
+    With x_i the drafts (i = 1..g, g = the row's draft count), p, q the target and draft distributions:
+      w_0 = 1, w_i = min(1, w_{i-1} p(x_i) / q(x_i))          cumulative ratio
+      Z_i = sum_x max(w_i p_i(x) - q_i(x), 0)                  residual mass after x_1..x_i
+      h_i = Z_i / (Z_i + 1 - w_i) for i < g, h_g = w_g        acceptance probability of the block up to i
+    tau = the largest i with u_i <= h_i (0 if none): x_1..x_tau are accepted, then one token is drawn from
+    max(w_tau p_tau - q_tau, 0) (p_g itself when tau = g: the bonus token).
+    """
+    B, K = draft_token_ids.shape
+    dev = draft_token_ids.device
+    idx = _draft_index(draft_token_ids)  # [B, K, 1]
+    valid = draft_token_ids >= 0  # [B, K]; a row's drafts are a prefix
+    p_x = target_probs[:, :K].gather(-1, idx).squeeze(-1)  # [B, K]
+    q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(-1, idx).squeeze(-1)
+    tiny = torch.finfo(p_x.dtype).tiny
+    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(tiny), (p_x > 0).to(p_x.dtype))  # [B, K]
+    ratio = torch.where(valid, ratio, 1.0)
+    # w_i = min(1, w_{i-1} r_i) is a random walk in log space reflected at 0: log w_i = S_i - max(0, max_j<=i S_j)
+    s = ratio.log().cumsum(dim=1)  # [B, K]
+    w = (s - s.cummax(dim=1).values.clamp_min(0.0)).exp()  # [B, K] w_1..w_K
+    w0 = torch.cat([torch.ones(B, 1, dtype=w.dtype, device=dev), w], dim=1)  # [B, K+1] w_0..w_K
+    residual = w0[..., None] * target_probs  # [B, K+1, V]: row i is max(w_i p_i - q_i, 0) once q is taken off
+    if draft_probs is None:
+        sub = torch.where(valid, 1.0, 0.0).to(residual.dtype)[..., None]  # [B, K, 1] one-hot q at the draft
+        residual[:, :K].scatter_add_(-1, idx, -sub)
+    else:
+        residual[:, :K] -= draft_probs * valid[..., None]
+    residual.clamp_min_(0.0)
+    z = residual.sum(dim=-1)  # [B, K+1]; z[:, i] = Z_i
+    zi = z[:, 1:]  # [B, K], i = 1..K
+    denom = zi + 1.0 - w
+    h = torch.where(denom > 0, zi / denom.clamp_min(tiny), 1.0)  # [B, K]
+    pos = torch.arange(1, K + 1, device=dev)  # [K]
+    last = valid.sum(dim=1, keepdim=True)  # [B, 1] draft count g
+    h = torch.where(pos == last, w, h)
+    u = uniform_samples if thresholds is None else uniform_samples * thresholds
+    passed = valid & (u <= h)  # [B, K]
+    tau = (passed * pos).amax(dim=1)  # [B]
+    rows = torch.arange(B, device=dev)
+    res_tau = residual[rows, tau]  # [B, V]
+    empty = res_tau.sum(dim=-1, keepdim=True) <= 0  # [B, 1]
+    res_tau = torch.where(empty, target_probs[rows, tau], res_tau)
+    final = exponential_race(res_tau, exp_noise[rows, tau])  # [B]
+    return _assemble_at(draft_token_ids, tau, final[:, None])
+
+
+def entropy_thresholds(
+    probs: torch.Tensor,  # [B, K, V] target distributions the drafts are verified against (before sampling transforms)
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> torch.Tensor:
+    """Entropy Verify's per-position threshold min(exp(-alpha * H(p)), posterior_threshold), H in nats
+    (vLLM Ascend's rejection_sampler_config). -> [B, K]."""
+    entropy = -(probs * (probs + 1e-10).log()).sum(dim=-1)  # [B, K]
+    return (-posterior_alpha * entropy).exp().clamp_max(posterior_threshold)
 
 
 def synthetic_verify(
@@ -187,6 +274,8 @@ def rejection_sample(
     uniform_samples: torch.Tensor | None = None,  # [B, K]; probabilistic / synthetic
     exp_noise: torch.Tensor | None = None,  # [B, K+1, V]; None = every row greedy
     synthetic_acceptance_rate: float | None = None,
+    block: bool = False,  # probabilistic only: Block Verify
+    thresholds: torch.Tensor | None = None,  # [B, K] probabilistic only: Entropy Verify (entropy_thresholds)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify a batch mixing greedy and random rows. Returns ``(output_token_ids [B, K+1],
     num_accepted [B])``.
@@ -201,6 +290,8 @@ def rejection_sample(
         raise ValueError(f"unknown rejection sampling method {method!r}; expected one of {METHODS}")
     if exp_noise is None and is_greedy is None:
         raise ValueError("exp_noise is required unless every row is greedy (pass is_greedy)")
+    if (block or thresholds is not None) and method != "probabilistic":
+        raise ValueError(f"Block / Entropy Verify need method 'probabilistic', got {method!r}")
 
     greedy = None
     if is_greedy is not None:
@@ -220,9 +311,8 @@ def rejection_sample(
         if uniform_samples is None:
             raise ValueError(f"method {method!r} needs uniform_samples")
         if method == "probabilistic":
-            rand = probabilistic_verify(
-                draft_token_ids, target_probs, draft_probs, uniform_samples, exp_noise
-            )
+            verify = block_verify if block else probabilistic_verify
+            rand = verify(draft_token_ids, target_probs, draft_probs, uniform_samples, exp_noise, thresholds)
         else:
             if synthetic_acceptance_rate is None:
                 raise ValueError("method 'synthetic' needs synthetic_acceptance_rate")
