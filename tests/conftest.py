@@ -79,3 +79,13 @@ def smollm2_tokenizer(smollm2_checkpoint):
 @pytest.fixture(scope="session")
 def smollm2_gguf_path(smollm2_gguf_file) -> str:
     return str(smollm2_gguf_file)
+
+
+@pytest.fixture(scope="session")
+def tiny_medusa(tiny_llama, tmp_path_factory) -> str:
+    """Five random seeded Medusa heads for tiny_llama."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_medusa
+
+    return str(write_tiny_medusa(tmp_path_factory.mktemp("medusa") / "m", Path(tiny_llama), num_heads=5))

@@ -123,3 +123,39 @@ def write_tiny_checkpoint(
     model.save_pretrained(folder, safe_serialization=True, max_shard_size="200KB" if shards > 1 else "5GB")
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos], "bos_token_id": 0}))
     return folder
+
+
+def write_tiny_medusa(
+    folder: Path,
+    target: Path,
+    num_heads: int = 5,
+    num_layers: int = 1,
+    seed: int = 0,
+    copy_head: bool = False,
+) -> Path:
+    """A Medusa checkpoint (vLLM's format) for the target at `target`: random seeded heads, or with copy_head the
+    target's own LM head behind zero residual blocks (every head then drafts the target's next token again)."""
+    from safetensors.torch import load_file, save_file
+
+    tcfg = json.loads((target / "config.json").read_text())
+    hidden, vocab = tcfg["hidden_size"], tcfg["vocab_size"]
+    g = torch.Generator().manual_seed(seed)
+    tensors = {}
+    if copy_head:
+        weights = {}
+        for f in sorted(target.glob("*.safetensors")):
+            weights.update(load_file(str(f)))
+        head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+    for h in range(num_heads):
+        for layer in range(num_layers):
+            w = torch.zeros(hidden, hidden) if copy_head else torch.randn(hidden, hidden, generator=g) * 0.1
+            tensors[f"medusa_heads.blocks.{h}.layers.{layer}.weight"] = w
+        tensors[f"medusa_heads.lm_heads.{h}.weight"] = (
+            head.clone() if copy_head else torch.randn(vocab, hidden, generator=g) * 0.3
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": hidden, "vocab_size": vocab,
+              "medusa_num_heads": num_heads, "medusa_num_layers": num_layers}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -287,3 +287,54 @@ def test_draft_max_model_len_stops_drafting(tiny_llama, reference):
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
     long_prompts = [o for o in outs if len(o.prompt_token_ids) >= 19]
     assert long_prompts and all(o.num_draft_tokens == 0 for o in long_prompts)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_medusa_greedy_equality(tiny_llama, tiny_medusa, reference, k, batch):
+    cfg = {"method": "medusa", "model": tiny_medusa, "num_speculative_tokens": k}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_medusa_method_is_inferred_and_drafts_get_accepted(tiny_llama, tmp_path):
+    """Heads that copy the target's LM head draft the target's next token again: accepted whenever the target
+    repeats itself; the method comes from the checkpoint's model_type, as in vLLM."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_medusa
+
+    folder = write_tiny_medusa(tmp_path / "m", Path(tiny_llama), num_heads=3, copy_head=True)
+    llm = LLM(
+        tiny_llama, max_model_len=256, speculative_config={"model": str(folder), "num_speculative_tokens": 3}
+    )
+    plain = LLM(tiny_llama, max_model_len=256)
+    prompt = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7]}]
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    out = llm.generate(prompt, sp, use_tqdm=False)[0]
+    assert out.outputs[0].token_ids == plain.generate(prompt, sp, use_tqdm=False)[0].outputs[0].token_ids
+    repeats = sum(a == b for a, b in zip(out.outputs[0].token_ids, out.outputs[0].token_ids[1:]))
+    assert repeats > 0 and out.num_accepted_tokens > 0  # this seed: 16 repeats, 13 drafts accepted
+
+
+def test_medusa_sampled_with_probabilistic_runs(tiny_llama, tiny_medusa):
+    cfg = {"method": "medusa", "model": tiny_medusa, "num_speculative_tokens": 4,
+           "rejection_sample_method": "probabilistic", "enable_block_verify": True}  # fmt: skip
+    llm = LLM(tiny_llama, max_model_len=256, speculative_config=cfg)
+    sp = SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True, seed=1)
+    a = llm.generate(_prompts(2), sp, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 16 for o in a)
+
+
+def test_medusa_config_errors(tiny_llama, tiny_medusa):
+    cases = [
+        ({"model": tiny_medusa, "num_speculative_tokens": 6}, "has 5 heads"),
+        ({"model": "/nonexistent/medusa", "num_speculative_tokens": 2}, "nonexistent"),
+        ({"model": tiny_llama, "num_speculative_tokens": 2}, "not a Medusa checkpoint"),
+    ]
+    for extra, match in cases:
+        with pytest.raises(ValueError, match=match):
+            LLM(tiny_llama, speculative_config={"method": "medusa", **extra})

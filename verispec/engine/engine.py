@@ -193,7 +193,18 @@ class LLMEngine:
             logits = out.logits if len(last_rows) == at else out.logits[last_rows]
             step = sample_step(finals, [[] for _ in finals], logits, "strict", None, self.generator)
             self._commit(finals, step.tokens, step)
+            self._observe_hidden(finals, out.hidden, last_rows)
         return finals
+
+    def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, rows: list[int]) -> None:
+        """Hand a proposer that drafts from the target's state (Medusa) the hidden rows that produced each live
+        request's newest token."""
+        if self.proposer is None or not self.proposer.needs_last_hidden:
+            return
+        live = [(r, i) for r, i in zip(reqs, rows) if not r.finished]
+        if live:
+            idx = torch.tensor([i for _, i in live], device=hidden.device)
+            self.proposer.observe_hidden([r for r, _ in live], hidden.index_select(0, idx))
 
     def _add_prompt_logprobs(self, r: Request, logits: torch.Tensor) -> None:
         """logits [n, V] of the chunk r.num_computed.. (not yet advanced): row i scores prompt token
@@ -256,6 +267,10 @@ class LLMEngine:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
         self._commit(reqs, step.tokens, step)
+        starts = [0]
+        for d in drafts[:-1]:
+            starts.append(starts[-1] + 1 + len(d))
+        self._observe_hidden(reqs, out.hidden, [s + n for s, n in zip(starts, step.num_accepted)])
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
             self.proposer.on_step_end([r for r, _ in live], out, [n for _, n in live])

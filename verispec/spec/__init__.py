@@ -61,10 +61,31 @@ def _suffix(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     )
 
 
+def _medusa(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.models.medusa import load_medusa
+    from verispec.spec.medusa import MedusaProposer
+
+    heads = load_medusa(cfg.model, ctx.device, ctx.dtype)
+    target = ctx.target.config
+    for key, mine, theirs in (("hidden_size", heads.cfg.hidden_size, target.hidden_size),
+                              ("vocab_size", heads.cfg.vocab_size, target.vocab_size)):  # fmt: skip
+        if mine != theirs:
+            raise ValueError(
+                f"speculative_config.model {cfg.model!r}: Medusa {key}={mine} but the target's is {theirs}"
+            )
+    if cfg.num_speculative_tokens > heads.cfg.num_heads:
+        raise ValueError(
+            f"num_speculative_tokens={cfg.num_speculative_tokens} but the Medusa checkpoint {cfg.model!r} has "
+            f"{heads.cfg.num_heads} heads (one draft token per head): use at most {heads.cfg.num_heads}"
+        )
+    return MedusaProposer(heads)
+
+
 _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "ngram": _ngram,
     "draft_model": _draft_model,
     "suffix": _suffix,
+    "medusa": _medusa,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
 

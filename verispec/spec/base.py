@@ -24,6 +24,9 @@ class Proposal:
 
 class Proposer(Protocol):
     aux_layers: tuple[int, ...]  # target layers whose hidden states the proposer needs (EAGLE-3), else ()
+    # True: after every step the engine calls observe_hidden(reqs, hidden [B, H]) with the target's final normed
+    # hidden state at the position whose logits gave each request's newest token (Medusa)
+    needs_last_hidden: bool
 
     def add_request(self, req: Request) -> None: ...
 
@@ -31,6 +34,10 @@ class Proposer(Protocol):
 
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
         """Drafts for each request's next step (after its newest committed token), at most k_max[b] each."""
+        ...
+
+    def observe_hidden(self, reqs: list[Request], hidden: torch.Tensor) -> None:
+        """Only called when needs_last_hidden."""
         ...
 
     def on_step_end(self, reqs: list[Request], target: RunnerOutput, num_accepted: list[int]) -> None:

@@ -1,0 +1,118 @@
+"""Medusa heads (Cai et al. 2024, https://arxiv.org/abs/2401.10774), in vLLM's checkpoint format.
+
+Head h reads the target's final (normed) hidden state x at the newest committed token and predicts the token h + 1
+positions after the next one: logits_h = lm_head_h(block_h(x)), block_h = num_hidden_layers residual steps
+x <- x + SiLU(W x (+ b)).
+
+Checkpoint: an HF folder with config.json (`model_type: "medusa"`, `hidden_size`, `vocab_size`, the head count
+under any key naming "num" and "heads" (`num_heads`, `medusa_num_heads`), the layer count under any key naming
+"num" and "layers", optional `truncated_vocab_size` with a `token_map` tensor, `original_lm_head` (one shared head
+stored as `lm_heads.0.weight`), `medusa_fc_bias`, `logit_scale`) and safetensors `blocks.{h}.layers.{l}.weight`
+(`.bias`), `lm_heads.{h}.weight` (an optional `medusa_heads.` prefix is dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from verispec.loader.hf import load_hf_tensors, read_hf_config
+
+
+@dataclass(frozen=True)
+class MedusaConfig:
+    hidden_size: int
+    vocab_size: int
+    num_heads: int
+    num_hidden_layers: int
+    truncated_vocab_size: int
+    original_lm_head: bool = False
+    fc_bias: bool = False
+    logit_scale: float = 1.0
+
+    @classmethod
+    def from_hf(cls, hf: dict, where: str) -> MedusaConfig:
+        """vLLM's MedusaConfig: keys naming "num" + "heads" / "num" + "layers" are the head / layer counts."""
+        heads = next((v for k, v in hf.items() if "num" in k and "heads" in k), None)
+        layers = next((v for k, v in hf.items() if "num" in k and "layers" in k), 1)
+        ints = {"hidden_size": hf.get("hidden_size"), "vocab_size": hf.get("vocab_size"), "num_heads": heads,
+                "num_hidden_layers": layers}  # fmt: skip
+        for key, value in ints.items():
+            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+                raise ValueError(f"{where}: Medusa config.json needs a positive integer {key}, got {value!r}")
+        truncated = hf.get("truncated_vocab_size") or ints["vocab_size"]
+        return cls(
+            ints["hidden_size"], ints["vocab_size"], heads, layers, int(truncated),
+            bool(hf.get("original_lm_head", False)), bool(hf.get("medusa_fc_bias", False)),
+            float(hf.get("logit_scale", 1.0)),
+        )  # fmt: skip
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, hidden: int, num_layers: int, bias: bool):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(hidden, hidden, bias=bias) for _ in range(num_layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, H]
+        for layer in self.layers:
+            x = x + nn.functional.silu(layer(x))
+        return x
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, cfg: MedusaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.blocks = nn.ModuleList(
+            ResidualBlock(cfg.hidden_size, cfg.num_hidden_layers, cfg.fc_bias) for _ in range(cfg.num_heads)
+        )
+        n_heads = 1 if cfg.original_lm_head else cfg.num_heads
+        self.lm_heads = nn.ModuleList(
+            nn.Linear(cfg.hidden_size, cfg.truncated_vocab_size, bias=False) for _ in range(n_heads)
+        )
+        self.register_buffer("token_map", None)  # [truncated V] draft index -> token id, when truncated
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [B, H] -> draft token ids [B, num_heads], each head's argmax (Medusa drafts its top-1)."""
+        heads = []
+        for h, block in enumerate(self.blocks):
+            lm_head = self.lm_heads[0 if self.cfg.original_lm_head else h]
+            heads.append(lm_head(block(hidden)).argmax(dim=-1))  # logit_scale > 0 does not move the argmax
+        ids = torch.stack(heads, dim=1)  # [B, num_heads]
+        return ids if self.token_map is None else self.token_map[ids]
+
+
+def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MedusaHeads:
+    folder = Path(folder)
+    hf = read_hf_config(folder)
+    if hf.get("model_type") != "medusa":
+        raise ValueError(
+            f"{folder}: not a Medusa checkpoint (model_type {hf.get('model_type')!r}, expected 'medusa')"
+        )
+    cfg = MedusaConfig.from_hf(hf, str(folder))
+    if cfg.logit_scale <= 0:
+        raise ValueError(f"{folder}: Medusa logit_scale must be > 0, got {cfg.logit_scale}")
+    tensors = {k.removeprefix("medusa_heads."): v for k, v in load_hf_tensors(folder).items()}
+    heads = MedusaHeads(cfg)
+    token_map = tensors.pop("token_map", None)
+    if cfg.truncated_vocab_size < cfg.vocab_size:
+        if token_map is None or token_map.shape != (cfg.truncated_vocab_size,):
+            raise ValueError(
+                f"{folder}: truncated_vocab_size={cfg.truncated_vocab_size} < vocab_size={cfg.vocab_size} needs a "
+                f"'token_map' tensor of {cfg.truncated_vocab_size} token ids"
+            )
+        heads.token_map = token_map.long()
+    params = dict(heads.named_parameters())
+    for name, param in params.items():
+        value = tensors.get(name)
+        if value is None:
+            raise ValueError(f"{folder}: Medusa weight {name!r} is missing")
+        if tuple(value.shape) != tuple(param.shape):
+            raise ValueError(f"{folder}: Medusa weight {name!r} has shape {tuple(value.shape)}, expected "
+                             f"{tuple(param.shape)}")  # fmt: skip
+        with torch.no_grad():
+            param.copy_(value.to(torch.float32))
+    return heads.to(device=device, dtype=dtype).eval()

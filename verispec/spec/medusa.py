@@ -1,0 +1,47 @@
+"""`medusa`: heads on the target's own hidden state draft the next K tokens in one small batched computation.
+
+The engine hands the proposer, after every step, the target's final hidden state at the position that produced
+each request's newest token (`observe_hidden`); `propose` runs the heads on those states. Drafts are each head's
+argmax, so they are deterministic: `probabilistic` verification treats q as one-hot at the draft (that is the
+distribution they were drawn from, which keeps it lossless), and no draft probabilities are kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verispec.engine.request import Request
+from verispec.models.medusa import MedusaHeads
+from verispec.spec.base import Proposal
+
+
+class MedusaProposer:
+    aux_layers: tuple[int, ...] = ()
+    needs_last_hidden = True
+
+    def __init__(self, heads: MedusaHeads):
+        self.heads = heads
+        self.hidden: dict[str, torch.Tensor] = {}  # request id -> [H] state at its newest committed token
+
+    def add_request(self, req: Request) -> None:
+        return None
+
+    def remove_request(self, req: Request, aborted: bool) -> None:
+        self.hidden.pop(req.request_id, None)
+
+    def observe_hidden(self, reqs: list[Request], hidden: torch.Tensor) -> None:
+        """hidden [B, H]: the target's final normed state whose logits gave each request's newest token."""
+        for r, h in zip(reqs, hidden):
+            self.hidden[r.request_id] = h
+
+    @torch.inference_mode()
+    def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
+        k = max(k_max, default=0)
+        if k == 0:
+            return Proposal([[] for _ in reqs])
+        x = torch.stack([self.hidden[r.request_id] for r in reqs])  # [B, H]
+        ids = self.heads(x.to(next(self.heads.parameters()).dtype))[:, :k]  # [B, K]
+        return Proposal([d[:c] for d, c in zip(ids.tolist(), k_max)])  # the step's one host sync
+
+    def on_step_end(self, reqs, target, num_accepted) -> None:
+        return None
