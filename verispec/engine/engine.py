@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -267,9 +268,7 @@ class LLMEngine:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
         self._commit(reqs, step.tokens, step)
-        starts = [0]
-        for d in drafts[:-1]:
-            starts.append(starts[-1] + 1 + len(d))
+        starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
         self._observe_hidden(reqs, out.hidden, [s + n for s, n in zip(starts, step.num_accepted)])
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
