@@ -89,3 +89,15 @@ def tiny_medusa(tiny_llama, tmp_path_factory) -> str:
     from tests.tiny_models import write_tiny_medusa
 
     return str(write_tiny_medusa(tmp_path_factory.mktemp("medusa") / "m", Path(tiny_llama), num_heads=5))
+
+
+@pytest.fixture(scope="session")
+def tiny_mlp_speculator(tiny_llama, tmp_path_factory) -> str:
+    """A random seeded 4-stage MLP speculator for tiny_llama."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_mlp_speculator
+
+    return str(
+        write_tiny_mlp_speculator(tmp_path_factory.mktemp("mlps") / "m", Path(tiny_llama), n_predict=4)
+    )

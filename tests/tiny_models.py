@@ -159,3 +159,33 @@ def write_tiny_medusa(
               "medusa_num_heads": num_heads, "medusa_num_layers": num_layers}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def write_tiny_mlp_speculator(
+    folder: Path, target: Path, n_predict: int = 4, inner_dim: int = 48, seed: int = 0, tie_weights: bool = False,
+    scale_input: bool = True,
+) -> Path:  # fmt: skip
+    """An MLP speculator checkpoint (vLLM / ibm-fms format) for the target at `target`, random seeded weights."""
+    from safetensors.torch import save_file
+
+    tcfg = json.loads((target / "config.json").read_text())
+    emb_dim, vocab = tcfg["hidden_size"], tcfg["vocab_size"]
+    g = torch.Generator().manual_seed(seed)
+    stages = 1 if tie_weights else n_predict
+    tensors = {}
+    for i in range(stages):
+        tensors[f"speculator.emb.{i}.weight"] = torch.randn(vocab, inner_dim, generator=g) * 0.5
+        tensors[f"speculator.head.{i}.weight"] = torch.randn(vocab, inner_dim, generator=g) * 0.3
+        tensors[f"speculator.ln.{i}.weight"] = 1 + 0.1 * torch.randn(inner_dim, generator=g)
+        tensors[f"speculator.ln.{i}.bias"] = 0.1 * torch.randn(inner_dim, generator=g)
+    for i in range(2 if tie_weights else n_predict):
+        tensors[f"speculator.proj.{i}.weight"] = (
+            torch.randn(inner_dim, emb_dim if i == 0 else inner_dim, generator=g) * 0.2
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {"model_type": "mlp_speculator", "architectures": ["MLPSpeculatorPreTrainedModel"], "vocab_size": vocab,
+              "emb_dim": emb_dim, "inner_dim": inner_dim, "n_predict": n_predict, "tie_weights": tie_weights,
+              "scale_input": scale_input, "top_k_tokens_per_head": [1] * n_predict, "n_candidates": 1}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

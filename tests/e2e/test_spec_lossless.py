@@ -338,3 +338,27 @@ def test_medusa_config_errors(tiny_llama, tiny_medusa):
     for extra, match in cases:
         with pytest.raises(ValueError, match=match):
             LLM(tiny_llama, speculative_config={"method": "medusa", **extra})
+
+
+@pytest.mark.parametrize(
+    "k", [1, 3, None]
+)  # None: num_speculative_tokens from the checkpoint's n_predict (4)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_mlp_speculator_greedy_equality(tiny_llama, tiny_mlp_speculator, reference, k, batch):
+    cfg = {
+        "model": tiny_mlp_speculator,
+        **({"num_speculative_tokens": k} if k else {}),
+    }  # method from model_type
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    assert llm.engine.opts.num_speculative_tokens == (k or 4)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_mlp_speculator_config_errors(tiny_llama, tiny_mlp_speculator):
+    with pytest.raises(ValueError, match="num_speculative_tokens:5 must be divisible by n_predict=4"):
+        LLM(tiny_llama, speculative_config={"model": tiny_mlp_speculator, "num_speculative_tokens": 5})
+    with pytest.raises(ValueError, match="has 4 stages"):
+        LLM(tiny_llama, speculative_config={"model": tiny_mlp_speculator, "num_speculative_tokens": 8})

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verispec.loader.hf import load_hf_tensors, read_hf_config
+from verispec.loader.hf import load_hf_tensors, load_module_weights, read_hf_config
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,13 @@ class MedusaHeads(nn.Module):
         )
         self.register_buffer("token_map", None)  # [truncated V] draft index -> token id, when truncated
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [B, H] -> draft token ids [B, num_heads], each head's argmax (Medusa drafts its top-1)."""
+    def forward(
+        self, hidden: torch.Tensor, last_tokens: torch.Tensor | None = None, k: int | None = None
+    ) -> torch.Tensor:
+        """hidden [B, H] -> draft token ids [B, k] from heads 0..k-1 (all by default), each head's argmax (Medusa
+        drafts its top-1; the newest token is not an input of Medusa heads)."""
         heads = []
-        for h, block in enumerate(self.blocks):
+        for h, block in enumerate(self.blocks[: k or self.cfg.num_heads]):
             lm_head = self.lm_heads[0 if self.cfg.original_lm_head else h]
             heads.append(lm_head(block(hidden)).argmax(dim=-1))  # logit_scale > 0 does not move the argmax
         ids = torch.stack(heads, dim=1)  # [B, num_heads]
@@ -105,14 +108,5 @@ def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) ->
                 f"'token_map' tensor of {cfg.truncated_vocab_size} token ids"
             )
         heads.token_map = token_map.long()
-    params = dict(heads.named_parameters())
-    for name, param in params.items():
-        value = tensors.get(name)
-        if value is None:
-            raise ValueError(f"{folder}: Medusa weight {name!r} is missing")
-        if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(f"{folder}: Medusa weight {name!r} has shape {tuple(value.shape)}, expected "
-                             f"{tuple(param.shape)}")  # fmt: skip
-        with torch.no_grad():
-            param.copy_(value.to(torch.float32))
+    load_module_weights(heads, tensors, folder, "Medusa")
     return heads.to(device=device, dtype=dtype).eval()

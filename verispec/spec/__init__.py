@@ -61,24 +61,43 @@ def _suffix(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     )
 
 
-def _medusa(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.models.medusa import load_medusa
-    from verispec.spec.medusa import MedusaProposer
+def _head_proposer(
+    cfg: SpeculativeConfig, ctx: DraftContext, heads, hidden: int, vocab: int, n: int, unit: str
+):
+    """Checks shared by the draft heads that read the target's hidden state, then their proposer."""
+    from verispec.spec.head_proposer import HeadProposer
 
-    heads = load_medusa(cfg.model, ctx.device, ctx.dtype)
     target = ctx.target.config
-    for key, mine, theirs in (("hidden_size", heads.cfg.hidden_size, target.hidden_size),
-                              ("vocab_size", heads.cfg.vocab_size, target.vocab_size)):  # fmt: skip
+    for key, mine, theirs in (
+        ("hidden size", hidden, target.hidden_size),
+        ("vocab_size", vocab, target.vocab_size),
+    ):
         if mine != theirs:
             raise ValueError(
-                f"speculative_config.model {cfg.model!r}: Medusa {key}={mine} but the target's is {theirs}"
+                f"speculative_config.model {cfg.model!r}: {key} {mine} but the target's is {theirs}"
             )
-    if cfg.num_speculative_tokens > heads.cfg.num_heads:
+    if cfg.num_speculative_tokens > n:
         raise ValueError(
-            f"num_speculative_tokens={cfg.num_speculative_tokens} but the Medusa checkpoint {cfg.model!r} has "
-            f"{heads.cfg.num_heads} heads (one draft token per head): use at most {heads.cfg.num_heads}"
+            f"num_speculative_tokens={cfg.num_speculative_tokens} but {cfg.model!r} has {n} {unit} (one draft token "
+            f"each): use at most {n}"
         )
-    return MedusaProposer(heads)
+    return HeadProposer(heads)
+
+
+def _medusa(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.models.medusa import load_medusa
+
+    heads = load_medusa(cfg.model, ctx.device, ctx.dtype)
+    c = heads.cfg
+    return _head_proposer(cfg, ctx, heads, c.hidden_size, c.vocab_size, c.num_heads, "heads")
+
+
+def _mlp_speculator(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.models.mlp_speculator import load_mlp_speculator
+
+    model = load_mlp_speculator(cfg.model, ctx.device, ctx.dtype)
+    c = model.cfg
+    return _head_proposer(cfg, ctx, model, c.emb_dim, c.vocab_size, c.n_predict, "stages (n_predict)")
 
 
 _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
@@ -86,6 +105,7 @@ _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "draft_model": _draft_model,
     "suffix": _suffix,
     "medusa": _medusa,
+    "mlp_speculator": _mlp_speculator,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
 

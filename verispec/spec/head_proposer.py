@@ -1,26 +1,29 @@
-"""`medusa`: heads on the target's own hidden state draft the next K tokens in one small batched computation.
+"""Draft heads on the target's own hidden state: `medusa` and `mlp_speculator`.
 
-The engine hands the proposer, after every step, the target's final hidden state at the position that produced
-each request's newest token (`observe_hidden`); `propose` runs the heads on those states. Drafts are each head's
-argmax, so they are deterministic: `probabilistic` verification treats q as one-hot at the draft (that is the
-distribution they were drawn from, which keeps it lossless), and no draft probabilities are kept.
+The engine hands the proposer, after every step, the target's final normed hidden state at the position that
+produced each request's newest token (`observe_hidden`); `propose` runs the heads on those states and the newest
+tokens. The heads are models in `verispec/models/` (`medusa.py`, `mlp_speculator.py`) with one call,
+`heads(hidden [B, H], last_tokens [B], k) -> draft ids [B, k]`. Drafts are argmax picks, so they are deterministic:
+`probabilistic` verification treats q as one-hot at the draft (the law they were actually drawn from, which keeps it
+lossless), and no draft probabilities are kept.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from verispec.engine.request import Request
-from verispec.models.medusa import MedusaHeads
 from verispec.spec.base import Proposal
 
 
-class MedusaProposer:
+class HeadProposer:
     aux_layers: tuple[int, ...] = ()
     needs_last_hidden = True
 
-    def __init__(self, heads: MedusaHeads):
+    def __init__(self, heads: nn.Module):
         self.heads = heads
+        self.dtype = next(heads.parameters()).dtype
         self.hidden: dict[str, torch.Tensor] = {}  # request id -> [H] state at its newest committed token
 
     def add_request(self, req: Request) -> None:
@@ -39,8 +42,9 @@ class MedusaProposer:
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
-        x = torch.stack([self.hidden[r.request_id] for r in reqs])  # [B, H]
-        ids = self.heads(x.to(next(self.heads.parameters()).dtype))[:, :k]  # [B, K]
+        x = torch.stack([self.hidden[r.request_id] for r in reqs]).to(self.dtype)  # [B, H]
+        last = torch.tensor([r.last_token_id for r in reqs], device=x.device)  # [B]
+        ids = self.heads(x, last, k)  # [B, K]
         return Proposal([d[:c] for d, c in zip(ids.tolist(), k_max)])  # the step's one host sync
 
     def on_step_end(self, reqs, target, num_accepted) -> None:
