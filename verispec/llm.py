@@ -99,6 +99,7 @@ class LLM:
         max_num_batched_tokens: int = 1024,
         spec_token_budget: int | None = None,
         keep_quantized: bool = True,
+        kv_transfer_config: Mapping[str, Any] | str | None = None,
     ):
         """keep_quantized: GGUF Q4_0 / Q4_1 / Q8_0 weights stay in their blocks on the CPU (native kernels, same
         float32 weight values, 4-6x fewer bytes per token); False dequantizes every weight to float32."""
@@ -122,6 +123,13 @@ class LLM:
         cfg = self.ckpt.config
         spec = resolve_speculative_config(speculative_config, max_model_len or cfg.max_position_embeddings)
         self.speculative_config = spec
+        if isinstance(kv_transfer_config, str):
+            kv_transfer_config = parse_json_config(kv_transfer_config)
+        if kv_transfer_config is not None and (spec is None or spec.method != "extract_hidden_states"):
+            raise ValueError(
+                "kv_transfer_config is only supported with speculative_config method 'extract_hidden_states' "
+                "(the hidden-states connector)"
+            )
         k = spec.num_speculative_tokens if spec else 0
         budget = kv_cache_memory_bytes or default_kv_budget(self.device)
         if spec is not None and spec.method == "draft_model":
@@ -134,7 +142,8 @@ class LLM:
         proposer = None
         if spec is not None:
             proposer = build_proposer(
-                spec, DraftContext(self.ckpt, plan.num_slots, t_alloc, self.device, dt, seed)
+                spec,
+                DraftContext(self.ckpt, plan.num_slots, t_alloc, self.device, dt, seed, kv_transfer_config),
             )
         opts = EngineOptions(
             max_model_len=plan.max_model_len,

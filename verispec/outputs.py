@@ -39,3 +39,4 @@ class RequestOutput:
     prompt_logprobs: list[dict[int, Logprob] | None] | None = (
         None  # SamplingParams.prompt_logprobs: one per token
     )
+    kv_transfer_params: dict | None = None  # extract_hidden_states: {"hidden_states_path": file}

@@ -835,3 +835,25 @@ def test_smollm2_chat_with_and_without_speculation(smollm2_gguf_file, tmp_path):
     finally:
         t.join()
         server.stop()
+
+
+def test_extract_hidden_states_server(ckpt, tmp_path):
+    """`verispec serve --speculative-config '{"method": "extract_hidden_states", ...}' --kv-transfer-config ...`:
+    the response carries kv_transfer_params with the saved file, as vLLM's server does."""
+    from safetensors.torch import load_file
+
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}}  # fmt: skip
+    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "hs")}}  # fmt: skip
+    args = [ckpt, "--max-model-len", "128", "--speculative-config", json.dumps(spec), "--kv-transfer-config",
+            json.dumps(kv)]  # fmt: skip
+    server = Server(args, tmp_path / "hs.log").wait_ready()
+    try:
+        body = {"model": ckpt, "prompt": [5, 17, 9, 44], "max_tokens": 1, "temperature": 0}
+        r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        saved = load_file(r.json()["kv_transfer_params"]["hidden_states_path"])
+        assert saved["token_ids"].tolist() == [5, 17, 9, 44] and saved["hidden_states"].shape == (4, 2, 64)
+    finally:
+        server.stop()

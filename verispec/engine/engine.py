@@ -179,7 +179,7 @@ class LLMEngine:
             )
             chosen.append(r)
             budget -= n
-        out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
+        out = self._forward(chosen, rows)
         finals, last_rows, at = [], [], 0  # at: the logits row of this request's first returned position
         for r, row in zip(chosen, rows):
             n_rows = len(row.token_ids) - row.logits_from
@@ -196,6 +196,18 @@ class LLMEngine:
             self._commit(finals, step.tokens, step)
             self._observe_hidden(finals, out.hidden, last_rows)
         return finals
+
+    def _forward(self, reqs: list[Request], rows: list[RowInput]):
+        """One target forward over rows (row b is reqs[b]'s); a proposer that observes states (extract_hidden_states)
+        gets its aux layers' states of every token fed."""
+        p = self.proposer
+        every = p is not None and p.observes_states
+        out = self.runner.run(rows, p.aux_layers if p is not None else (), aux_all=every)
+        if every:
+            states = torch.stack(out.aux_hidden, dim=1)  # [tokens, len(aux_layers), H]
+            sizes = [len(r.token_ids) for r in rows]
+            p.observe_states(reqs, [r.token_ids for r in rows], list(states.split(sizes)))
+        return out
 
     def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, rows: list[int]) -> None:
         """Hand a proposer that drafts from the target's state (Medusa) the hidden rows that produced each live
@@ -243,7 +255,7 @@ class LLMEngine:
             if prop.draft_probs is not None:
                 draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
-        out = self.runner.run(rows, self.proposer.aux_layers if self.proposer else ())
+        out = self._forward(reqs, rows)
         o = self.opts
         step = sample_step(
             reqs,
@@ -343,4 +355,5 @@ class LLMEngine:
             r.num_draft_tokens,
             r.num_accepted_tokens,
             prompt_logprobs=r.prompt_logprobs,
+            kv_transfer_params=r.kv_transfer_params,
         )

@@ -44,6 +44,9 @@ class Request:
     stop_reason: int | str | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    kv_transfer_params: dict | None = (
+        None  # set by a proposer when the request finishes (extract_hidden_states)
+    )
     speculate: bool = True  # False when disabled for this request (e.g. disable_by_batch_size)
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

@@ -140,7 +140,10 @@ class DecoderLM(nn.Module):
         kv: list[torch.Tensor],  # per layer [slots, 2*Hkv, T, D]
         aux_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Returns (final normed hidden [N, hidden], residual-stream inputs of the aux layers, each [N, hidden])."""
+        """Returns (final normed hidden [N, hidden], residual-stream inputs of the aux layers, each [N, hidden]).
+
+        Aux layer i is the residual stream entering layer i (vLLM's convention); i = num_layers is the stream after
+        the last layer, before the final norm. The list follows increasing layer index."""
         h = self.embed(input_ids)
         rope = rope_cos_sin(positions, self.inv_freq, h.dtype)
         ropes = (
@@ -154,17 +157,20 @@ class DecoderLM(nn.Module):
             if i in aux_layers:
                 aux.append(h)
             h = layer.forward(h, ropes, ctx, kv[i])
+        if len(self.layers) in aux_layers:
+            aux.append(h)
         return self.norm.forward(h), aux
 
     def _forward_fused(self, h, rope, ctx, kv, aux_layers) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """forward's layers by FusedLayers on the packed tokens h [N, hidden] (updated in place)."""
         h = h.contiguous()
         aux, lo = [], 0
-        for i in sorted({i for i in aux_layers if 0 <= i < len(self.layers)}):
+        for i in sorted({i for i in aux_layers if 0 <= i <= len(self.layers)}):
             h = self.fused.run(h, rope, ctx, kv, lo, i)
             aux.append(h.clone())
             lo = i
-        h = self.fused.run(h, rope, ctx, kv, lo, len(self.layers))
+        if lo < len(self.layers):
+            h = self.fused.run(h, rope, ctx, kv, lo, len(self.layers))
         return self.norm.forward(h), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

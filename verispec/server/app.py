@@ -375,6 +375,7 @@ def build_app(
                 model=name,
                 choices=choices,
                 usage=usage(prompts, [None] * len(outs) if echo_only else outs),
+                kv_transfer_params=finals[0].kv_transfer_params,
             )
 
         def choice(i, text, entries, offset, final):
@@ -436,6 +437,7 @@ def build_app(
                 choices=choices,
                 usage=usage(prompts, outs),
                 prompt_logprobs=P.prompt_logprobs(finals[0].prompt_logprobs),
+                kv_transfer_params=finals[0].kv_transfer_params,
             )
 
         def choice(i, text, entries, offset, final):

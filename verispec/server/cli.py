@@ -33,6 +33,7 @@ class ServeConfig:
     device: str = "auto"
     seed: int = 0
     speculative_config: dict | None = None
+    kv_transfer_config: dict | None = None
     kv_cache_memory_bytes: int | None = None
     max_queue: int = 256
     uvicorn_log_level: str = "info"
@@ -84,6 +85,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
     )
+    p.add_argument(
+        "--kv-transfer-config",
+        default=None,
+        help="JSON for method extract_hidden_states: kv_connector ExampleHiddenStatesConnector, "
+        "kv_connector_extra_config.shared_storage_path",
+    )
     p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     p.add_argument(
         "--max-queue",
@@ -124,8 +131,8 @@ def _check_value(key: str, value: Any, where: str) -> Any:
             )
     if key == "disable_uvicorn_access_log" and not isinstance(value, bool):
         raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
-    if key == "speculative_config":
-        value = _spec_config(value, f"{where}: speculative-config")
+    if key in ("speculative_config", "kv_transfer_config"):
+        value = _spec_config(value, f"{where}: {key.replace('_', '-')}")
     return value
 
 
@@ -164,8 +171,8 @@ def resolve_config(args: argparse.Namespace) -> ServeConfig:
     for f in fields(ServeConfig):
         value = getattr(args, f.name, None)
         if value is not None:
-            if f.name == "speculative_config":
-                value = _spec_config(value, "--speculative-config")
+            if f.name in ("speculative_config", "kv_transfer_config"):
+                value = _spec_config(value, "--" + f.name.replace("_", "-"))
             merged[f.name] = value
     cfg = ServeConfig(**merged)
     if not 0 <= cfg.port <= 65535:
@@ -202,6 +209,7 @@ def run_server(args: argparse.Namespace) -> int:
             seed=cfg.seed,
             device=cfg.device,
             speculative_config=cfg.speculative_config,
+            kv_transfer_config=cfg.kv_transfer_config,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
         )

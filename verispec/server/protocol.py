@@ -259,6 +259,7 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
+    kv_transfer_params: dict | None = None  # vLLM's extension (first choice's request, as vLLM reports it)
 
 
 class CompletionResponse(BaseModel):
@@ -268,6 +269,9 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    kv_transfer_params: dict | None = (
+        None  # vLLM's extension: extract_hidden_states' {"hidden_states_path": ...}
+    )
 
 
 class TopLogprob(BaseModel):

@@ -23,6 +23,7 @@ class DraftContext:
     device: torch.device
     dtype: torch.dtype
     seed: int
+    kv_transfer_config: dict | None = None  # extract_hidden_states' connector settings
 
 
 def _ngram(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -100,12 +101,27 @@ def _mlp_speculator(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     return _head_proposer(cfg, ctx, model, c.emb_dim, c.vocab_size, c.n_predict, "stages (n_predict)")
 
 
+def _extract_hidden_states(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.spec.extract_hidden_states import HiddenStatesExtractor, hidden_states_folder
+
+    n = ctx.target.config.num_layers
+    ids = cfg.eagle_aux_hidden_state_layer_ids or (2, n // 2, n - 3)  # EAGLE-3's layers by default
+    bad = [i for i in ids if not 0 <= i <= n]
+    if bad:
+        raise ValueError(
+            f"eagle_aux_hidden_state_layer_ids {bad} out of range: the target has {n} layers (ids 0..{n}; id i is "
+            f"the input of layer i, {n} the output of the last)"
+        )
+    return HiddenStatesExtractor(tuple(ids), hidden_states_folder(ctx.kv_transfer_config))
+
+
 _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "ngram": _ngram,
     "draft_model": _draft_model,
     "suffix": _suffix,
     "medusa": _medusa,
     "mlp_speculator": _mlp_speculator,
+    "extract_hidden_states": _extract_hidden_states,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
 

@@ -27,6 +27,9 @@ class Proposer(Protocol):
     # True: after every step the engine calls observe_hidden(reqs, hidden [B, H]) with the target's final normed
     # hidden state at the position whose logits gave each request's newest token (Medusa)
     needs_last_hidden: bool
+    # True: after every forward the engine calls observe_states with the aux_layers' states of every token each
+    # request fed to the target in it (extract_hidden_states)
+    observes_states: bool
 
     def add_request(self, req: Request) -> None: ...
 
@@ -38,6 +41,13 @@ class Proposer(Protocol):
 
     def observe_hidden(self, reqs: list[Request], hidden: torch.Tensor) -> None:
         """Only called when needs_last_hidden."""
+        ...
+
+    def observe_states(
+        self, reqs: list[Request], token_ids: list[list[int]], states: list[torch.Tensor]
+    ) -> None:
+        """Only called when observes_states: states[b] [len(token_ids[b]), len(aux_layers), H] (aux_layers order);
+        called before the step's tokens are committed, so a request that finishes in this step is still live."""
         ...
 
     def on_step_end(self, reqs: list[Request], target: RunnerOutput, num_accepted: list[int]) -> None:

@@ -19,6 +19,7 @@ from verispec.spec.base import Proposal
 class DraftModelProposer:
     aux_layers: tuple[int, ...] = ()
     needs_last_hidden = False
+    observes_states = False
 
     def __init__(self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0):
         self.runner, self.k, self.keep_probs = runner, num_speculative_tokens, keep_probs

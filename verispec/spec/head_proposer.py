@@ -20,6 +20,7 @@ from verispec.spec.base import Proposal
 class HeadProposer:
     aux_layers: tuple[int, ...] = ()
     needs_last_hidden = True
+    observes_states = False
 
     def __init__(self, heads: nn.Module):
         self.heads = heads

@@ -12,6 +12,7 @@ from verispec.spec.ngram import ngram_propose
 class NgramProposer:
     aux_layers: tuple[int, ...] = ()
     needs_last_hidden = False
+    observes_states = False
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n

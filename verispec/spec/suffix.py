@@ -10,6 +10,7 @@ from verispec.spec.suffix_tree import SuffixDecodingCache
 class SuffixProposer:
     aux_layers: tuple[int, ...] = ()
     needs_last_hidden = False
+    observes_states = False
 
     def __init__(
         self, max_tree_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float
