@@ -194,7 +194,11 @@ class LLMEngine:
             logits = out.logits if len(last_rows) == at else out.logits[last_rows]
             step = sample_step(finals, [[] for _ in finals], logits, "strict", None, self.generator)
             self._commit(finals, step.tokens, step)
-            self._observe_hidden(finals, out.hidden, last_rows)
+        if out.hidden_all is not None:  # every prompt position of every chunk
+            sizes = [len(row.token_ids) for row in rows]
+            self._observe_hidden(chosen, out.hidden_all, list(accumulate(sizes, initial=0)), sizes)
+        elif finals:
+            self._observe_hidden(finals, out.hidden, last_rows, [1] * len(finals))
         return finals
 
     def _forward(self, reqs: list[Request], rows: list[RowInput]):
@@ -202,22 +206,26 @@ class LLMEngine:
         gets its aux layers' states of every token fed."""
         p = self.proposer
         every = p is not None and p.observes_states
-        out = self.runner.run(rows, p.aux_layers if p is not None else (), aux_all=every)
+        aux = p.aux_layers if p is not None else ()
+        out = self.runner.run(rows, aux, aux_all=every, hidden_all=p is not None and p.target_hidden == "all")
         if every:
             states = torch.stack(out.aux_hidden, dim=1)  # [tokens, len(aux_layers), H]
             sizes = [len(r.token_ids) for r in rows]
             p.observe_states(reqs, [r.token_ids for r in rows], list(states.split(sizes)))
         return out
 
-    def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, rows: list[int]) -> None:
-        """Hand a proposer that drafts from the target's state (Medusa) the hidden rows that produced each live
-        request's newest token."""
-        if self.proposer is None or not self.proposer.needs_last_hidden:
+    def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, starts, counts: list[int]) -> None:
+        """Hand a proposer that drafts from the target's state its final normed hidden rows of the positions this
+        forward committed for each live request: rows [start, start + count) of `hidden`, the last one behind the
+        newest token (target_hidden "all"), or that last row alone ("last": Medusa, MLP speculator)."""
+        p = self.proposer
+        if p is None or p.target_hidden == "none":
             return
-        live = [(r, i) for r, i in zip(reqs, rows) if not r.finished]
+        live = [(r, s, n) for r, s, n in zip(reqs, starts, counts) if not r.finished]
+        if p.target_hidden == "last":
+            live = [(r, s + n - 1, 1) for r, s, n in live]
         if live:
-            idx = torch.tensor([i for _, i in live], device=hidden.device)
-            self.proposer.observe_hidden([r for r, _ in live], hidden.index_select(0, idx))
+            p.observe_hidden([r for r, _, _ in live], [hidden[s : s + n] for _, s, n in live])
 
     def _add_prompt_logprobs(self, r: Request, logits: torch.Tensor) -> None:
         """logits [n, V] of the chunk r.num_computed.. (not yet advanced): row i scores prompt token
@@ -281,7 +289,7 @@ class LLMEngine:
             self.spec_log.observe(stats)
         self._commit(reqs, step.tokens, step)
         starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
-        self._observe_hidden(reqs, out.hidden, [s + n for s, n in zip(starts, step.num_accepted)])
+        self._observe_hidden(reqs, out.hidden, starts, [1 + n for n in step.num_accepted])
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
             self.proposer.on_step_end([r for r, _ in live], out, [n for _, n in live])

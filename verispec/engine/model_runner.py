@@ -30,6 +30,7 @@ class RunnerOutput:
     logits: torch.Tensor  # [N, V] for every requested position, rows in input order
     hidden: torch.Tensor  # [N, hidden] final normed hidden at the same positions
     aux_hidden: list[torch.Tensor]  # per aux layer [N, hidden]; with aux_all: [every packed token, hidden]
+    hidden_all: torch.Tensor | None = None  # with hidden_all: final normed hidden of every packed token
 
 
 class ModelRunner:
@@ -114,10 +115,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(
-        self, rows: list[RowInput], aux_layers: tuple[int, ...] = (), aux_all: bool = False
+        self,
+        rows: list[RowInput],
+        aux_layers: tuple[int, ...] = (),
+        aux_all: bool = False,
+        hidden_all: bool = False,
     ) -> RunnerOutput:
-        """aux_all: the aux layers' states of every scored token (rows' tokens in order), not only of the logits
-        positions."""
+        """aux_all / hidden_all: the aux layers' states / the final normed hidden of every scored token (rows' tokens
+        in order), not only of the logits positions."""
         ids, positions, ctx, flat = self.build_context(rows)
         hidden, aux = self.model(ids, positions, ctx, self.cache.kv, aux_layers)
         if len(flat) == hidden.shape[0]:
@@ -126,4 +131,4 @@ class ModelRunner:
             idx = torch.tensor(flat, dtype=torch.long, device=self.device)  # may be empty: a mid-prompt chunk
             sel = hidden.index_select(0, idx)  # [n_logits, hidden]
             aux_sel = aux if aux_all else [a.index_select(0, idx) for a in aux]
-        return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel)
+        return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel, hidden if hidden_all else None)

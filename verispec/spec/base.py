@@ -24,9 +24,10 @@ class Proposal:
 
 class Proposer(Protocol):
     aux_layers: tuple[int, ...]  # target layers whose hidden states the proposer needs (EAGLE-3), else ()
-    # True: after every step the engine calls observe_hidden(reqs, hidden [B, H]) with the target's final normed
-    # hidden state at the position whose logits gave each request's newest token (Medusa)
-    needs_last_hidden: bool
+    # The target's final normed hidden states the proposer drafts from, handed over after every forward by
+    # observe_hidden: "none"; "last", the state behind each request's newest token (Medusa, MLP speculator); "all",
+    # the states of every position the forward committed (EAGLE: prompt chunks, accepted drafts)
+    target_hidden: str
     # True: after every forward the engine calls observe_states with the aux_layers' states of every token each
     # request fed to the target in it (extract_hidden_states)
     observes_states: bool
@@ -39,8 +40,9 @@ class Proposer(Protocol):
         """Drafts for each request's next step (after its newest committed token), at most k_max[b] each."""
         ...
 
-    def observe_hidden(self, reqs: list[Request], hidden: torch.Tensor) -> None:
-        """Only called when needs_last_hidden."""
+    def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
+        """Only called when target_hidden is not "none": hidden[b] [n_b, H], the rows of the positions ending at
+        reqs[b].num_computed (exclusive), in order; its last row produced the newest token."""
         ...
 
     def observe_states(

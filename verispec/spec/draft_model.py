@@ -18,7 +18,7 @@ from verispec.spec.base import Proposal
 
 class DraftModelProposer:
     aux_layers: tuple[int, ...] = ()
-    needs_last_hidden = False
+    target_hidden = "none"
     observes_states = False
 
     def __init__(self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0):

@@ -73,7 +73,7 @@ def hidden_states_folder(kv_transfer_config: Mapping[str, Any] | None) -> Path:
 
 
 class HiddenStatesExtractor:
-    needs_last_hidden = False
+    target_hidden = "none"
     observes_states = True
 
     def __init__(self, layer_ids: tuple[int, ...], folder: Path):

@@ -19,7 +19,7 @@ from verispec.spec.base import Proposal
 
 class HeadProposer:
     aux_layers: tuple[int, ...] = ()
-    needs_last_hidden = True
+    target_hidden = "last"
     observes_states = False
 
     def __init__(self, heads: nn.Module):
@@ -33,10 +33,10 @@ class HeadProposer:
     def remove_request(self, req: Request, aborted: bool) -> None:
         self.hidden.pop(req.request_id, None)
 
-    def observe_hidden(self, reqs: list[Request], hidden: torch.Tensor) -> None:
-        """hidden [B, H]: the target's final normed state whose logits gave each request's newest token."""
+    def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
+        """hidden[b] [1, H]: the target's final normed state whose logits gave reqs[b]'s newest token."""
         for r, h in zip(reqs, hidden):
-            self.hidden[r.request_id] = h
+            self.hidden[r.request_id] = h[-1]
 
     @torch.inference_mode()
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:

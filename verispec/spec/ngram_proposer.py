@@ -11,7 +11,7 @@ from verispec.spec.ngram import ngram_propose
 
 class NgramProposer:
     aux_layers: tuple[int, ...] = ()
-    needs_last_hidden = False
+    target_hidden = "none"
     observes_states = False
 
     def __init__(self, min_n: int, max_n: int):

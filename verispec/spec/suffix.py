@@ -9,7 +9,7 @@ from verispec.spec.suffix_tree import SuffixDecodingCache
 
 class SuffixProposer:
     aux_layers: tuple[int, ...] = ()
-    needs_last_hidden = False
+    target_hidden = "none"
     observes_states = False
 
     def __init__(
