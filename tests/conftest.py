@@ -101,3 +101,13 @@ def tiny_mlp_speculator(tiny_llama, tmp_path_factory) -> str:
     return str(
         write_tiny_mlp_speculator(tmp_path_factory.mktemp("mlps") / "m", Path(tiny_llama), n_predict=4)
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle(tiny_llama, tmp_path_factory) -> str:
+    """A random seeded one-layer EAGLE-1 draft for tiny_llama."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle
+
+    return str(write_tiny_eagle(tmp_path_factory.mktemp("eagle") / "e", Path(tiny_llama)))

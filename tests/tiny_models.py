@@ -189,3 +189,45 @@ def write_tiny_mlp_speculator(
               "scale_input": scale_input, "top_k_tokens_per_head": [1] * n_predict, "n_candidates": 1}  # fmt: skip
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def write_tiny_eagle(
+    folder: Path,
+    target: Path,
+    num_layers: int = 1,
+    seed: int = 0,
+    copy_hidden: bool = False,
+    fc_bias: bool = True,
+) -> Path:
+    """An EAGLE-1 draft (vLLM's format: `fc`, `layers.{i}.*` without layer 0's input norm) for the target at `target`:
+    random seeded weights, or with copy_hidden an fc that passes the target state through and zero blocks (the draft
+    then predicts exactly what the target predicted from that state: its newest token, again)."""
+    from safetensors.torch import save_file
+
+    tcfg = json.loads((target / "config.json").read_text())
+    h, inter = tcfg["hidden_size"], tcfg["intermediate_size"]
+    hd = tcfg.get("head_dim") or h // tcfg["num_attention_heads"]
+    q, kv = tcfg["num_attention_heads"] * hd, tcfg["num_key_value_heads"] * hd
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.zeros(*shape) if copy_hidden else torch.randn(*shape, generator=g) * 0.08
+
+    tensors = {"fc.weight": torch.cat([torch.zeros(h, h), torch.eye(h)], 1) if copy_hidden else rnd(h, 2 * h)}
+    if fc_bias:
+        tensors["fc.bias"] = rnd(h)
+    for i in range(num_layers):
+        p = f"layers.{i}."
+        shapes = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+                  "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+                  "mlp.down_proj": (h, inter)}  # fmt: skip
+        for name, shape in shapes.items():
+            tensors[p + name + ".weight"] = rnd(*shape)
+        tensors[p + "post_attention_layernorm.weight"] = torch.ones(h)
+        if i > 0:
+            tensors[p + "input_layernorm.weight"] = torch.ones(h)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {**tcfg, "architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": num_layers}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -362,3 +362,60 @@ def test_mlp_speculator_config_errors(tiny_llama, tiny_mlp_speculator):
         LLM(tiny_llama, speculative_config={"model": tiny_mlp_speculator, "num_speculative_tokens": 5})
     with pytest.raises(ValueError, match="has 4 stages"):
         LLM(tiny_llama, speculative_config={"model": tiny_mlp_speculator, "num_speculative_tokens": 8})
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_eagle_greedy_equality(tiny_llama, tiny_eagle, reference, k, batch):
+    cfg = {"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": k}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_eagle_reads_the_state_behind_the_newest_token(tiny_llama, tmp_path):
+    """A draft that passes the target's state straight to the LM head predicts exactly what the target predicted
+    from it: with the states aligned right, its first draft is always the newest token (a misaligned state gives
+    something else), and such drafts are accepted whenever the target repeats itself. Chunked prompts included."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle
+
+    folder = write_tiny_eagle(tmp_path / "e", Path(tiny_llama), copy_hidden=True)
+    cfg = {"method": "eagle", "model": str(folder), "num_speculative_tokens": 3}
+    llm = LLM(tiny_llama, max_model_len=256, speculative_config=cfg, max_num_batched_tokens=8)
+    seen = []
+    propose = llm.engine.proposer.propose
+
+    def spy(reqs, k_max):
+        prop = propose(reqs, k_max)
+        seen.extend((r.output_token_ids[-1], d) for r, d in zip(reqs, prop.token_ids))
+        return prop
+
+    llm.engine.proposer.propose = spy
+    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7] * 3}, {"prompt_token_ids": [9, 10, 11]}]
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    plain = LLM(tiny_llama, max_model_len=256).generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert seen and all(d == [newest] * len(d) for newest, d in seen)
+    assert sum(o.num_accepted_tokens for o in outs) > 0
+
+
+def test_eagle_config_errors(tiny_llama, tmp_path):
+    import json
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle
+
+    folder = write_tiny_eagle(tmp_path / "e", Path(tiny_llama))
+    cfg = json.loads((folder / "config.json").read_text())
+    spec = {"method": "eagle", "model": str(folder), "num_speculative_tokens": 2}
+    (folder / "config.json").write_text(json.dumps({**cfg, "vocab_size": 999}))
+    with pytest.raises(ValueError, match="EAGLE vocab_size=999 but the target's is"):
+        LLM(tiny_llama, speculative_config=spec)
+    (folder / "config.json").write_text(json.dumps({**cfg, "hidden_size": 32}))
+    with pytest.raises(ValueError, match="EAGLE weight 'fc.weight' has shape"):
+        LLM(tiny_llama, speculative_config=spec)

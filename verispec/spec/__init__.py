@@ -115,6 +115,24 @@ def _extract_hidden_states(cfg: SpeculativeConfig, ctx: DraftContext) -> Propose
     return HiddenStatesExtractor(tuple(ids), hidden_states_folder(ctx.kv_transfer_config))
 
 
+def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.engine.kv_cache import KVCache
+    from verispec.engine.model_runner import ModelRunner
+    from verispec.models.eagle import load_eagle
+    from verispec.spec.eagle import EagleProposer
+
+    draft = load_eagle(cfg.model, ctx.device, ctx.dtype)
+    target = ctx.target.config
+    for key, mine, theirs in (("hidden_size", draft.cfg.hidden_size, target.hidden_size),
+                              ("vocab_size", draft.cfg.vocab_size, target.vocab_size)):  # fmt: skip
+        if mine != theirs:
+            raise ValueError(
+                f"speculative_config.model {cfg.model!r}: EAGLE {key}={mine} but the target's is {theirs}"
+            )
+    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    return EagleProposer(draft, ctx.target.model, ModelRunner(draft, cache, ctx.device))
+
+
 _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "ngram": _ngram,
     "draft_model": _draft_model,
@@ -122,6 +140,7 @@ _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "medusa": _medusa,
     "mlp_speculator": _mlp_speculator,
     "extract_hidden_states": _extract_hidden_states,
+    "eagle": _eagle,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
 
