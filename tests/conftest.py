@@ -111,3 +111,13 @@ def tiny_eagle(tiny_llama, tmp_path_factory) -> str:
     from tests.tiny_models import write_tiny_eagle
 
     return str(write_tiny_eagle(tmp_path_factory.mktemp("eagle") / "e", Path(tiny_llama)))
+
+
+@pytest.fixture(scope="session")
+def tiny_eagle3(tiny_llama, tmp_path_factory) -> str:
+    """A random seeded EAGLE-3 draft for tiny_llama with a 200-token draft vocabulary."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle3
+
+    return str(write_tiny_eagle3(tmp_path_factory.mktemp("eagle3") / "e", Path(tiny_llama), draft_vocab=200))

@@ -231,3 +231,56 @@ def write_tiny_eagle(
     config = {**tcfg, "architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": num_layers}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def write_tiny_eagle3(
+    folder: Path, target: Path, seed: int = 0, draft_vocab: int | None = None, copy_final: bool = False,
+    layer_ids: list[int] | None = None,
+) -> Path:  # fmt: skip
+    """An EAGLE-3 draft (vLLM's format: `fc` [H, 3H], `midlayer.*` with q/k/v reading 2H, `norm`, `lm_head`, `d2t`)
+    for the target at `target`: random seeded weights (draft_vocab: the first draft_vocab target ids, through d2t),
+    or with copy_final an fc that keeps the third stream (the target's last layer output, layer_ids [0, 1, L]), zero
+    blocks and the target's final norm and LM head (its drafts are then the target's own next tokens)."""
+    from safetensors.torch import load_file, save_file
+
+    tcfg = json.loads((target / "config.json").read_text())
+    h, inter, vocab = tcfg["hidden_size"], tcfg["intermediate_size"], tcfg["vocab_size"]
+    hd = tcfg.get("head_dim") or h // tcfg["num_attention_heads"]
+    q, kv = tcfg["num_attention_heads"] * hd, tcfg["num_key_value_heads"] * hd
+    dv = draft_vocab or vocab
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.08):
+        return torch.zeros(*shape) if copy_final else torch.randn(*shape, generator=g) * scale
+
+    if copy_final:
+        w = {}
+        for f in sorted(target.glob("*.safetensors")):
+            w.update(load_file(str(f)))
+        fc = torch.cat([torch.zeros(h, 2 * h), torch.eye(h)], 1)
+        norm, head = w["model.norm.weight"], w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    else:
+        fc, norm, head = rnd(h, 3 * h), 1 + rnd(h, scale=0.1), rnd(dv, h, scale=0.3)
+    tensors = {"fc.weight": fc, "norm.weight": norm.clone(), "lm_head.weight": head.clone()}
+    shapes = {"self_attn.q_proj": (q, 2 * h), "self_attn.k_proj": (kv, 2 * h), "self_attn.v_proj": (kv, 2 * h),
+              "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
+              "mlp.down_proj": (h, inter)}  # fmt: skip
+    for name, shape in shapes.items():
+        tensors[f"midlayer.{name}.weight"] = rnd(*shape)
+    for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
+        tensors[f"midlayer.{name}.weight"] = torch.ones(h) if copy_final else 1 + rnd(h, scale=0.1)
+    if dv != vocab:
+        tensors["d2t"] = torch.zeros(dv, dtype=torch.long)  # draft id i is target id i
+        tensors["t2d"] = torch.arange(vocab) < dv
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {
+        **tcfg,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "num_hidden_layers": 1,
+        "draft_vocab_size": dv,
+    }
+    if layer_ids is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

@@ -419,3 +419,57 @@ def test_eagle_config_errors(tiny_llama, tmp_path):
     (folder / "config.json").write_text(json.dumps({**cfg, "hidden_size": 32}))
     with pytest.raises(ValueError, match="EAGLE weight 'fc.weight' has shape"):
         LLM(tiny_llama, speculative_config=spec)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_eagle3_greedy_equality(tiny_llama, tiny_eagle3, reference, k, batch):
+    cfg = {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": k}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    assert llm.engine.proposer.aux_layers == (2, 1, 0)  # vLLM's default (2, L // 2, L - 3) for 3 layers
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_eagle3_reads_the_streams_behind_the_newest_token(tiny_llama, tmp_path):
+    """An EAGLE-3 draft that keeps the target's last-layer stream (aux layer id 3 = num_layers) and applies the
+    target's final norm and LM head drafts exactly the target's own prediction: its first draft is always the newest
+    token when the streams are aligned right (chunked prompts included)."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle3
+
+    folder = write_tiny_eagle3(tmp_path / "e", Path(tiny_llama), copy_final=True, layer_ids=[0, 1, 3])
+    cfg = {"method": "eagle3", "model": str(folder), "num_speculative_tokens": 3}
+    llm = LLM(tiny_llama, max_model_len=256, speculative_config=cfg, max_num_batched_tokens=8)
+    seen, propose = [], llm.engine.proposer.propose
+
+    def spy(reqs, k_max):
+        prop = propose(reqs, k_max)
+        seen.extend((r.output_token_ids[-1], d[:1]) for r, d in zip(reqs, prop.token_ids))
+        return prop
+
+    llm.engine.proposer.propose = spy
+    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7] * 3}, {"prompt_token_ids": [9, 10, 11]}]
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    plain = LLM(tiny_llama, max_model_len=256).generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert seen and all(d in ([], [newest]) for newest, d in seen)  # [] where max_tokens leaves no room
+
+
+def test_eagle3_config_errors(tiny_llama, tmp_path):
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle3
+
+    folder = write_tiny_eagle3(tmp_path / "e", Path(tiny_llama), layer_ids=[0, 1, 9])
+    with pytest.raises(
+        ValueError, match=r"eagle_aux_hidden_state_layer_ids \[0, 1, 9\] must be 3 layer ids in 0..3"
+    ):
+        LLM(
+            tiny_llama,
+            speculative_config={"method": "eagle3", "model": str(folder), "num_speculative_tokens": 2},
+        )

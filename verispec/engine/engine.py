@@ -179,7 +179,7 @@ class LLMEngine:
             )
             chosen.append(r)
             budget -= n
-        out = self._forward(chosen, rows)
+        out, states = self._forward(chosen, rows)
         finals, last_rows, at = [], [], 0  # at: the logits row of this request's first returned position
         for r, row in zip(chosen, rows):
             n_rows = len(row.token_ids) - row.logits_from
@@ -194,25 +194,32 @@ class LLMEngine:
             logits = out.logits if len(last_rows) == at else out.logits[last_rows]
             step = sample_step(finals, [[] for _ in finals], logits, "strict", None, self.generator)
             self._commit(finals, step.tokens, step)
-        if out.hidden_all is not None:  # every prompt position of every chunk
+        if states is not None:  # every prompt position of every chunk
             sizes = [len(row.token_ids) for row in rows]
-            self._observe_hidden(chosen, out.hidden_all, list(accumulate(sizes, initial=0)), sizes)
+            self._observe_hidden(chosen, states, list(accumulate(sizes, initial=0)), sizes)
         elif finals:
             self._observe_hidden(finals, out.hidden, last_rows, [1] * len(finals))
         return finals
 
     def _forward(self, reqs: list[Request], rows: list[RowInput]):
-        """One target forward over rows (row b is reqs[b]'s); a proposer that observes states (extract_hidden_states)
-        gets its aux layers' states of every token fed."""
+        """One target forward over rows (row b is reqs[b]'s). -> (its output, the states a proposer with
+        target_hidden "all" drafts from for every token fed [tokens, D]: the final normed hidden, or its aux layers'
+        streams side by side (EAGLE-3); else None). A proposer that observes states (extract_hidden_states) gets
+        its aux layers' states of every token fed."""
         p = self.proposer
         every = p is not None and p.observes_states
+        want_all = p is not None and p.target_hidden == "all"
         aux = p.aux_layers if p is not None else ()
-        out = self.runner.run(rows, aux, aux_all=every, hidden_all=p is not None and p.target_hidden == "all")
+        out = self.runner.run(
+            rows, aux, aux_all=every or (want_all and bool(aux)), hidden_all=want_all and not aux
+        )
         if every:
-            states = torch.stack(out.aux_hidden, dim=1)  # [tokens, len(aux_layers), H]
+            stacked = torch.stack(out.aux_hidden, dim=1)  # [tokens, len(aux_layers), H]
             sizes = [len(r.token_ids) for r in rows]
-            p.observe_states(reqs, [r.token_ids for r in rows], list(states.split(sizes)))
-        return out
+            p.observe_states(reqs, [r.token_ids for r in rows], list(stacked.split(sizes)))
+        if not want_all:
+            return out, None
+        return out, (torch.cat(out.aux_hidden, dim=-1) if aux else out.hidden_all)
 
     def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, starts, counts: list[int]) -> None:
         """Hand a proposer that drafts from the target's state its final normed hidden rows of the positions this
@@ -263,7 +270,7 @@ class LLMEngine:
             if prop.draft_probs is not None:
                 draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
-        out = self._forward(reqs, rows)
+        out, states = self._forward(reqs, rows)
         o = self.opts
         step = sample_step(
             reqs,
@@ -289,7 +296,8 @@ class LLMEngine:
             self.spec_log.observe(stats)
         self._commit(reqs, step.tokens, step)
         starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
-        self._observe_hidden(reqs, out.hidden, starts, [1 + n for n in step.num_accepted])
+        states = out.hidden if states is None else states
+        self._observe_hidden(reqs, states, starts, [1 + n for n in step.num_accepted])
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
             self.proposer.on_step_end([r for r, _ in live], out, [n for _, n in live])

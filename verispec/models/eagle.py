@@ -56,8 +56,8 @@ class EagleDraft(nn.Module):
         positions: torch.Tensor,  # [S, Q] RoPE positions p
         ctx: AttnContext,
         kv: list[torch.Tensor],  # the draft's cache, one entry per draft layer
-    ) -> torch.Tensor:
-        """-> features [N, H] (the LM head's input, and the state fed to the next draft position)."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (features [N, H], the same features: EAGLE-1 feeds the LM head's input back as the next state)."""
         if self.para_norm:
             embeds, hidden = (
                 self.embedding_layernorm.forward(embeds),
@@ -67,7 +67,18 @@ class EagleDraft(nn.Module):
         rope = rope_cos_sin(positions, self.inv_freq, h.dtype)
         for layer, cache in zip(self.layers, kv):
             h = layer.forward(h, (rope, rope), ctx, cache)
-        return h
+        return h, h
+
+    def bind_target(self, target) -> None:
+        """The target's embedding and LM head (plain attributes: not submodules)."""
+        self._target_embed, self._target_logits = target.embed, target.compute_logits
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._target_embed(ids)
+
+    def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
+        """[B, H] -> [B] the target LM head's argmax."""
+        return self._target_logits(head_in).argmax(dim=-1)
 
 
 def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> EagleDraft:

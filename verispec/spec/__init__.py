@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -129,8 +130,36 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             raise ValueError(
                 f"speculative_config.model {cfg.model!r}: EAGLE {key}={mine} but the target's is {theirs}"
             )
+    draft.bind_target(ctx.target.model)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(draft, ctx.target.model, ModelRunner(draft, cache, ctx.device))
+    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device))
+
+
+def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from dataclasses import replace
+
+    from verispec.engine.kv_cache import KVCache
+    from verispec.engine.model_runner import ModelRunner
+    from verispec.loader.hf import read_hf_config
+    from verispec.models.eagle3 import aux_layer_ids, load_eagle3
+    from verispec.spec.eagle import EagleProposer
+
+    target = ctx.target.config
+    draft = load_eagle3(cfg.model, ctx.device, ctx.dtype, target.hidden_size)
+    if draft.cfg.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"speculative_config.model {cfg.model!r}: EAGLE-3 vocab_size={draft.cfg.vocab_size} but the target's is "
+            f"{target.vocab_size}"
+        )
+    layers = aux_layer_ids(read_hf_config(Path(cfg.model)), target.num_layers)
+    bad = [i for i in layers if not 0 <= i <= target.num_layers]
+    if len(layers) != 3 or bad:
+        raise ValueError(
+            f"{cfg.model}: eagle_aux_hidden_state_layer_ids {list(layers)} must be 3 layer ids in 0..{target.num_layers}"
+        )
+    draft.bind_target(ctx.target.model)
+    cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers))
 
 
 _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
@@ -141,6 +170,7 @@ _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "mlp_speculator": _mlp_speculator,
     "extract_hidden_states": _extract_hidden_states,
     "eagle": _eagle,
+    "eagle3": _eagle3,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
 

@@ -1,8 +1,9 @@
-"""`eagle`: an EAGLE draft model drafts from the target's own hidden states (EAGLE-1 checkpoints).
+"""`eagle` / `eagle3`: an EAGLE draft model drafts from the target's own hidden states.
 
-The draft is one position "ahead": its position p reads the token x_{p+1} and the target's hidden state h_p. The engine
-hands the proposer the target's hidden states of every position a forward committed (`target_hidden = "all"`:
-prompt chunks, then the accepted part of each verified step). At each step the draft first catches up on the pairs it
+The draft is one position "ahead": its position p reads the token x_{p+1} and the target's state at p (EAGLE-1: the
+final normed hidden state; EAGLE-3: the residual streams entering three layers, `aux_layers`). The engine hands the
+proposer those states for every position a forward committed (`target_hidden = "all"`: prompt chunks, then the
+accepted part of each verified step). At each step the draft first catches up on the pairs it
 has not seen, up to the newest committed token, in one batched forward whose last position gives draft 1; each
 further draft feeds back the previous draft token and the draft's own features. The draft's KV cache has one slot
 per request; the positions written while drafting are speculative and are simply overwritten by the next catch-up
@@ -16,18 +17,17 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
-from verispec.models.decoder import DecoderLM
-from verispec.models.eagle import EagleDraft
 from verispec.spec.base import Proposal
 
 
 class EagleProposer:
-    aux_layers: tuple[int, ...] = ()
     target_hidden = "all"
     observes_states = False
 
-    def __init__(self, draft: EagleDraft, target: DecoderLM, runner: ModelRunner):
-        self.draft, self.target, self.runner = draft, target, runner  # runner: the draft's cache and contexts
+    def __init__(self, draft: torch.nn.Module, runner: ModelRunner, aux_layers: tuple[int, ...] = ()):
+        """draft: models/eagle.py's EagleDraft or models/eagle3.py's Eagle3Draft, bound to the target (embed,
+        draft_ids); runner: the draft's cache and contexts; aux_layers: the target layers EAGLE-3 reads."""
+        self.draft, self.runner, self.aux_layers = draft, runner, aux_layers
         self.cache: KVCache = runner.cache
         self.slot: dict[str, int] = {}
         self.computed: dict[
@@ -71,15 +71,15 @@ class EagleProposer:
                 end,
             )  # drafting writes past `end`: overwritten next time
         ids, positions, ctx, last = self.runner.build_context(rows)
-        feats = self.draft(self.target.embed(ids), torch.cat(states), positions, ctx, self.cache.kv)  # [N, H]
-        feats = feats[last]  # [B, H] at each request's newest token
-        token = self.target.compute_logits(feats).argmax(dim=-1)  # [B] draft 1
+        head_in, state = self.draft(self.draft.embed(ids), torch.cat(states), positions, ctx, self.cache.kv)
+        state = state[last]  # [B, H] at each request's newest token
+        token = self.draft.draft_ids(head_in[last])  # [B] draft 1
         drafts = [token]
-        for i in range(1, k):  # draft i + 1 at position end + i from (draft i, the draft's own features)
+        for i in range(1, k):  # draft i + 1 at position end + i from (draft i, the draft's own state)
             rows = [RowInput(self.slot[r.request_id], r.num_computed + i, [0]) for r in reqs]
             _, positions, ctx, _ = self.runner.build_context(rows)
-            feats = self.draft(self.target.embed(token), feats, positions, ctx, self.cache.kv)
-            token = self.target.compute_logits(feats).argmax(dim=-1)
+            head_in, state = self.draft(self.draft.embed(token), state, positions, ctx, self.cache.kv)
+            token = self.draft.draft_ids(head_in)
             drafts.append(token)
         ids = torch.stack(drafts, dim=1).tolist()  # [B, K]: the step's one host sync
         return Proposal([d[:c] for d, c in zip(ids, k_max)])
