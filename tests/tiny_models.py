@@ -284,3 +284,47 @@ def write_tiny_eagle3(
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def write_tiny_mimo(folder: Path, seed: int = 0, pass_through: bool = False) -> Path:
+    """A tiny MiMo target (`MiMoForCausalLM`: Qwen2 blocks) with one MTP layer (`model.mtp_layers.0.*`): random
+    seeded, or with pass_through an MTP layer that hands the target's state to its LM head unchanged (input_proj
+    keeps the state, zero block, hidden_layernorm 1 / w and final_layernorm w for the target's final norm weight w:
+    RMS norms are scale-free, so the draft is the target's own prediction from that state)."""
+    from safetensors.torch import load_file, save_file
+
+    write_tiny_checkpoint(folder, "qwen2", seed=seed)
+    w = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        w.update(load_file(str(f)))
+        f.unlink()
+    cfg = json.loads((folder / "config.json").read_text())
+    h, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def rnd(*shape):
+        return torch.zeros(*shape) if pass_through else torch.randn(*shape, generator=g) * 0.08
+
+    p, final = "model.mtp_layers.0.", w["model.norm.weight"]
+    mtp = {
+        "token_layernorm.weight": torch.ones(h),
+        "hidden_layernorm.weight": 1 / final if pass_through else torch.ones(h),
+        "input_proj.weight": torch.cat([torch.eye(h), torch.zeros(h, h)], 1) if pass_through else rnd(h, 2 * h),
+        "final_layernorm.weight": final.clone() if pass_through else torch.ones(h),
+        "input_layernorm.weight": torch.ones(h), "post_attention_layernorm.weight": torch.ones(h),
+        "self_attn.q_proj.weight": rnd(q, h), "self_attn.k_proj.weight": rnd(kv, h),
+        "self_attn.v_proj.weight": rnd(kv, h), "self_attn.q_proj.bias": rnd(q), "self_attn.k_proj.bias": rnd(kv),
+        "self_attn.v_proj.bias": rnd(kv), "self_attn.o_proj.weight": rnd(h, q), "mlp.gate_proj.weight": rnd(inter, h),
+        "mlp.up_proj.weight": rnd(inter, h), "mlp.down_proj.weight": rnd(h, inter),
+    }  # fmt: skip
+    save_file({**w, **{p + k: v.contiguous() for k, v in mtp.items()}}, str(folder / "model.safetensors"))
+    config = {
+        **cfg,
+        "architectures": ["MiMoForCausalLM"],
+        "model_type": "mimo",
+        "num_nextn_predict_layers": 1,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

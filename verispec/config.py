@@ -10,6 +10,7 @@ SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
+    "MiMoForCausalLM",  # Qwen2 blocks plus MTP layers (the `mtp` method's draft)
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
 )
@@ -111,7 +112,7 @@ def model_config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") ->
     if arch == "Qwen3ForCausalLM":
         default_bias = False
     else:
-        default_bias = arch == "Qwen2ForCausalLM"
+        default_bias = arch in ("Qwen2ForCausalLM", "MiMoForCausalLM")
     return ModelConfig(
         architecture=arch,
         model_type=str(text.get("model_type", cfg.get("model_type", ""))),

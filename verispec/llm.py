@@ -18,7 +18,7 @@ from verispec.metrics import Metric
 from verispec.outputs import RequestOutput
 from verispec.sampling_params import SamplingParams
 from verispec.spec import SUPPORTED_METHODS, DraftContext, build_proposer, check_supported
-from verispec.spec_config import SpeculativeConfig, parse_json_config
+from verispec.spec_config import MTP_MODEL_TYPES, SpeculativeConfig, parse_json_config
 
 PromptType = str | Mapping[str, Any]
 
@@ -63,7 +63,9 @@ def _draft_hf_config(spec: Mapping[str, Any]) -> dict | None:
 
 
 def resolve_speculative_config(
-    speculative_config: Mapping[str, Any] | str | None, target_max_model_len: int
+    speculative_config: Mapping[str, Any] | str | None,
+    target_max_model_len: int,
+    target_hf_config: dict | None = None,
 ) -> SpeculativeConfig | None:
     """The user's speculative_config (a dict or a JSON string) validated and resolved as vLLM does, and checked
     against what this build supports; ValueError naming the key otherwise."""
@@ -73,10 +75,15 @@ def resolve_speculative_config(
         speculative_config = parse_json_config(speculative_config)
     if not isinstance(speculative_config, Mapping):
         raise ValueError("speculative_config must be a dict (or a JSON object string)")
+    # no model: an MTP method drafts with the target's own layers (its config gives n_predict), as in vLLM
+    mtp = speculative_config.get("method") in ("mtp", *MTP_MODEL_TYPES)
+    mtp_config = target_hf_config if mtp else None
     spec = SpeculativeConfig.from_dict(
         speculative_config,
         target_max_model_len=target_max_model_len,
-        draft_hf_config=_draft_hf_config(speculative_config),
+        draft_hf_config=_draft_hf_config(speculative_config)
+        if speculative_config.get("model")
+        else mtp_config,
         supported_methods=SUPPORTED_METHODS,
     )
     check_supported(spec)
@@ -121,7 +128,9 @@ class LLM:
             model, self.device, dtype, tokenizer, skip_tokenizer_init, keep_quantized=keep_quantized
         )
         cfg = self.ckpt.config
-        spec = resolve_speculative_config(speculative_config, max_model_len or cfg.max_position_embeddings)
+        spec = resolve_speculative_config(
+            speculative_config, max_model_len or cfg.max_position_embeddings, self.ckpt.hf_config
+        )
         self.speculative_config = spec
         if isinstance(kv_transfer_config, str):
             kv_transfer_config = parse_json_config(kv_transfer_config)

@@ -473,3 +473,50 @@ def test_eagle3_config_errors(tiny_llama, tmp_path):
             tiny_llama,
             speculative_config={"method": "eagle3", "model": str(folder), "num_speculative_tokens": 2},
         )
+
+
+@pytest.fixture(scope="module")
+def tiny_mimo(tmp_path_factory) -> str:
+    from tests.tiny_models import write_tiny_mimo
+
+    return str(write_tiny_mimo(tmp_path_factory.mktemp("mimo") / "m"))
+
+
+@pytest.mark.parametrize("k", [None, 3])  # None: num_speculative_tokens from num_nextn_predict_layers (1)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_mtp_greedy_equality(tiny_mimo, k, batch):
+    plain = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16)
+    cfg = {"method": "mtp", **({"num_speculative_tokens": k} if k else {})}
+    llm = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    assert llm.engine.opts.num_speculative_tokens == (k or 1)
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = _prompts(batch, seed=batch)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_mtp_layer_reads_the_state_behind_the_newest_token(tmp_path):
+    from tests.tiny_models import write_tiny_mimo
+
+    folder = str(write_tiny_mimo(tmp_path / "m", pass_through=True))
+    llm = LLM(folder, max_model_len=256, speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+              max_num_batched_tokens=8)  # fmt: skip
+    seen, propose = [], llm.engine.proposer.propose
+
+    def spy(reqs, k_max):
+        prop = propose(reqs, k_max)
+        seen.extend((r.output_token_ids[-1], d[:1]) for r, d in zip(reqs, prop.token_ids))
+        return prop
+
+    llm.engine.proposer.propose = spy
+    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7] * 3}, {"prompt_token_ids": [9, 10, 11]}]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
+    assert seen and all(d in ([], [newest]) for newest, d in seen)
+
+
+def test_mtp_needs_a_target_with_mtp_layers(tiny_llama):
+    with pytest.raises(
+        ValueError, match="method 'mtp' needs a checkpoint with MTP layers, but the draft model_type"
+    ):
+        LLM(tiny_llama, speculative_config={"method": "mtp", "num_speculative_tokens": 1})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -136,8 +136,6 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 
 def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from dataclasses import replace
-
     from verispec.engine.kv_cache import KVCache
     from verispec.engine.model_runner import ModelRunner
     from verispec.loader.hf import read_hf_config
@@ -162,6 +160,30 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers))
 
 
+def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.engine.kv_cache import KVCache
+    from verispec.engine.model_runner import ModelRunner
+    from verispec.models.mtp import load_mtp
+    from verispec.spec.eagle import EagleProposer
+
+    target = ctx.target
+    if target.config.architecture not in MTP_ARCHITECTURES:
+        raise ValueError(
+            f"speculative method 'mtp' drafts with the target's own MTP layers, but {target.source} is "
+            f"{target.config.architecture}; MTP checkpoints this build reads: {', '.join(MTP_ARCHITECTURES)}"
+        )
+    if cfg.model is not None and Path(cfg.model).resolve() != Path(target.source).resolve():
+        raise ValueError(
+            "speculative_config.model: method 'mtp' uses the target checkpoint's MTP layers; omit model"
+        )
+    layer = load_mtp(target.source, target.config, ctx.device, ctx.dtype)
+    layer.bind_target(target.model)
+    cache = KVCache(replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    return EagleProposer(layer, ModelRunner(layer, cache, ctx.device))
+
+
+MTP_ARCHITECTURES = ("MiMoForCausalLM",)
+
 _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "ngram": _ngram,
     "draft_model": _draft_model,
@@ -171,6 +193,7 @@ _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
     "extract_hidden_states": _extract_hidden_states,
     "eagle": _eagle,
     "eagle3": _eagle3,
+    "mtp": _mtp,
 }
 SUPPORTED_METHODS = tuple(_BUILDERS)
 

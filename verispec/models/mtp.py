@@ -1,0 +1,85 @@
+"""Multi-token prediction layers shipped inside the target checkpoint (`mtp`), MiMo's format as vLLM reads it.
+
+MiMo (`MiMoForCausalLM`: Qwen2 blocks; config `num_nextn_predict_layers`) stores MTP layer i as
+`model.mtp_layers.{i}.{token_layernorm, hidden_layernorm, input_proj, final_layernorm}.weight` plus a Qwen2 block
+(`self_attn.*`, `mlp.*`, `input_layernorm`, `post_attention_layernorm`). At draft position p, from the token x_{p+1}
+and the target's final normed hidden state h_p:
+    e = token_layernorm(embed(x_{p+1})) (zero at position 0),  s = hidden_layernorm(h_p)
+    out = final_layernorm(block(input_proj(cat(s, e))))
+and drafts argmax(target lm_head(out)); later drafts feed back `out`. With several MTP layers, this build drafts
+every position with the first (one cache, one alignment; vLLM's note: DeepSeek exposes one layer anyway).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from verispec.config import ModelConfig
+from verispec.layers.attention import AttnContext
+from verispec.layers.norm import RMSNorm
+from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
+from verispec.loader.hf import load_hf_tensors, load_module_weights
+from verispec.models.decoder import DecoderLayer
+
+
+class MTPLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.cfg = cfg
+        self.token_layernorm, self.hidden_layernorm = RMSNorm(h, eps), RMSNorm(h, eps)
+        self.input_proj = nn.Linear(2 * h, h, bias=False)
+        self.block = DecoderLayer(cfg, 0)
+        self.final_layernorm = RMSNorm(h, eps)
+        scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
+        self.register_buffer(
+            "inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False
+        )
+
+    def forward(
+        self, embeds: torch.Tensor, states: torch.Tensor, positions: torch.Tensor, ctx: AttnContext, kv: list
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """embeds [N, H] of x_{p+1}, states [N, H] h_p, positions [S, Q] p -> (out, out): the LM head's input and
+        the next state."""
+        at_zero = ctx.to_packed((positions == 0)[..., None].to(embeds.dtype)).view(-1, 1)  # [N, 1]
+        e = self.token_layernorm.forward(embeds * (1 - at_zero))
+        x = self.input_proj(torch.cat([self.hidden_layernorm.forward(states), e], dim=-1))
+        rope = rope_cos_sin(positions, self.inv_freq, x.dtype)
+        out = self.final_layernorm.forward(self.block.forward(x, (rope, rope), ctx, kv[0]))
+        return out, out
+
+    def bind_target(self, target) -> None:
+        """The target's embedding and LM head (plain attributes: not submodules)."""
+        self._target_embed, self._target_logits = target.embed, target.compute_logits
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._target_embed(ids)
+
+    def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
+        return self._target_logits(head_in).argmax(dim=-1)
+
+
+def load_mtp(folder: str | Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> MTPLayer:
+    """The first MTP layer of the target checkpoint at `folder` (its Qwen2 config `cfg`)."""
+    folder = Path(folder)
+    prefix = "model.mtp_layers.0."
+    tensors = {k.removeprefix(prefix): v for k, v in load_hf_tensors(folder).items() if k.startswith(prefix)}
+    if not tensors:
+        raise ValueError(f"{folder}: no MTP layer weights ({prefix}*) in the checkpoint")
+    for group, parts in (("self_attn.qkv_proj", ("q", "k", "v")), ("mlp.gate_up_proj", ("gate", "up"))):
+        kind = group.split(".")[0]
+        for suffix in ("weight", "bias"):
+            names = [f"{kind}.{p}_proj.{suffix}" for p in parts]
+            if all(n in tensors for n in names):
+                tensors[f"{group}.{suffix}"] = torch.cat([tensors.pop(n) for n in names])
+    block = {"self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm."}
+    tensors = {("block." + k if any(k.startswith(b) for b in block) else k): v for k, v in tensors.items()}
+    layer = MTPLayer(cfg)
+    load_module_weights(layer, tensors, folder, "MTP")
+    for dense in (layer.block.self_attn.qkv_proj, layer.block.self_attn.o_proj, layer.block.mlp.gate_up_proj,
+                  layer.block.mlp.down_proj):  # fmt: skip
+        dense.pack()  # weights copied in place: refresh the packed copies
+    return layer.to(device=device, dtype=dtype).eval()
