@@ -121,3 +121,17 @@ def tiny_eagle3(tiny_llama, tmp_path_factory) -> str:
     from tests.tiny_models import write_tiny_eagle3
 
     return str(write_tiny_eagle3(tmp_path_factory.mktemp("eagle3") / "e", Path(tiny_llama), draft_vocab=200))
+
+
+@pytest.fixture(scope="session")
+def tiny_pard_draft(tiny_draft, tmp_path_factory) -> str:
+    """tiny_draft as a parallel (PARD) draft model: its config names a mask token (`pard_token`)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    folder = tmp_path_factory.mktemp("pard") / "d"
+    shutil.copytree(tiny_draft, folder)
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    (Path(folder) / "config.json").write_text(json.dumps({**cfg, "pard_token": 3}))
+    return str(folder)

@@ -192,16 +192,20 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
 
 
 @pytest.mark.parametrize(
-    "method, top_p, block", [("probabilistic", 1.0, False), ("strict", 1.0, False), ("probabilistic", 0.9, False),
-                             ("probabilistic", 1.0, True)]
+    "method, top_p, block, parallel", [("probabilistic", 1.0, False, False), ("strict", 1.0, False, False),
+                                       ("probabilistic", 0.9, False, False), ("probabilistic", 1.0, True, False),
+                                       ("probabilistic", 1.0, False, True)]
 )  # fmt: skip
-def test_sampled_tokens_follow_target_distribution(tiny_llama, tiny_draft, method, top_p, block):
+def test_sampled_tokens_follow_target_distribution(
+    tiny_llama, tiny_draft, tiny_pard_draft, method, top_p, block, parallel
+):
     """Second output token (the first one produced by verification, against a deliberately poor draft) has
     exactly the target's marginal distribution: chi-square p-value must not be tiny; a wrong law must fail.
-    Block Verify (3 drafts: it applies from 3) keeps the law too."""
+    Block Verify (3 drafts: it applies from 3) and parallel drafting (drafts from mask positions) keep the law too."""
     cfg = {
         "method": "draft_model",
-        "model": tiny_draft,
+        "model": tiny_pard_draft if parallel else tiny_draft,
+        "parallel_drafting": parallel,
         "num_speculative_tokens": 3 if block else 2,
         "rejection_sample_method": method,
         "enable_block_verify": block,
@@ -520,3 +524,57 @@ def test_mtp_needs_a_target_with_mtp_layers(tiny_llama):
         ValueError, match="method 'mtp' needs a checkpoint with MTP layers, but the draft model_type"
     ):
         LLM(tiny_llama, speculative_config={"method": "mtp", "num_speculative_tokens": 1})
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_parallel_drafting_greedy_equality(tiny_llama, tiny_pard_draft, reference, k, batch):
+    cfg = {
+        "method": "draft_model",
+        "model": tiny_pard_draft,
+        "num_speculative_tokens": k,
+        "parallel_drafting": True,
+    }
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    assert llm.engine.proposer.mask_token == 3
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_parallel_self_draft_first_draft_is_always_right(tiny_llama, tmp_path):
+    """The target as its own parallel draft: the newest token's position is an ordinary forward, so draft 1 is the
+    target's own greedy token and is accepted at every step (the mask positions' drafts are guesses)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "self"
+    shutil.copytree(tiny_llama, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "pard_token": 7}))
+    spec = {
+        "method": "draft_model",
+        "model": str(folder),
+        "num_speculative_tokens": 3,
+        "parallel_drafting": True,
+    }
+    llm = LLM(tiny_llama, max_model_len=256, speculative_config=spec)
+    out = llm.generate(
+        _prompts(1), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False
+    )[0]
+    stats = llm.engine.counters.spec
+    assert out.num_accepted_tokens >= stats.num_drafts > 0
+
+
+def test_parallel_drafting_errors(tiny_llama, tiny_draft, tiny_eagle):
+    with pytest.raises(
+        ValueError, match="For parallel drafting, the draft model config must have `pard_token`"
+    ):
+        LLM(tiny_llama, speculative_config={"method": "draft_model", "model": tiny_draft,
+                                            "num_speculative_tokens": 2, "parallel_drafting": True})  # fmt: skip
+    with pytest.raises(
+        ValueError, match="parallel_drafting with method 'eagle' .* is not supported by this build"
+    ):
+        LLM(tiny_llama, speculative_config={"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 2,
+                                            "parallel_drafting": True})  # fmt: skip

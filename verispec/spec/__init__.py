@@ -49,7 +49,22 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     runner = ModelRunner(draft.model, cache, ctx.device)
     keep = cfg.rejection_sample_method == "probabilistic"
-    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed)
+    mask_token = parallel_drafting_token(draft.hf_config, dv) if cfg.parallel_drafting else None
+    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token)
+
+
+def parallel_drafting_token(hf: dict, vocab: int) -> int:
+    """The mask token a parallel draft model (PARD) fills the future slots with, from its config.json (vLLM's keys)."""
+    dflash = hf.get("dflash_config") if isinstance(hf.get("dflash_config"), dict) else {}
+    token = dflash.get("mask_token_id", hf.get("pard_token", hf.get("ptd_token_id")))
+    if token is None:
+        raise ValueError(
+            "For parallel drafting, the draft model config must have `pard_token`, `ptd_token_id`, or "
+            "`dflash_config.mask_token_id` specified in its config.json."
+        )
+    if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
+        raise ValueError(f"parallel drafting mask token {token!r} must be a token id in [0, {vocab})")
+    return token
 
 
 def _suffix(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -116,12 +131,21 @@ def _extract_hidden_states(cfg: SpeculativeConfig, ctx: DraftContext) -> Propose
     return HiddenStatesExtractor(tuple(ids), hidden_states_folder(ctx.kv_transfer_config))
 
 
+def _no_parallel_eagle(cfg: SpeculativeConfig) -> None:
+    if cfg.parallel_drafting:
+        raise ValueError(
+            f"parallel_drafting with method '{cfg.method}' (P-EAGLE checkpoints: a learned hidden state for the masked "
+            "slots) is not supported by this build yet; it is supported with method 'draft_model' (PARD)"
+        )
+
+
 def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.engine.kv_cache import KVCache
     from verispec.engine.model_runner import ModelRunner
     from verispec.models.eagle import load_eagle
     from verispec.spec.eagle import EagleProposer
 
+    _no_parallel_eagle(cfg)
     draft = load_eagle(cfg.model, ctx.device, ctx.dtype)
     target = ctx.target.config
     for key, mine, theirs in (("hidden_size", draft.cfg.hidden_size, target.hidden_size),
@@ -142,6 +166,7 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.models.eagle3 import aux_layer_ids, load_eagle3
     from verispec.spec.eagle import EagleProposer
 
+    _no_parallel_eagle(cfg)
     target = ctx.target.config
     draft = load_eagle3(cfg.model, ctx.device, ctx.dtype, target.hidden_size)
     if draft.cfg.vocab_size != target.vocab_size:
@@ -208,7 +233,6 @@ def check_supported(cfg: SpeculativeConfig) -> None:
             f"num_speculative_tokens={k}) or pass {chain}"
         )
     unsupported = {
-        "parallel_drafting": cfg.parallel_drafting,
         "quantization": cfg.quantization is not None,
         "revision": cfg.revision is not None,
         "code_revision": cfg.code_revision is not None,

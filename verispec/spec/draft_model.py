@@ -3,6 +3,10 @@
 It owns a KV cache laid out like the target's (one slot per request, O(1) rollback). Before drafting, it
 catches up on the tokens the target committed since its last step (prompt on the first step), then runs K
 batched single-token forwards, keeping the draft distribution q for `probabilistic` verification.
+
+Parallel drafting (`parallel_drafting: true`, PARD draft models): the catch-up forward also carries K - 1 mask
+tokens (the config's `pard_token`) after the newest token, and the K drafts are read from that one forward's last K
+positions (each drawn from its own position's q, so `probabilistic` stays exact).
 """
 
 from __future__ import annotations
@@ -21,8 +25,17 @@ class DraftModelProposer:
     target_hidden = "none"
     observes_states = False
 
-    def __init__(self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0):
-        self.runner, self.k, self.keep_probs = runner, num_speculative_tokens, keep_probs
+    def __init__(
+        self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0,
+        mask_token: int | None = None,
+    ):  # fmt: skip
+        """mask_token: parallel drafting's filler token (None: K sequential draft forwards)."""
+        self.runner, self.k, self.keep_probs, self.mask_token = (
+            runner,
+            num_speculative_tokens,
+            keep_probs,
+            mask_token,
+        )
         self.cache: KVCache = runner.cache
         self.vocab = runner.model.cfg.vocab_size
         self.slot: dict[str, int] = {}
@@ -56,6 +69,8 @@ class DraftModelProposer:
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
+        if self.mask_token is not None:
+            return self._propose_parallel(reqs, k_max, k)
         out = self.runner.run(self._catch_up_rows(reqs))  # logits [B, V] at each request's newest token
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab)
@@ -78,6 +93,26 @@ class DraftModelProposer:
         drafts_t = torch.stack(tokens, dim=1)  # [B, K]
         drafts = [d[:c] for d, c in zip(drafts_t.tolist(), k_max)]
         return Proposal(drafts, torch.stack(probs, dim=1) if self.keep_probs else None)
+
+    def _propose_parallel(self, reqs: list[Request], k_max: list[int], k: int) -> Proposal:
+        """All k drafts from one forward: catch-up tokens, then k - 1 mask tokens; logits at the last k positions."""
+        rows = [
+            RowInput(row.slot, row.start, row.token_ids + [self.mask_token] * (k - 1), row.logits_from)
+            for row in self._catch_up_rows(reqs)
+        ]
+        logits = self.runner.run(rows).logits  # [B * k, V]: the newest token's position, then each mask's
+        params = [r.params for r in reqs]
+        st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab).repeat_interleave(
+            [k] * len(reqs)
+        )
+        q = S.logits_to_probs(logits, st)  # [B * k, V]
+        tok = S.greedy(logits)
+        if not st.all_greedy:
+            gens = [r.generator for r in reqs]
+            noise = S.draw_noise([k] * len(reqs), gens, self.vocab, logits.device, self.generator)
+            tok = torch.where(st.is_greedy, tok, S.sample(q, noise))
+        drafts = [d[:c] for d, c in zip(tok.view(len(reqs), k).tolist(), k_max)]
+        return Proposal(drafts, q.view(len(reqs), k, -1) if self.keep_probs else None)
 
     def _step(self, rows: list[RowInput], tok: torch.Tensor) -> torch.Tensor:
         """One batched draft forward feeding `tok` [B] (kept on device: no host sync per draft token)."""
