@@ -140,12 +140,13 @@ class LLM:
                 "(the hidden-states connector)"
             )
         k = spec.num_speculative_tokens if spec else 0
+        lookahead = max(k, len(spec.token_tree)) if spec else 0  # a token tree scores all its nodes at once
         budget = kv_cache_memory_bytes or default_kv_budget(self.device)
         if spec is not None and spec.method == "draft_model":
             budget //= 2
-        plan = plan_cache(cfg, max_num_seqs, max_model_len, budget, lookahead=k)
+        plan = plan_cache(cfg, max_num_seqs, max_model_len, budget, lookahead=lookahead)
         dt = self.ckpt.model.embed_tokens.weight.dtype
-        t_alloc = plan.max_model_len + k + 1
+        t_alloc = plan.max_model_len + lookahead + 1
         cache = KVCache(cfg, plan.num_slots, t_alloc, self.device, dt)
         runner = ModelRunner(self.ckpt.model, cache, self.device)
         proposer = None

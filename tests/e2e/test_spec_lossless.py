@@ -578,3 +578,82 @@ def test_parallel_drafting_errors(tiny_llama, tiny_draft, tiny_eagle):
     ):
         LLM(tiny_llama, speculative_config={"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 2,
                                             "parallel_drafting": True})  # fmt: skip
+
+
+TREE = "[(0,), (1,), (2,), (3,), (4,), (5,), (0, 0), (1, 0), (2, 0)]"
+
+
+@pytest.fixture(scope="module")
+def pass_through_eagle(tiny_llama, tmp_path_factory) -> str:
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle
+
+    return str(
+        write_tiny_eagle(tmp_path_factory.mktemp("pt_eagle") / "e", Path(tiny_llama), copy_hidden=True)
+    )
+
+
+@pytest.mark.parametrize(
+    "batch", [1, 3, 8]
+)  # 8 x 10 rows exceed the step budget (32): the top-1 chain is verified
+def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_through_eagle, monkeypatch, batch):
+    """A tree (6 root children, 3 of them with a child) drafted by EAGLE and verified in one forward: the output is
+    plain decoding's, and accepted paths through a non-first branch had their K/V moved into place."""
+    from verispec.engine.kv_cache import KVCache
+
+    moves = []
+    move = KVCache.move
+    monkeypatch.setattr(KVCache, "move", lambda self, slot, s, d: (moves.append(s), move(self, slot, s, d)))
+    spec = {
+        "method": "eagle",
+        "model": pass_through_eagle,
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": TREE,
+    }
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=spec)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = _prompts(batch, seed=batch + 40)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
+    stats = llm.engine.counters.spec
+    if batch * 10 <= 32:  # whole trees (the last steps, with room for fewer than 2 drafts, verify chains)
+        assert stats.num_draft_tokens > 5 * stats.num_drafts and moves  # and some non-first branches won
+    else:  # mostly chains: 8 trees of 10 rows exceed the step budget (steps with fewer running requests need not)
+        assert stats.num_draft_tokens < 3 * stats.num_drafts
+
+
+def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_through_eagle):
+    """strict verification of a tree: every emitted token is the target's own sample at its node."""
+    spec = {
+        "method": "eagle",
+        "model": pass_through_eagle,
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": TREE,
+    }
+    llm = LLM(
+        tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
+    )
+    prompt, n = [11, 42, 7, 99, 5], 4000
+    sp = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
+    v = llm.engine.runner.model.cfg.vocab_size
+    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    assert llm.engine.counters.spec.num_accepted_tokens > 0
+    p2 = _target_probs(llm, prompt, [], 1.0)
+    assert _chi2_pvalue(counts, p2, n) > 1e-4
+    mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
+    assert _chi2_pvalue(counts, mix / mix.sum(), n) < 1e-4
+
+
+def test_token_tree_config_errors(tiny_llama, tiny_eagle):
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "speculative_token_tree": TREE}
+    with pytest.raises(
+        ValueError, match="tree drafting is supported with methods eagle, eagle3, mtp, not 'ngram'"
+    ):
+        LLM(tiny_llama, speculative_config=ngram)
+    prob = {"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 2, "speculative_token_tree": TREE,
+            "rejection_sample_method": "probabilistic"}  # fmt: skip
+    with pytest.raises(ValueError, match="trees are verified with rejection_sample_method 'strict'"):
+        LLM(tiny_llama, speculative_config=prob)

@@ -27,7 +27,10 @@ def test_draft_forward_matches_transformers(tiny_llama, tmp_path):
     embeds, hidden = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
     _, positions, ctx, _ = runner.build_context([RowInput(1, 0, list(range(n)))])
     with torch.no_grad():
-        ours = draft(embeds, hidden, positions, ctx, cache.kv)  # [n, H]
+        ours, state = draft(
+            embeds, hidden, positions, ctx, cache.kv
+        )  # [n, H] each: EAGLE-1 feeds its features back
+    assert ours is state
 
     w = load_file(str(folder / "model.safetensors"))
     cfg = json.loads((folder / "config.json").read_text())

@@ -12,13 +12,14 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
-from verispec.engine.sample_step import sample_step, set_token_constraints
+from verispec.engine.sample_step import constrain_tokens, sample_step, set_token_constraints
 from verispec.engine.stop import commit_tokens, logprob_entry
 from verispec.layers import sampler as S
 from verispec.layers.sampler import make_generator
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput
-from verispec.spec.base import Proposer
+from verispec.spec.base import Proposal, Proposer
+from verispec.spec.tree import TokenTree, tree_accept
 
 
 @dataclass
@@ -196,9 +197,10 @@ class LLMEngine:
             self._commit(finals, step.tokens, step)
         if states is not None:  # every prompt position of every chunk
             sizes = [len(row.token_ids) for row in rows]
-            self._observe_hidden(chosen, states, list(accumulate(sizes, initial=0)), sizes)
+            starts = accumulate(sizes, initial=0)
+            self._observe_hidden(chosen, states, [list(range(s, s + n)) for s, n in zip(starts, sizes)])
         elif finals:
-            self._observe_hidden(finals, out.hidden, last_rows, [1] * len(finals))
+            self._observe_hidden(finals, out.hidden, [[i] for i in last_rows])
         return finals
 
     def _forward(self, reqs: list[Request], rows: list[RowInput]):
@@ -221,18 +223,21 @@ class LLMEngine:
             return out, None
         return out, (torch.cat(out.aux_hidden, dim=-1) if aux else out.hidden_all)
 
-    def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, starts, counts: list[int]) -> None:
-        """Hand a proposer that drafts from the target's state its final normed hidden rows of the positions this
-        forward committed for each live request: rows [start, start + count) of `hidden`, the last one behind the
-        newest token (target_hidden "all"), or that last row alone ("last": Medusa, MLP speculator)."""
+    def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, rows: list[list[int]]) -> None:
+        """Hand a proposer that drafts from the target's state the rows of `hidden` for the positions this forward
+        committed, per live request in position order, the last one behind the newest token (target_hidden "all"),
+        or that last row alone ("last": Medusa, MLP speculator)."""
         p = self.proposer
         if p is None or p.target_hidden == "none":
             return
-        live = [(r, s, n) for r, s, n in zip(reqs, starts, counts) if not r.finished]
-        if p.target_hidden == "last":
-            live = [(r, s + n - 1, 1) for r, s, n in live]
+        live = [
+            (r, idx[-1:] if p.target_hidden == "last" else idx)
+            for r, idx in zip(reqs, rows)
+            if not r.finished
+        ]
         if live:
-            p.observe_hidden([r for r, _, _ in live], [hidden[s : s + n] for _, s, n in live])
+            dev = hidden.device
+            p.observe_hidden([r for r, _ in live], [hidden[torch.tensor(i, device=dev)] for _, i in live])
 
     def _add_prompt_logprobs(self, r: Request, logits: torch.Tensor) -> None:
         """logits [n, V] of the chunk r.num_computed.. (not yet advanced): row i scores prompt token
@@ -262,6 +267,11 @@ class LLMEngine:
         if spec and self.proposer is not None:
             caps = [self._draft_cap(r) for r in spec]
             prop = self.proposer.propose(spec, caps)
+            if prop.tree is not None:
+                if self._tree_step_ok(reqs, spec, caps, prop.tree):
+                    return self._decode_tree(reqs, prop)
+                chain = prop.tree.chain  # this step verifies the tree's top-1 path as a chain
+                prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids])
             kept = fit_budget(
                 [d[:c] for d, c in zip(prop.token_ids, caps)], self.opts.spec_token_budget - len(reqs)
             )
@@ -297,10 +307,84 @@ class LLMEngine:
         self._commit(reqs, step.tokens, step)
         starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
         states = out.hidden if states is None else states
-        self._observe_hidden(reqs, states, starts, [1 + n for n in step.num_accepted])
+        self._observe_hidden(
+            reqs, states, [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
+        )
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
             self.proposer.on_step_end([r for r, _ in live], out, [n for _, n in live])
+        return reqs
+
+    def _tree_step_ok(
+        self, reqs: list[Request], spec: list[Request], caps: list[int], tree: TokenTree
+    ) -> bool:
+        """Whether this step can verify whole trees: every request speculates with room for the tree's depth, the
+        trees fit the step's token budget, and no request needs position-dependent processing along a path
+        (penalties, bad words, min_tokens still pending, logprobs): those steps verify the top-1 path instead."""
+        if len(spec) != len(reqs) or min(caps) < tree.max_depth:
+            return False
+        if len(reqs) * (tree.size + 1) > max(self.opts.spec_token_budget, tree.size + 1):
+            return False
+        for r in reqs:
+            p = r.params
+            penalties = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+            if (
+                penalties
+                or r.bad_words_token_ids
+                or p.logprobs is not None
+                or p.min_tokens > len(r.output_token_ids)
+            ):
+                return False
+        return True
+
+    def _decode_tree(self, reqs: list[Request], prop: Proposal) -> list[Request]:
+        """Verify a token tree per request in one forward; walk it with the target's own picks (tree_accept); make
+        the accepted path's K/V contiguous; commit."""
+        tree = prop.tree
+        n, anc, depth = tree.size + 1, tree.ancestor_mask(), tree.depth
+        nodes = [[r.last_token_id] + toks for r, toks in zip(reqs, prop.token_ids)]  # [B][1 + N]
+        rows = [RowInput(r.slot, r.num_computed, t, tree_mask=anc, depths=depth) for r, t in zip(reqs, nodes)]
+        out, states = self._forward(reqs, rows)
+        b, v = len(reqs), out.logits.shape[-1]
+        logits = out.logits.view(b, n, v)
+        if any(r.disallowed is not None or r.logit_bias_ids is not None for r in reqs):
+            logits = logits.clone()
+            constrain_tokens(
+                logits, reqs, [[] for _ in reqs]
+            )  # position-independent: allowed ids, logit bias
+        flat = logits.reshape(b * n, v)
+        picks = S.greedy(flat).view(b, n)  # [B, 1 + N]
+        params = [r.params for r in reqs]
+        if not all(p.is_greedy for p in params):
+            st = S.SamplingTensors.from_params(params, flat.device, v).repeat_interleave([n] * b)
+            noise = S.draw_noise([n] * b, [r.generator for r in reqs], v, flat.device, self.generator)
+            sampled = S.sample(S.logits_to_probs(flat, st), noise).view(b, n)
+            greedy = torch.tensor([p.is_greedy for p in params], device=flat.device)[:, None]
+            picks = torch.where(greedy, picks, sampled)
+        dev = picks.device
+        tok = torch.tensor(nodes, device=dev)
+        deepest, on_path = tree_accept(tok, picks, torch.tensor(tree.parent, device=dev), anc.to(dev),
+                                       torch.tensor(depth, device=dev))  # fmt: skip
+        deepest_l, on_l, picks_l = deepest.tolist(), on_path.tolist(), picks.tolist()  # the step's host sync
+        stats = SpecDecodingStats(max(self.opts.num_speculative_tokens, tree.max_depth))
+        emitted, hidden_rows = [], []
+        for i, r in enumerate(reqs):
+            path = [j for j in range(1, n) if on_l[i][j]]  # breadth-first order = increasing depth
+            emitted.append([nodes[i][j] for j in path] + [picks_l[i][deepest_l[i]]])
+            moved = [(j, d) for d, j in enumerate(path, start=1) if j != d]
+            if moved:  # the accepted nodes' K/V to positions start + 1.. (O(depth) per request)
+                self.cache.move(
+                    r.slot, [r.num_computed + j for j, _ in moved], [r.num_computed + d for _, d in moved]
+                )
+            r.num_computed += 1 + len(path)
+            r.num_draft_tokens += n - 1
+            r.num_accepted_tokens += len(path)
+            stats.observe_draft(n - 1, len(path))
+            hidden_rows.append([i * n] + [i * n + j for j in path])
+        self.counters.spec.add(stats)
+        self.spec_log.observe(stats)
+        self._commit(reqs, emitted, None)
+        self._observe_hidden(reqs, out.hidden if states is None else states, hidden_rows)
         return reqs
 
     def _align_draft_probs(self, reqs, spec, probs: torch.Tensor, drafts) -> torch.Tensor:

@@ -100,3 +100,9 @@ class KVCache:
 
     def free(self, slot: int) -> None:
         heapq.heappush(self._free, slot)
+
+    def move(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """K/V at positions src copied to dst in `slot`, every layer (a token tree's accepted path made contiguous)."""
+        s, d = torch.tensor(src), torch.tensor(dst)
+        for kv in self.kv:  # [slots, 2 Hkv, T, D]
+            kv[slot, :, d] = kv[slot, :, s]

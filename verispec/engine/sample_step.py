@@ -58,7 +58,7 @@ def banned_by_bad_words(bad: list[list[int]], past: list[int]) -> list[int]:
 
 
 def set_token_constraints(r: Request, tokenizer, vocab: int, device) -> None:
-    """r.params' bad_words, allowed_token_ids and logit_bias in the forms _constrain_tokens applies (once per
+    """r.params' bad_words, allowed_token_ids and logit_bias in the forms constrain_tokens applies (once per
     request, not per step)."""
     p = r.params
     if p.bad_words:
@@ -75,7 +75,7 @@ def _has_constraints(r: Request) -> bool:
     return bool(r.bad_words_token_ids) or r.disallowed is not None or r.logit_bias_ids is not None
 
 
-def _constrain_tokens(logits: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> None:
+def constrain_tokens(logits: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> None:
     """allowed_token_ids (every other token -inf), bad_words (at verify position j the output so far includes the
     first j drafts), then logit_bias (added), at every scored position of the request, before min_tokens and the
     penalties, as vLLM orders them. logits [B, K+1, V], in place."""
@@ -146,7 +146,7 @@ def sample_step(
     proc = padded
     if any(_has_constraints(r) for r in reqs):
         proc = proc.clone()
-        _constrain_tokens(proc, reqs, drafts)
+        constrain_tokens(proc, reqs, drafts)
     if any(p.min_tokens > 0 for p in params):
         proc = proc.clone() if proc is padded else proc
         _suppress_early_stops(proc, reqs, stride)

@@ -80,6 +80,10 @@ class EagleDraft(nn.Module):
         """[B, H] -> [B] the target LM head's argmax."""
         return self._target_logits(head_in).argmax(dim=-1)
 
+    def draft_topk(self, head_in: torch.Tensor, k: int) -> torch.Tensor:
+        """[B, H] -> [B, k] the k most likely tokens, best first (token trees)."""
+        return self._target_logits(head_in).topk(k, dim=-1).indices
+
 
 def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> EagleDraft:
     folder = Path(folder)

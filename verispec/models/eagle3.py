@@ -85,6 +85,11 @@ class Eagle3Draft(nn.Module):
         ids = self.lm_head(head_in).argmax(dim=-1)
         return ids if self.d2t is None else ids + self.d2t[ids]
 
+    def draft_topk(self, head_in: torch.Tensor, k: int) -> torch.Tensor:
+        """[B, H] -> [B, k] target ids of the draft vocabulary's k best, best first (token trees)."""
+        ids = self.lm_head(head_in).topk(k, dim=-1).indices
+        return ids if self.d2t is None else ids + self.d2t[ids]
+
 
 def aux_layer_ids(hf: dict, num_target_layers: int) -> tuple[int, ...]:
     """The target layers whose input streams EAGLE-3 reads: the checkpoint's, else vLLM's (2, L // 2, L - 3)."""

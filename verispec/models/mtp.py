@@ -61,6 +61,9 @@ class MTPLayer(nn.Module):
     def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
         return self._target_logits(head_in).argmax(dim=-1)
 
+    def draft_topk(self, head_in: torch.Tensor, k: int) -> torch.Tensor:
+        return self._target_logits(head_in).topk(k, dim=-1).indices
+
 
 def load_mtp(folder: str | Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> MTPLayer:
     """The first MTP layer of the target checkpoint at `folder` (its Qwen2 config `cfg`)."""

@@ -156,7 +156,7 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             )
     draft.bind_target(ctx.target.model)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device))
+    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tree=token_tree(cfg))
 
 
 def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -182,7 +182,7 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         )
     draft.bind_target(ctx.target.model)
     cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers))
+    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers), token_tree(cfg))
 
 
 def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -204,7 +204,7 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     layer = load_mtp(target.source, target.config, ctx.device, ctx.dtype)
     layer.bind_target(target.model)
     cache = KVCache(replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(layer, ModelRunner(layer, cache, ctx.device))
+    return EagleProposer(layer, ModelRunner(layer, cache, ctx.device), tree=token_tree(cfg))
 
 
 MTP_ARCHITECTURES = ("MiMoForCausalLM",)
@@ -223,14 +223,31 @@ _BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
 SUPPORTED_METHODS = tuple(_BUILDERS)
 
 
+TREE_METHODS = ("eagle", "eagle3", "mtp")
+
+
+def token_tree(cfg: SpeculativeConfig):
+    """The configured speculative_token_tree as a TokenTree, or None when it is a chain (the default)."""
+    from verispec.spec.tree import TokenTree
+
+    paths = cfg.token_tree
+    if not paths or (all(set(p) == {0} for p in paths) and len(paths) == max(len(p) for p in paths)):
+        return None
+    return TokenTree(tuple(paths))
+
+
 def check_supported(cfg: SpeculativeConfig) -> None:
     """Options this build validates but cannot honour are errors, never silently ignored."""
-    k = cfg.num_speculative_tokens or 0
-    chain = [tuple([0] * i) for i in range(1, k + 1)]
-    if cfg.token_tree and cfg.token_tree != chain:
+    tree = token_tree(cfg)
+    if tree is not None and cfg.method not in TREE_METHODS:
         raise ValueError(
-            "speculative_token_tree: tree drafting is not supported by this build yet; omit the key (a chain of "
-            f"num_speculative_tokens={k}) or pass {chain}"
+            f"speculative_token_tree: tree drafting is supported with methods {', '.join(TREE_METHODS)}, not "
+            f"'{cfg.method}'; omit the key (a chain of num_speculative_tokens={cfg.num_speculative_tokens})"
+        )
+    if tree is not None and cfg.rejection_sample_method != "strict":
+        raise ValueError(
+            "speculative_token_tree: trees are verified with rejection_sample_method 'strict' (the target's own pick "
+            f"at every node), got '{cfg.rejection_sample_method}'"
         )
     unsupported = {
         "quantization": cfg.quantization is not None,

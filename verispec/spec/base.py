@@ -10,6 +10,7 @@ import torch
 if TYPE_CHECKING:
     from verispec.engine.model_runner import RunnerOutput
     from verispec.engine.request import Request
+    from verispec.spec.tree import TokenTree
 
 
 @dataclass
@@ -20,6 +21,7 @@ class Proposal:
     draft_probs: torch.Tensor | None = (
         None  # [B, K, V] draft distribution for `probabilistic`; None = one-hot
     )
+    tree: TokenTree | None = None  # token_ids[b] are then the tree's nodes in its (breadth-first) order
 
 
 class Proposer(Protocol):

@@ -18,16 +18,24 @@ from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
 from verispec.spec.base import Proposal
+from verispec.spec.tree import TokenTree
 
 
 class EagleProposer:
     target_hidden = "all"
     observes_states = False
 
-    def __init__(self, draft: torch.nn.Module, runner: ModelRunner, aux_layers: tuple[int, ...] = ()):
-        """draft: models/eagle.py's EagleDraft or models/eagle3.py's Eagle3Draft, bound to the target (embed,
-        draft_ids); runner: the draft's cache and contexts; aux_layers: the target layers EAGLE-3 reads."""
-        self.draft, self.runner, self.aux_layers = draft, runner, aux_layers
+    def __init__(
+        self,
+        draft: torch.nn.Module,
+        runner: ModelRunner,
+        aux_layers: tuple[int, ...] = (),
+        tree: TokenTree | None = None,
+    ):
+        """draft: models/eagle.py's EagleDraft, models/eagle3.py's Eagle3Draft or models/mtp.py's MTPLayer, bound to
+        the target (embed, draft_ids, draft_topk); runner: the draft's cache and contexts; aux_layers: the target
+        layers EAGLE-3 reads; tree: a token tree to draft (None: a chain)."""
+        self.draft, self.runner, self.aux_layers, self.tree = draft, runner, aux_layers, tree
         self.cache: KVCache = runner.cache
         self.slot: dict[str, int] = {}
         self.computed: dict[
@@ -73,6 +81,8 @@ class EagleProposer:
         ids, positions, ctx, last = self.runner.build_context(rows)
         head_in, state = self.draft(self.draft.embed(ids), torch.cat(states), positions, ctx, self.cache.kv)
         state = state[last]  # [B, H] at each request's newest token
+        if self.tree is not None:
+            return self._propose_tree(reqs, head_in[last], state)
         token = self.draft.draft_ids(head_in[last])  # [B] draft 1
         drafts = [token]
         for i in range(1, k):  # draft i + 1 at position end + i from (draft i, the draft's own state)
@@ -83,6 +93,41 @@ class EagleProposer:
             drafts.append(token)
         ids = torch.stack(drafts, dim=1).tolist()  # [B, K]: the step's one host sync
         return Proposal([d[:c] for d, c in zip(ids, k_max)])
+
+    def _propose_tree(
+        self, reqs: list[Request], root_head: torch.Tensor, root_state: torch.Tensor
+    ) -> Proposal:
+        """Fill the tree level by level: the children of a node are the drafter's top tokens after it. Level d's nodes
+        come from one forward over every node above it (tree attention: each sees the prefix and its ancestors), at
+        draft positions end + depth - 1."""
+        tree, b = self.tree, len(reqs)
+        parent, depth, anc = tree.parent, tree.depth, tree.ancestor_mask()
+        tokens = torch.zeros(b, tree.size + 1, dtype=torch.long, device=root_state.device)  # [B, 1 + N]
+        states: dict[int, torch.Tensor] = {0: root_state}  # node -> [B, H] its draft state
+        heads: dict[int, torch.Tensor] = {0: root_head}
+        for d in range(1, tree.max_depth + 1):
+            for node in [n for n in range(tree.size + 1) if depth[n] == d - 1]:
+                kids = tree.children(node)
+                if kids:
+                    top = self.draft.draft_topk(heads[node], kids[-1][0] + 1)  # [B, max rank + 1]
+                    for rank, child in kids:
+                        tokens[:, child] = top[:, rank]
+            m = sum(1 for x in depth[1:] if x <= d)  # nodes 1..m: every level down to d
+            if d == tree.max_depth:
+                break
+            rows = [
+                RowInput(self.slot[r.request_id], r.num_computed, [0] * m, tree_mask=anc[1 : m + 1, 1 : m + 1],
+                         depths=[x - 1 for x in depth[1 : m + 1]])
+                for r in reqs
+            ]  # fmt: skip
+            _, positions, ctx, _ = self.runner.build_context(rows)
+            parents = torch.stack([states[parent[n]] for n in range(1, m + 1)], dim=1)  # [B, m, H]
+            emb = self.draft.embed(tokens[:, 1 : m + 1].reshape(-1))
+            head_in, state = self.draft(emb, parents.reshape(b * m, -1), positions, ctx, self.cache.kv)
+            head_in, state = head_in.view(b, m, -1), state.view(b, m, -1)
+            for n in range(1, m + 1):
+                heads[n], states[n] = head_in[:, n - 1], state[:, n - 1]
+        return Proposal(tokens[:, 1:].tolist(), tree=tree)  # the step's one host sync
 
     def on_step_end(self, reqs, target, num_accepted) -> None:
         return None

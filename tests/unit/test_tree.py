@@ -1,0 +1,54 @@
+"""Token trees: structure from vLLM's path lists, and the walk that accepts the target's own picks."""
+
+import torch
+
+from verispec.spec.tree import TokenTree, tree_accept
+
+# root -> (0,) a, (1,) b;  a -> (0, 0) c, (0, 1) d;  c -> (0, 0, 0) e
+TREE = TokenTree(((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))
+
+
+def test_structure():
+    assert TREE.parent == [-1, 0, 0, 1, 1, 3]
+    assert TREE.depth == [0, 1, 1, 2, 2, 3] and TREE.max_depth == 3
+    assert (
+        TREE.children(0) == [(0, 1), (1, 2)]
+        and TREE.children(1) == [(0, 3), (1, 4)]
+        and TREE.children(2) == []
+    )
+    assert TREE.chain == [1, 3, 5]
+    m = TREE.ancestor_mask()
+    assert m[5].nonzero().flatten().tolist() == [0, 1, 3, 5] and m[2].nonzero().flatten().tolist() == [0, 2]
+
+
+def _accept(tokens, picks):
+    t = TREE
+    deepest, on_path = tree_accept(
+        torch.tensor(tokens),
+        torch.tensor(picks),
+        torch.tensor(t.parent),
+        t.ancestor_mask(),
+        torch.tensor(t.depth),
+    )
+    return deepest.tolist(), on_path.tolist()
+
+
+def test_walk_follows_the_target_picks():
+    #        node:   0   a   b   c   d   e
+    tokens = [[50, 11, 12, 13, 14, 15]] * 4
+    picks = [
+        [11, 13, 0, 15, 0, 99],  # root picks a, a picks c, c picks e: all three accepted, bonus from e
+        [12, 0, 0, 0, 0, 0],  # root picks b (the second branch): one accepted
+        [11, 14, 0, 0, 0, 0],  # a then d (a's second child)
+        [
+            77,
+            13,
+            0,
+            15,
+            0,
+            0,
+        ],  # the root's pick is in no child: nothing accepted (deeper matches don't count)
+    ]
+    deepest, paths = _accept(tokens, picks)
+    assert deepest == [5, 2, 4, 0]
+    assert [[i for i, on in enumerate(p) if on] for p in paths] == [[0, 1, 3, 5], [0, 2], [0, 1, 4], [0]]
