@@ -293,17 +293,6 @@ def test_draft_max_model_len_stops_drafting(tiny_llama, reference):
     assert long_prompts and all(o.num_draft_tokens == 0 for o in long_prompts)
 
 
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("batch", BATCHES)
-def test_medusa_greedy_equality(tiny_llama, tiny_medusa, reference, k, batch):
-    cfg = {"method": "medusa", "model": tiny_medusa, "num_speculative_tokens": k}
-    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
-    assert llm.engine.counters.spec.num_draft_tokens > 0
-
-
 def test_medusa_method_is_inferred_and_drafts_get_accepted(tiny_llama, tmp_path):
     """Heads that copy the target's LM head draft the target's next token again: accepted whenever the target
     repeats itself; the method comes from the checkpoint's model_type, as in vLLM."""
@@ -344,39 +333,11 @@ def test_medusa_config_errors(tiny_llama, tiny_medusa):
             LLM(tiny_llama, speculative_config={"method": "medusa", **extra})
 
 
-@pytest.mark.parametrize(
-    "k", [1, 3, None]
-)  # None: num_speculative_tokens from the checkpoint's n_predict (4)
-@pytest.mark.parametrize("batch", BATCHES)
-def test_mlp_speculator_greedy_equality(tiny_llama, tiny_mlp_speculator, reference, k, batch):
-    cfg = {
-        "model": tiny_mlp_speculator,
-        **({"num_speculative_tokens": k} if k else {}),
-    }  # method from model_type
-    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    assert llm.engine.opts.num_speculative_tokens == (k or 4)
-    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
-    assert llm.engine.counters.spec.num_draft_tokens > 0
-
-
 def test_mlp_speculator_config_errors(tiny_llama, tiny_mlp_speculator):
     with pytest.raises(ValueError, match="num_speculative_tokens:5 must be divisible by n_predict=4"):
         LLM(tiny_llama, speculative_config={"model": tiny_mlp_speculator, "num_speculative_tokens": 5})
     with pytest.raises(ValueError, match="has 4 stages"):
         LLM(tiny_llama, speculative_config={"model": tiny_mlp_speculator, "num_speculative_tokens": 8})
-
-
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("batch", BATCHES)
-def test_eagle_greedy_equality(tiny_llama, tiny_eagle, reference, k, batch):
-    cfg = {"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": k}
-    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
-    assert llm.engine.counters.spec.num_draft_tokens > 0
 
 
 def test_eagle_reads_the_state_behind_the_newest_token(tiny_llama, tmp_path):
@@ -423,18 +384,6 @@ def test_eagle_config_errors(tiny_llama, tmp_path):
     (folder / "config.json").write_text(json.dumps({**cfg, "hidden_size": 32}))
     with pytest.raises(ValueError, match="EAGLE weight 'fc.weight' has shape"):
         LLM(tiny_llama, speculative_config=spec)
-
-
-@pytest.mark.parametrize("k", [1, 3, 5])
-@pytest.mark.parametrize("batch", BATCHES)
-def test_eagle3_greedy_equality(tiny_llama, tiny_eagle3, reference, k, batch):
-    cfg = {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": k}
-    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    assert llm.engine.proposer.aux_layers == (2, 1, 0)  # vLLM's default (2, L // 2, L - 3) for 3 layers
-    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
-    assert llm.engine.counters.spec.num_draft_tokens > 0
 
 
 def test_eagle3_reads_the_streams_behind_the_newest_token(tiny_llama, tmp_path):
@@ -657,3 +606,25 @@ def test_token_tree_config_errors(tiny_llama, tiny_eagle):
             "rejection_sample_method": "probabilistic"}  # fmt: skip
     with pytest.raises(ValueError, match="trees are verified with rejection_sample_method 'strict'"):
         LLM(tiny_llama, speculative_config=prob)
+
+
+DRAFTERS = {"medusa": "tiny_medusa", "mlp_speculator": "tiny_mlp_speculator", "eagle": "tiny_eagle",
+            "eagle3": "tiny_eagle3"}  # fmt: skip
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize(  # k None: mlp_speculator's n_predict (4), the method inferred from its model_type
+    "method, k", [(m, k) for m in DRAFTERS for k in (1, 3, 5)] + [("mlp_speculator", None)]
+)
+def test_model_drafter_greedy_equality(request, tiny_llama, reference, method, k, batch):
+    cfg = {"model": request.getfixturevalue(DRAFTERS[method])}
+    if k is not None:  # else method and num_speculative_tokens come from the checkpoint, as in vLLM
+        cfg.update(method=method, num_speculative_tokens=k)
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    assert llm.engine.opts.num_speculative_tokens == (k or 4)
+    if method == "eagle3":
+        assert llm.engine.proposer.aux_layers == (2, 1, 0)  # vLLM's default (2, L // 2, L - 3) for 3 layers
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == reference[batch]
+    assert llm.engine.counters.spec.num_draft_tokens > 0

@@ -32,7 +32,26 @@ SPECULATORS_NAMES = {"fusion_fc.weight": "fc.weight", "fusion_fc.bias": "fc.bias
                      "pre_lm_head_layernorm.weight": "hidden_states_layernorm.weight"}  # fmt: skip
 
 
-class EagleDraft(nn.Module):
+class TargetHeadDraft(nn.Module):
+    """A drafter that embeds with the target's embedding and drafts through the target's LM head (EAGLE-1, MTP)."""
+
+    def bind_target(self, target) -> None:
+        """The target's embedding and LM head (plain attributes: not submodules)."""
+        self._target_embed, self._target_logits = target.embed, target.compute_logits
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._target_embed(ids)
+
+    def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
+        """[B, H] -> [B] the target LM head's argmax."""
+        return self._target_logits(head_in).argmax(dim=-1)
+
+    def draft_topk(self, head_in: torch.Tensor, k: int) -> torch.Tensor:
+        """[B, H] -> [B, k] the k most likely tokens, best first (token trees)."""
+        return self._target_logits(head_in).topk(k, dim=-1).indices
+
+
+class EagleDraft(TargetHeadDraft):
     def __init__(self, cfg: ModelConfig, fc_bias: bool, para_norm: bool):
         super().__init__()
         self.cfg = cfg
@@ -68,21 +87,6 @@ class EagleDraft(nn.Module):
         for layer, cache in zip(self.layers, kv):
             h = layer.forward(h, (rope, rope), ctx, cache)
         return h, h
-
-    def bind_target(self, target) -> None:
-        """The target's embedding and LM head (plain attributes: not submodules)."""
-        self._target_embed, self._target_logits = target.embed, target.compute_logits
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._target_embed(ids)
-
-    def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
-        """[B, H] -> [B] the target LM head's argmax."""
-        return self._target_logits(head_in).argmax(dim=-1)
-
-    def draft_topk(self, head_in: torch.Tensor, k: int) -> torch.Tensor:
-        """[B, H] -> [B, k] the k most likely tokens, best first (token trees)."""
-        return self._target_logits(head_in).topk(k, dim=-1).indices
 
 
 def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> EagleDraft:

@@ -23,9 +23,10 @@ from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
 from verispec.loader.hf import load_hf_tensors, load_module_weights
 from verispec.models.decoder import DecoderLayer
+from verispec.models.eagle import TargetHeadDraft
 
 
-class MTPLayer(nn.Module):
+class MTPLayer(TargetHeadDraft):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -50,19 +51,6 @@ class MTPLayer(nn.Module):
         rope = rope_cos_sin(positions, self.inv_freq, x.dtype)
         out = self.final_layernorm.forward(self.block.forward(x, (rope, rope), ctx, kv[0]))
         return out, out
-
-    def bind_target(self, target) -> None:
-        """The target's embedding and LM head (plain attributes: not submodules)."""
-        self._target_embed, self._target_logits = target.embed, target.compute_logits
-
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._target_embed(ids)
-
-    def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
-        return self._target_logits(head_in).argmax(dim=-1)
-
-    def draft_topk(self, head_in: torch.Tensor, k: int) -> torch.Tensor:
-        return self._target_logits(head_in).topk(k, dim=-1).indices
 
 
 def load_mtp(folder: str | Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> MTPLayer:
