@@ -305,11 +305,10 @@ class LLMEngine:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
         self._commit(reqs, step.tokens, step)
-        starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
-        states = out.hidden if states is None else states
-        self._observe_hidden(
-            reqs, states, [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
-        )
+        if self.proposer is not None and self.proposer.target_hidden != "none":
+            starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
+            rows_of = [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
+            self._observe_hidden(reqs, out.hidden if states is None else states, rows_of)
         if self.proposer is not None:
             live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
             self.proposer.on_step_end([r for r, _ in live], out, [n for _, n in live])
