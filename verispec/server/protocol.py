@@ -259,7 +259,6 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
-    kv_transfer_params: dict | None = None  # vLLM's extension (first choice's request, as vLLM reports it)
 
 
 class CompletionResponse(BaseModel):
@@ -309,6 +308,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
+    kv_transfer_params: dict | None = None  # vLLM's extension (first choice's request, as vLLM reports it)
 
 
 class DeltaMessage(BaseModel):
