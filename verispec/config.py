@@ -65,7 +65,7 @@ def _require(cfg: Mapping[str, Any], key: str, source: str) -> Any:
     return cfg[key]
 
 
-def _int(value: Any, key: str, source: str, least: int = 1) -> int:
+def config_int(value: Any, key: str, source: str, least: int = 1) -> int:
     """An integer config value >= least; ValueError naming the key otherwise (no bare int() errors)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
         raise ValueError(f"{source}: '{key}' must be an integer >= {least}, got {value!r}")
@@ -96,11 +96,11 @@ def model_config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") ->
             f"{source}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     text = cfg.get("text_config") or cfg
-    hidden = _int(_require(text, "hidden_size", source), "hidden_size", source)
-    heads = _int(_require(text, "num_attention_heads", source), "num_attention_heads", source)
+    hidden = config_int(_require(text, "hidden_size", source), "hidden_size", source)
+    heads = config_int(_require(text, "num_attention_heads", source), "num_attention_heads", source)
     head_dim = text.get("head_dim") or hidden // heads
     is_gemma = arch == "Gemma3ForCausalLM"
-    num_layers = _int(_require(text, "num_hidden_layers", source), "num_hidden_layers", source)
+    num_layers = config_int(_require(text, "num_hidden_layers", source), "num_hidden_layers", source)
     layer_types: tuple[str, ...] = tuple(text.get("layer_types") or ())
     if is_gemma and not layer_types:
         pattern = int(text.get("sliding_window_pattern", 6))
@@ -124,16 +124,18 @@ def model_config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") ->
     return ModelConfig(
         architecture=arch,
         model_type=str(text.get("model_type", cfg.get("model_type", ""))),
-        vocab_size=_int(_require(text, "vocab_size", source), "vocab_size", source),
+        vocab_size=config_int(_require(text, "vocab_size", source), "vocab_size", source),
         hidden_size=hidden,
-        intermediate_size=_int(_require(text, "intermediate_size", source), "intermediate_size", source),
+        intermediate_size=config_int(
+            _require(text, "intermediate_size", source), "intermediate_size", source
+        ),
         num_layers=num_layers,
         num_heads=heads,
-        num_kv_heads=_int(text.get("num_key_value_heads") or heads, "num_key_value_heads", source),
-        head_dim=_int(head_dim, "head_dim", source),
+        num_kv_heads=config_int(text.get("num_key_value_heads") or heads, "num_key_value_heads", source),
+        head_dim=config_int(head_dim, "head_dim", source),
         rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
         rope_theta=rope_theta,
-        max_position_embeddings=_int(
+        max_position_embeddings=config_int(
             text.get("max_position_embeddings", 2048), "max_position_embeddings", source
         ),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", is_gemma))),

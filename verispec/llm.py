@@ -133,7 +133,7 @@ class LLM:
         )
         self.speculative_config = spec
         if isinstance(kv_transfer_config, str):
-            kv_transfer_config = parse_json_config(kv_transfer_config)
+            kv_transfer_config = parse_json_config(kv_transfer_config, "kv_transfer_config")
         if kv_transfer_config is not None and (spec is None or spec.method != "extract_hidden_states"):
             raise ValueError(
                 "kv_transfer_config is only supported with speculative_config method 'extract_hidden_states' "

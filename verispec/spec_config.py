@@ -160,14 +160,14 @@ class SpeculativeConfig:
         return out
 
 
-def parse_json_config(text: str) -> dict[str, Any]:
-    """A speculative_config given as a JSON string (``--speculative-config``) -> dict, or a clear ValueError."""
+def parse_json_config(text: str, name: str = "speculative_config") -> dict[str, Any]:
+    """A config given as a JSON string (``--speculative-config``) -> dict, or a clear ValueError naming `name`."""
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+        raise ValueError(f"{name} is not valid JSON: {e}") from None
     if not isinstance(config, dict):
-        raise ValueError(f"speculative_config must be a mapping (JSON object), got {type(config).__name__}")
+        raise ValueError(f"{name} must be a mapping (JSON object), got {type(config).__name__}")
     return config
 
 

@@ -23,6 +23,8 @@ def read_json(path: Path) -> dict:
 
 
 def read_hf_config(folder: Path) -> dict:
+    if folder.is_file():
+        raise ValueError(f"{folder}: a file, not a model folder (pass the folder that holds config.json)")
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder}: not a model folder (no config.json)")
     return read_json(folder / "config.json")
@@ -71,3 +73,24 @@ def load_module_weights(
             )
         with torch.no_grad():
             param.copy_(value.to(torch.float32))
+
+
+def check_token_ids(
+    t: torch.Tensor, name: str, length: int, vocab: int, folder: Path, offsets: bool = False
+) -> None:
+    """A draft checkpoint's integer token-id map (Medusa `token_map`, EAGLE-3 `d2t` offsets): integer dtype, `length`
+    entries, every id (i + t[i] for offsets) in [0, vocab); ValueError naming it otherwise."""
+    if t.dtype.is_floating_point or t.dtype == torch.bool or tuple(t.shape) != (length,):
+        raise ValueError(
+            f"{folder}: '{name}' must be {length} integer token ids, got {t.dtype} {tuple(t.shape)}"
+        )
+    ids = t.long() + (torch.arange(length) if offsets else 0)
+    if length and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"{folder}: '{name}' maps to token ids outside [0, {vocab})")
+
+
+def require_weights(tensors: dict, names: list[str], folder: Path, what: str, why: str) -> None:
+    """Weights the config promises, checked before any module is allocated (a huge count fails here, not in OOM)."""
+    missing = [n for n in names if n not in tensors]
+    if missing:
+        raise ValueError(f"{folder}: {what} config {why}, but the checkpoint has no {missing[0]!r}")

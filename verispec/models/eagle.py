@@ -25,7 +25,7 @@ from verispec.config import ModelConfig, model_config_from_hf
 from verispec.layers.attention import AttnContext
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import load_hf_tensors, read_hf_config
+from verispec.loader.hf import load_hf_tensors, read_hf_config, require_weights
 from verispec.models.decoder import DecoderLayer
 
 SPECULATORS_NAMES = {"fusion_fc.weight": "fc.weight", "fusion_fc.bias": "fc.bias",
@@ -98,6 +98,8 @@ def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> 
     for name, value in load_hf_tensors(folder).items():
         name = name.removeprefix("model.")
         tensors[SPECULATORS_NAMES.get(name, name)] = value
+    last = f"layers.{cfg.num_layers - 1}.mlp.down_proj.weight"
+    require_weights(tensors, [last], folder, "EAGLE", f"says {cfg.num_layers} layers")
     draft = EagleDraft(cfg, fc_bias="fc.bias" in tensors, para_norm=bool(hf.get("add_para_norm", False)))
 
     def take(name: str) -> torch.Tensor:

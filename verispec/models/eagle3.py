@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verispec.config import ModelConfig, model_config_from_hf
+from verispec.config import ModelConfig, config_int, model_config_from_hf
 from verispec.layers.attention import AttnContext
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import load_hf_tensors, load_module_weights, read_hf_config
+from verispec.loader.hf import check_token_ids, load_hf_tensors, load_module_weights, read_hf_config
 from verispec.models.decoder import MLP, Attention
 
 
@@ -93,11 +93,17 @@ class Eagle3Draft(nn.Module):
 
 def aux_layer_ids(hf: dict, num_target_layers: int) -> tuple[int, ...]:
     """The target layers whose input streams EAGLE-3 reads: the checkpoint's, else vLLM's (2, L // 2, L - 3)."""
-    ids = hf.get("eagle_aux_hidden_state_layer_ids") or (hf.get("eagle_config") or {}).get(
-        "eagle_aux_hidden_state_layer_ids"
-    )
+    key = "eagle_aux_hidden_state_layer_ids"
+    nested = hf.get("eagle_config")
+    if nested is not None and not isinstance(nested, dict):
+        raise ValueError(f"EAGLE-3 config.json: eagle_config must be an object, got {type(nested).__name__}")
+    ids = hf.get(key, (nested or {}).get(key))
     n = num_target_layers
-    return tuple(ids) if ids else (2, n // 2, n - 3)
+    if ids is None:
+        return (2, n // 2, n - 3)
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"EAGLE-3 config.json: {key} must be a list of layer indices, got {ids!r}")
+    return tuple(ids)
 
 
 def load_eagle3(
@@ -111,16 +117,23 @@ def load_eagle3(
         name = name.removeprefix("model.").replace("layers.0.", "midlayer.")
         tensors[name.removeprefix("midlayer.")] = value  # the block's weights sit at the top of Eagle3Draft
     tensors.pop("t2d", None)
-    draft_vocab = int(hf.get("draft_vocab_size") or cfg.vocab_size)
-    th = int(hf.get("target_hidden_size") or target_hidden)
+    where = str(folder / "config.json")
+    draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
+    if draft_vocab > cfg.vocab_size:
+        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
+    th = config_int(hf.get("target_hidden_size") or target_hidden, "target_hidden_size", where)
     draft = Eagle3Draft(cfg, th, draft_vocab, bool(hf.get("norm_before_residual", False)))
     d2t = tensors.pop("d2t", None)
     if draft_vocab != cfg.vocab_size:
         if d2t is None or tuple(d2t.shape) != (draft_vocab,):
             raise ValueError(f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs a 'd2t' "
                              f"tensor of {draft_vocab} offsets")  # fmt: skip
+        check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
         draft.d2t = d2t.long()
     embed = tensors.pop("embed_tokens.weight", None)
+    if embed is not None and tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"{folder}: EAGLE-3 weight 'embed_tokens.weight' has shape {tuple(embed.shape)}, expected "
+                         f"{(cfg.vocab_size, cfg.hidden_size)}")  # fmt: skip
     qkv = [tensors.pop(f"self_attn.{n}_proj.weight", None) for n in "qkv"]
     gate_up = [tensors.pop(f"mlp.{n}_proj.weight", None) for n in ("gate", "up")]
     for parts, fused in ((qkv, "self_attn.qkv_proj.weight"), (gate_up, "mlp.gate_up_proj.weight")):

@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verispec.loader.hf import load_hf_tensors, load_module_weights, read_hf_config
+from verispec.loader.hf import (
+    check_token_ids,
+    load_hf_tensors,
+    load_module_weights,
+    read_hf_config,
+    require_weights,
+)
 
 
 @dataclass(frozen=True)
@@ -44,10 +50,19 @@ class MedusaConfig:
             if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"{where}: Medusa config.json needs a positive integer {key}, got {value!r}")
         truncated = hf.get("truncated_vocab_size") or ints["vocab_size"]
+        if (
+            isinstance(truncated, bool)
+            or not isinstance(truncated, int)
+            or not 0 < truncated <= ints["vocab_size"]
+        ):
+            raise ValueError(f"{where}: Medusa truncated_vocab_size must be an integer in [1, vocab_size], got "
+                             f"{truncated!r}")  # fmt: skip
+        scale = hf.get("logit_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ValueError(f"{where}: Medusa logit_scale must be a number > 0, got {scale!r}")
         return cls(
-            ints["hidden_size"], ints["vocab_size"], heads, layers, int(truncated),
-            bool(hf.get("original_lm_head", False)), bool(hf.get("medusa_fc_bias", False)),
-            float(hf.get("logit_scale", 1.0)),
+            ints["hidden_size"], ints["vocab_size"], heads, layers, truncated,
+            bool(hf.get("original_lm_head", False)), bool(hf.get("medusa_fc_bias", False)), float(scale),
         )  # fmt: skip
 
 
@@ -96,9 +111,11 @@ def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) ->
             f"{folder}: not a Medusa checkpoint (model_type {hf.get('model_type')!r}, expected 'medusa')"
         )
     cfg = MedusaConfig.from_hf(hf, str(folder))
-    if cfg.logit_scale <= 0:
-        raise ValueError(f"{folder}: Medusa logit_scale must be > 0, got {cfg.logit_scale}")
     tensors = {k.removeprefix("medusa_heads."): v for k, v in load_hf_tensors(folder).items()}
+    last = f"blocks.{cfg.num_heads - 1}.layers.{cfg.num_hidden_layers - 1}.weight"
+    require_weights(
+        tensors, [last], folder, "Medusa", f"says {cfg.num_heads} heads of {cfg.num_hidden_layers} layers"
+    )
     heads = MedusaHeads(cfg)
     token_map = tensors.pop("token_map", None)
     if cfg.truncated_vocab_size < cfg.vocab_size:
@@ -107,6 +124,7 @@ def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) ->
                 f"{folder}: truncated_vocab_size={cfg.truncated_vocab_size} < vocab_size={cfg.vocab_size} needs a "
                 f"'token_map' tensor of {cfg.truncated_vocab_size} token ids"
             )
+        check_token_ids(token_map, "token_map", cfg.truncated_vocab_size, cfg.vocab_size, folder)
         heads.token_map = token_map.long()
     load_module_weights(heads, tensors, folder, "Medusa")
     return heads.to(device=device, dtype=dtype).eval()

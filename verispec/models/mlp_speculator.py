@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verispec.loader.hf import load_hf_tensors, load_module_weights, read_hf_config
+from verispec.loader.hf import load_hf_tensors, load_module_weights, read_hf_config, require_weights
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,10 @@ def load_mlp_speculator(folder: str | Path, device: torch.device, dtype: torch.d
             f"{folder}: not an MLP speculator checkpoint (model_type {hf.get('model_type')!r}, expected "
             "'mlp_speculator')"
         )
-    model = MLPSpeculator(MLPSpeculatorConfig.from_hf(hf, str(folder)))
+    cfg = MLPSpeculatorConfig.from_hf(hf, str(folder))
     tensors = {k.removeprefix("speculator."): v for k, v in load_hf_tensors(folder).items()}
+    last = f"head.{0 if cfg.tie_weights else cfg.n_predict - 1}.weight"
+    require_weights(tensors, [last], folder, "MLP speculator", f"says n_predict={cfg.n_predict}")
+    model = MLPSpeculator(cfg)
     load_module_weights(model, tensors, folder, "MLP speculator")
     return model.to(device=device, dtype=dtype).eval()

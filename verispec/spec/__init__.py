@@ -56,7 +56,8 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 def parallel_drafting_token(hf: dict, vocab: int) -> int:
     """The mask token a parallel draft model (PARD) fills the future slots with, from its config.json (vLLM's keys)."""
     dflash = hf.get("dflash_config") if isinstance(hf.get("dflash_config"), dict) else {}
-    token = dflash.get("mask_token_id", hf.get("pard_token", hf.get("ptd_token_id")))
+    candidates = (dflash.get("mask_token_id"), hf.get("pard_token"), hf.get("ptd_token_id"))
+    token = next((t for t in candidates if t is not None), None)
     if token is None:
         raise ValueError(
             "For parallel drafting, the draft model config must have `pard_token`, `ptd_token_id`, or "
@@ -120,6 +121,10 @@ def _mlp_speculator(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 def _extract_hidden_states(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.spec.extract_hidden_states import HiddenStatesExtractor, hidden_states_folder
 
+    if cfg.model not in (None, "extract_hidden_states"):
+        raise ValueError(
+            "speculative_config.model: method 'extract_hidden_states' reads the target itself; omit model"
+        )
     n = ctx.target.config.num_layers
     ids = cfg.eagle_aux_hidden_state_layer_ids or (2, n // 2, n - 3)  # EAGLE-3's layers by default
     bad = [i for i in ids if not 0 <= i <= n]
@@ -156,7 +161,9 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             )
     draft.bind_target(ctx.target.model)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tree=token_tree(cfg))
+    return EagleProposer(
+        draft, ModelRunner(draft, cache, ctx.device), tree=token_tree(cfg, target.vocab_size)
+    )
 
 
 def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -182,7 +189,8 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         )
     draft.bind_target(ctx.target.model)
     cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers), token_tree(cfg))
+    tree = token_tree(cfg, draft.lm_head.out_features)
+    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers), tree)
 
 
 def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -204,7 +212,9 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     layer = load_mtp(target.source, target.config, ctx.device, ctx.dtype)
     layer.bind_target(target.model)
     cache = KVCache(replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(layer, ModelRunner(layer, cache, ctx.device), tree=token_tree(cfg))
+    return EagleProposer(
+        layer, ModelRunner(layer, cache, ctx.device), tree=token_tree(cfg, target.config.vocab_size)
+    )
 
 
 MTP_ARCHITECTURES = ("MiMoForCausalLM",)
@@ -226,18 +236,31 @@ SUPPORTED_METHODS = tuple(_BUILDERS)
 TREE_METHODS = ("eagle", "eagle3", "mtp")
 
 
-def token_tree(cfg: SpeculativeConfig):
-    """The configured speculative_token_tree as a TokenTree, or None when it is a chain (the default)."""
+def token_tree(cfg: SpeculativeConfig, draft_vocab: int | None = None):
+    """The configured speculative_token_tree as a TokenTree, or None when it is a chain (the default). With
+    draft_vocab: every child rank must name one of the drafter's tokens."""
     from verispec.spec.tree import TokenTree
 
     paths = cfg.token_tree
     if not paths or (all(set(p) == {0} for p in paths) and len(paths) == max(len(p) for p in paths)):
         return None
+    rank = max(p[-1] for p in paths)
+    if draft_vocab is not None and rank >= draft_vocab:
+        raise ValueError(
+            f"speculative_token_tree: child rank {rank} (the drafter's top-{rank + 1} token) needs a vocabulary of "
+            f"more than {rank} tokens; the drafter has {draft_vocab}"
+        )
     return TokenTree(tuple(paths))
 
 
 def check_supported(cfg: SpeculativeConfig) -> None:
     """Options this build validates but cannot honour are errors, never silently ignored."""
+    depth = max((len(p) for p in cfg.token_tree), default=0)
+    if depth > (cfg.num_speculative_tokens or 0):
+        raise ValueError(
+            f"speculative_token_tree is {depth} levels deep but num_speculative_tokens is "
+            f"{cfg.num_speculative_tokens}: a step drafts at most num_speculative_tokens levels; set it to {depth}"
+        )
     tree = token_tree(cfg)
     if tree is not None and cfg.method not in TREE_METHODS:
         raise ValueError(

@@ -17,6 +17,7 @@ output carries `kv_transfer_params={"hidden_states_path": file}`.
 from __future__ import annotations
 
 import re
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,20 @@ def hidden_states_folder(kv_transfer_config: Mapping[str, Any] | None) -> Path:
         raise ValueError(
             f"kv_transfer_config.kv_connector_extra_config.shared_storage_path is required: {example}"
         )
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
+    unknown = sorted(set(extra) - {"shared_storage_path"})
+    if unknown:
         raise ValueError(
-            f"kv_transfer_config shared_storage_path {str(folder)!r}: cannot create it ({e})"
+            f"kv_transfer_config.kv_connector_extra_config: unknown key(s) {unknown}; this connector reads "
+            "['shared_storage_path']"
+        )
+    folder = Path(path)
+    try:  # created and proven writable now, not when the first request finishes
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except (OSError, ValueError) as e:
+        raise ValueError(
+            f"kv_transfer_config shared_storage_path {str(folder)!r}: not a writable folder ({e})"
         ) from None
     return folder
 
