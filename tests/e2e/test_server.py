@@ -858,6 +858,9 @@ def test_extract_hidden_states_server(ckpt, tmp_path):
         chat = {"model": ckpt, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
         r = httpx.post(f"{server.url}/v1/chat/completions", json=chat, timeout=60)
         assert r.status_code == 200, r.text
-        assert load_file(r.json()["kv_transfer_params"]["hidden_states_path"])["hidden_states"].shape[1:] == (2, 64)
+        assert load_file(r.json()["kv_transfer_params"]["hidden_states_path"])["hidden_states"].shape[1:] == (
+            2,
+            64,
+        )
     finally:
         server.stop()
