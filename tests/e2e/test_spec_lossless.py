@@ -340,35 +340,6 @@ def test_mlp_speculator_config_errors(tiny_llama, tiny_mlp_speculator):
         LLM(tiny_llama, speculative_config={"model": tiny_mlp_speculator, "num_speculative_tokens": 8})
 
 
-def test_eagle_reads_the_state_behind_the_newest_token(tiny_llama, tmp_path):
-    """A draft that passes the target's state straight to the LM head predicts exactly what the target predicted
-    from it: with the states aligned right, its first draft is always the newest token (a misaligned state gives
-    something else), and such drafts are accepted whenever the target repeats itself. Chunked prompts included."""
-    from pathlib import Path
-
-    from tests.tiny_models import write_tiny_eagle
-
-    folder = write_tiny_eagle(tmp_path / "e", Path(tiny_llama), copy_hidden=True)
-    cfg = {"method": "eagle", "model": str(folder), "num_speculative_tokens": 3}
-    llm = LLM(tiny_llama, max_model_len=256, speculative_config=cfg, max_num_batched_tokens=8)
-    seen = []
-    propose = llm.engine.proposer.propose
-
-    def spy(reqs, k_max):
-        prop = propose(reqs, k_max)
-        seen.extend((r.output_token_ids[-1], d) for r, d in zip(reqs, prop.token_ids))
-        return prop
-
-    llm.engine.proposer.propose = spy
-    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7] * 3}, {"prompt_token_ids": [9, 10, 11]}]
-    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    plain = LLM(tiny_llama, max_model_len=256).generate(prompts, sp, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
-    assert seen and all(d == [newest] * len(d) for newest, d in seen)
-    assert sum(o.num_accepted_tokens for o in outs) > 0
-
-
 def test_eagle_config_errors(tiny_llama, tmp_path):
     import json
     from pathlib import Path
@@ -384,33 +355,6 @@ def test_eagle_config_errors(tiny_llama, tmp_path):
     (folder / "config.json").write_text(json.dumps({**cfg, "hidden_size": 32}))
     with pytest.raises(ValueError, match="EAGLE weight 'fc.weight' has shape"):
         LLM(tiny_llama, speculative_config=spec)
-
-
-def test_eagle3_reads_the_streams_behind_the_newest_token(tiny_llama, tmp_path):
-    """An EAGLE-3 draft that keeps the target's last-layer stream (aux layer id 3 = num_layers) and applies the
-    target's final norm and LM head drafts exactly the target's own prediction: its first draft is always the newest
-    token when the streams are aligned right (chunked prompts included)."""
-    from pathlib import Path
-
-    from tests.tiny_models import write_tiny_eagle3
-
-    folder = write_tiny_eagle3(tmp_path / "e", Path(tiny_llama), copy_final=True, layer_ids=[0, 1, 3])
-    cfg = {"method": "eagle3", "model": str(folder), "num_speculative_tokens": 3}
-    llm = LLM(tiny_llama, max_model_len=256, speculative_config=cfg, max_num_batched_tokens=8)
-    seen, propose = [], llm.engine.proposer.propose
-
-    def spy(reqs, k_max):
-        prop = propose(reqs, k_max)
-        seen.extend((r.output_token_ids[-1], d[:1]) for r, d in zip(reqs, prop.token_ids))
-        return prop
-
-    llm.engine.proposer.propose = spy
-    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7] * 3}, {"prompt_token_ids": [9, 10, 11]}]
-    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    outs = llm.generate(prompts, sp, use_tqdm=False)
-    plain = LLM(tiny_llama, max_model_len=256).generate(prompts, sp, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
-    assert seen and all(d in ([], [newest]) for newest, d in seen)  # [] where max_tokens leaves no room
 
 
 def test_eagle3_config_errors(tiny_llama, tmp_path):
@@ -447,25 +391,6 @@ def test_mtp_greedy_equality(tiny_mimo, k, batch):
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
     assert llm.engine.counters.spec.num_draft_tokens > 0
-
-
-def test_mtp_layer_reads_the_state_behind_the_newest_token(tmp_path):
-    from tests.tiny_models import write_tiny_mimo
-
-    folder = str(write_tiny_mimo(tmp_path / "m", pass_through=True))
-    llm = LLM(folder, max_model_len=256, speculative_config={"method": "mtp", "num_speculative_tokens": 2},
-              max_num_batched_tokens=8)  # fmt: skip
-    seen, propose = [], llm.engine.proposer.propose
-
-    def spy(reqs, k_max):
-        prop = propose(reqs, k_max)
-        seen.extend((r.output_token_ids[-1], d[:1]) for r, d in zip(reqs, prop.token_ids))
-        return prop
-
-    llm.engine.proposer.propose = spy
-    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7] * 3}, {"prompt_token_ids": [9, 10, 11]}]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)
-    assert seen and all(d in ([], [newest]) for newest, d in seen)
 
 
 def test_mtp_needs_a_target_with_mtp_layers(tiny_llama):
@@ -628,3 +553,50 @@ def test_model_drafter_greedy_equality(request, tiny_llama, reference, method, k
     outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[batch]
     assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def _pass_through(kind: str, target: str, folder) -> tuple[str, dict]:
+    """(target model, speculative_config) whose drafter hands the target's own state to the target's head: its
+    first draft must then be the newest token at every step (any misaligned state gives something else)."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_eagle, write_tiny_eagle3, write_tiny_mimo
+
+    if kind == "eagle":
+        return target, {
+            "method": "eagle",
+            "model": str(write_tiny_eagle(folder, Path(target), copy_hidden=True)),
+        }
+    if kind == "eagle3":  # the third stream is the last layer's output (aux id num_layers)
+        draft = write_tiny_eagle3(folder, Path(target), copy_final=True, layer_ids=[0, 1, 3])
+        return target, {"method": "eagle3", "model": str(draft)}
+    return str(write_tiny_mimo(folder, pass_through=True)), {"method": "mtp"}
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+def test_state_drafters_read_the_state_behind_the_newest_token(tiny_llama, tmp_path, kind):
+    """EAGLE, EAGLE-3 and MTP drafts come from target states the engine hands over after every forward (prompt chunks
+    included): a pass-through drafter's first draft is always the newest token, its drafts are accepted whenever the
+    target repeats itself, and the output is plain decoding's."""
+    model, cfg = _pass_through(kind, tiny_llama, tmp_path / kind)
+    llm = LLM(
+        model,
+        max_model_len=256,
+        speculative_config={**cfg, "num_speculative_tokens": 3},
+        max_num_batched_tokens=8,
+    )
+    seen, propose = [], llm.engine.proposer.propose
+
+    def spy(reqs, k_max):
+        prop = propose(reqs, k_max)
+        seen.extend((r.output_token_ids[-1], d[:1]) for r, d in zip(reqs, prop.token_ids))
+        return prop
+
+    llm.engine.proposer.propose = spy
+    prompts = [{"prompt_token_ids": [5, 6, 7, 5, 6, 7] * 3}, {"prompt_token_ids": [9, 10, 11]}]
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    plain = LLM(model, max_model_len=256).generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert seen and all(d in ([], [newest]) for newest, d in seen)  # [] where max_tokens leaves no room
+    assert sum(o.num_accepted_tokens for o in outs) > 0
