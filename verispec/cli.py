@@ -45,6 +45,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         device=args.device,
         seed=args.seed,
         speculative_config=_spec_config(args.speculative_config),
+        kv_transfer_config=args.kv_transfer_config,
     )
     sp = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
@@ -101,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument(
+        "--kv-transfer-config",
+        default=None,
+        help="JSON for method extract_hidden_states: kv_connector ExampleHiddenStatesConnector, "
+        "kv_connector_extra_config.shared_storage_path",
+    )
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("bench", help="speculative vs plain decoding on a built-in workload, side by side")
     add_common_model_args(b)

@@ -84,3 +84,30 @@ def test_bad_input_exits_2_with_one_line(tiny_llama, tmp_path, case):
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip() and "Warning" not in ln]
     assert len(lines) <= 2 and needle in r.stderr, r.stderr
+
+
+def test_generate_extracts_hidden_states(tiny_llama, tmp_path):
+    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1}
+    kv = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
+    args = [
+        "generate",
+        tiny_llama,
+        "-p",
+        "hello",
+        "--max-tokens",
+        "1",
+        "--speculative-config",
+        json.dumps(spec),
+    ]
+    r = _run(*args, "--kv-transfer-config", json.dumps(kv))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cli.safetensors").is_file()
+    bad = _run(*args, "--kv-transfer-config", "{nope")
+    assert (
+        bad.returncode == 2
+        and bad.stderr.count("\n") == 1
+        and "kv_transfer_config is not valid JSON" in bad.stderr
+    )
