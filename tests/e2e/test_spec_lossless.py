@@ -600,3 +600,34 @@ def test_state_drafters_read_the_state_behind_the_newest_token(tiny_llama, tmp_p
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
     assert seen and all(d in ([], [newest]) for newest, d in seen)  # [] where max_tokens leaves no room
     assert sum(o.num_accepted_tokens for o in outs) > 0
+
+
+@pytest.mark.parametrize(
+    "method, rule", [("eagle", "probabilistic"), ("eagle3", "strict"), ("medusa", "probabilistic"),
+                     ("mlp_speculator", "strict")]
+)  # fmt: skip
+def test_model_drafter_sampled_tokens_follow_target_distribution(request, tiny_llama, method, rule):
+    """The model-based drafters' argmax drafts (q one-hot) keep the target's law under both rejection rules."""
+    spec = {"method": method, "model": request.getfixturevalue(DRAFTERS[method]), "num_speculative_tokens": 2,
+            "rejection_sample_method": rule}  # fmt: skip
+    llm = LLM(
+        tiny_llama,
+        max_model_len=64,
+        max_num_seqs=64,
+        speculative_config=spec,
+        seed=11,
+        spec_token_budget=1024,
+    )
+    prompt, n = [11, 42, 7, 99, 5], 4000
+    outs = llm.generate(
+        [{"prompt_token_ids": prompt}] * n,
+        SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
+        use_tqdm=False,
+    )
+    v = llm.engine.runner.model.cfg.vocab_size
+    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+    p2 = _target_probs(llm, prompt, [], 1.0)
+    assert _chi2_pvalue(counts, p2, n) > 1e-4
+    mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
+    assert _chi2_pvalue(counts, mix / mix.sum(), n) < 1e-4
