@@ -191,6 +191,20 @@ def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
 
 
+def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000) -> None:
+    """n sampled 3-token generations of one prompt: the second output token (the first one speculation produced) must
+    follow the target's exact marginal, and the same test must reject a half-uniform mixture (its power)."""
+    prompt = [11, 42, 7, 99, 5]
+    sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=3, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
+    v = llm.engine.runner.model.cfg.vocab_size
+    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    p2 = _target_probs(llm, prompt, [], top_p)
+    assert _chi2_pvalue(counts, p2, n) > 1e-4
+    uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
+    assert _chi2_pvalue(counts, uniform_mix / uniform_mix.sum(), n) < 1e-4
+
+
 @pytest.mark.parametrize(
     "method, top_p, block, parallel", [("probabilistic", 1.0, False, False), ("strict", 1.0, False, False),
                                        ("probabilistic", 0.9, False, False), ("probabilistic", 1.0, True, False),
@@ -218,19 +232,9 @@ def test_sampled_tokens_follow_target_distribution(
         seed=1234,
         spec_token_budget=1024,
     )
-    prompt = [11, 42, 7, 99, 5]
-    n = 4000
-    sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=3, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
-    v = llm.engine.runner.model.cfg.vocab_size
-    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    _assert_second_token_law(llm, top_p)
     spec = llm.engine.counters.spec
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens  # the draft is poor but not useless
-    p2 = _target_probs(llm, prompt, [], top_p)
-    assert _chi2_pvalue(counts, p2, n) > 1e-4
-    # the same test has power: the draft model's own law (what a broken verifier would emit) is rejected
-    uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
-    assert _chi2_pvalue(counts, uniform_mix / uniform_mix.sum(), n) < 1e-4
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
@@ -509,16 +513,8 @@ def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_t
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
     )
-    prompt, n = [11, 42, 7, 99, 5], 4000
-    sp = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
-    v = llm.engine.runner.model.cfg.vocab_size
-    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    _assert_second_token_law(llm)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
-    p2 = _target_probs(llm, prompt, [], 1.0)
-    assert _chi2_pvalue(counts, p2, n) > 1e-4
-    mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
-    assert _chi2_pvalue(counts, mix / mix.sum(), n) < 1e-4
 
 
 def test_token_tree_config_errors(tiny_llama, tiny_eagle):
@@ -618,16 +614,5 @@ def test_model_drafter_sampled_tokens_follow_target_distribution(request, tiny_l
         seed=11,
         spec_token_budget=1024,
     )
-    prompt, n = [11, 42, 7, 99, 5], 4000
-    outs = llm.generate(
-        [{"prompt_token_ids": prompt}] * n,
-        SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True),
-        use_tqdm=False,
-    )
-    v = llm.engine.runner.model.cfg.vocab_size
-    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    _assert_second_token_law(llm)
     assert llm.engine.counters.spec.num_draft_tokens > 0
-    p2 = _target_probs(llm, prompt, [], 1.0)
-    assert _chi2_pvalue(counts, p2, n) > 1e-4
-    mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
-    assert _chi2_pvalue(counts, mix / mix.sum(), n) < 1e-4

@@ -22,6 +22,16 @@ def read_json(path: Path) -> dict:
     return value
 
 
+def read_draft_config(folder: Path, model_type: str, what: str) -> dict:
+    """A draft checkpoint's config.json, which must declare `model_type` (Medusa, MLP speculator)."""
+    hf = read_hf_config(folder)
+    if hf.get("model_type") != model_type:
+        raise ValueError(
+            f"{folder}: not {what} checkpoint (model_type {hf.get('model_type')!r}, expected '{model_type}')"
+        )
+    return hf
+
+
 def read_hf_config(folder: Path) -> dict:
     if folder.is_file():
         raise ValueError(f"{folder}: a file, not a model folder (pass the folder that holds config.json)")

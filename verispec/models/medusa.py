@@ -23,7 +23,7 @@ from verispec.loader.hf import (
     check_token_ids,
     load_hf_tensors,
     load_module_weights,
-    read_hf_config,
+    read_draft_config,
     require_weights,
 )
 
@@ -105,11 +105,7 @@ class MedusaHeads(nn.Module):
 
 def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MedusaHeads:
     folder = Path(folder)
-    hf = read_hf_config(folder)
-    if hf.get("model_type") != "medusa":
-        raise ValueError(
-            f"{folder}: not a Medusa checkpoint (model_type {hf.get('model_type')!r}, expected 'medusa')"
-        )
+    hf = read_draft_config(folder, "medusa", "a Medusa")
     cfg = MedusaConfig.from_hf(hf, str(folder))
     tensors = {k.removeprefix("medusa_heads."): v for k, v in load_hf_tensors(folder).items()}
     last = f"blocks.{cfg.num_heads - 1}.layers.{cfg.num_hidden_layers - 1}.weight"

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verispec.loader.hf import load_hf_tensors, load_module_weights, read_hf_config, require_weights
+from verispec.loader.hf import load_hf_tensors, load_module_weights, read_draft_config, require_weights
 
 
 @dataclass(frozen=True)
@@ -96,12 +96,7 @@ class MLPSpeculator(nn.Module):
 
 def load_mlp_speculator(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MLPSpeculator:
     folder = Path(folder)
-    hf = read_hf_config(folder)
-    if hf.get("model_type") != "mlp_speculator":
-        raise ValueError(
-            f"{folder}: not an MLP speculator checkpoint (model_type {hf.get('model_type')!r}, expected "
-            "'mlp_speculator')"
-        )
+    hf = read_draft_config(folder, "mlp_speculator", "an MLP speculator")
     cfg = MLPSpeculatorConfig.from_hf(hf, str(folder))
     tensors = {k.removeprefix("speculator."): v for k, v in load_hf_tensors(folder).items()}
     last = f"head.{0 if cfg.tie_weights else cfg.n_predict - 1}.weight"
