@@ -1,7 +1,8 @@
 """Plain decoding speed: verispec vs transformers' generate on the same model and prompts, plus the roofline.
 
 Greedy, 128 new tokens, batch 1 and batch 8, one process. Each configuration runs once untimed, then --repeats
-timed runs (median reported: this VM drifts run to run). Prints a table and writes JSON.
+timed runs (median reported: this VM drifts run to run); verispec's batch sizes take turns, one run each per round,
+and the batch-8 / batch-1 ratio is taken within each round (median over rounds). Prints a table and writes JSON.
 Rows: verispec as it runs by default (GGUF weights kept quantized, native kernels), verispec with every weight
 dequantized to float32 (keep_quantized=False: what transformers holds), and transformers.
 Two rooflines (measured read bandwidth / bytes streamed per token, embedding table excluded): the float32 one (the
@@ -61,28 +62,40 @@ def encode_prompt(tok, text: str) -> list[int]:
         return tok.encode(text)
 
 
-def bench_verispec(
-    llm, prompts: list[list[int]], new_tokens: int, repeats: int
-) -> tuple[float, float, float]:
-    """-> (end-to-end tok/s, decode-only tok/s: tokens of decode steps / time in decode steps, seconds in prompt
-    processing), medians of repeats."""
+def verispec_run(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, float]:
+    """One timed generate -> (end-to-end tok/s, decode-only tok/s: tokens of decode steps / time in decode steps,
+    seconds in prompt processing)."""
     from verispec import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    # untimed warm-up of the same batch: the KV cache pages these slots and positions use are touched (first touch
-    # zeroes them in the kernel, a one-off start-up cost), so the timed run is the steady state a server sees
-    llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     c = llm.engine.counters
-    e2e, dec, pre = [], [], []
+    d0, n0, p0 = c.decode_seconds, c.decode_tokens, c.prefill_seconds
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    dt = time.perf_counter() - t
+    e2e = sum(len(o.outputs[0].token_ids) for o in outs) / dt
+    return e2e, (c.decode_tokens - n0) / (c.decode_seconds - d0), c.prefill_seconds - p0
+
+
+def bench_verispec(
+    llm, batches: dict[int, list[list[int]]], new_tokens: int, repeats: int
+) -> dict[int, list[tuple[float, float, float]]]:
+    """batch size -> its timed runs (verispec_run's triples). Every batch first runs once untimed (the KV cache
+    pages its slots and positions use are touched: first touch zeroes them in the kernel, a one-off start-up cost,
+    so the timed runs are the steady state a server sees); then the batches take turns, one timed run each per
+    round, so the VM's drift over the minutes a run takes falls on every batch alike and a ratio between batches
+    can be taken within a round."""
+    runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in batches}
+    for ps in batches.values():
+        verispec_run(llm, ps, new_tokens)
     for _ in range(repeats):
-        d0, n0, p0 = c.decode_seconds, c.decode_tokens, c.prefill_seconds
-        t = time.perf_counter()
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-        dt = time.perf_counter() - t
-        e2e.append(sum(len(o.outputs[0].token_ids) for o in outs) / dt)
-        dec.append((c.decode_tokens - n0) / (c.decode_seconds - d0))
-        pre.append(c.prefill_seconds - p0)
-    return statistics.median(e2e), statistics.median(dec), statistics.median(pre)
+        for b, ps in batches.items():
+            runs[b].append(verispec_run(llm, ps, new_tokens))
+    return runs
+
+
+def median_of(runs: list[tuple[float, float, float]], i: int) -> float:
+    return statistics.median(r[i] for r in runs)
 
 
 def bench_transformers(
@@ -146,11 +159,13 @@ def main() -> None:
         hf = AutoModelForCausalLM.from_pretrained(
             str(path.parent if kw else path), dtype=torch.float32, **kw
         ).eval()
+    sizes = [int(x) for x in args.batches.split(",")]
+    batches = {b: (prompts * (b // len(prompts) + 1))[:b] for b in sizes}
+    runs = bench_verispec(llm, batches, args.new_tokens, args.repeats)
+    f32_runs = bench_verispec(llm_f32, batches, args.new_tokens, 1)
     rows = []
-    for b in [int(x) for x in args.batches.split(",")]:
-        ps = (prompts * (b // len(prompts) + 1))[:b]
-        ours, ours_dec, ours_pre = bench_verispec(llm, ps, args.new_tokens, args.repeats)
-        f32, _, _ = bench_verispec(llm_f32, ps, args.new_tokens, 1)
+    for b, ps in batches.items():
+        ours, ours_dec, ours_pre = (median_of(runs[b], i) for i in range(3))
         theirs, theirs_dec = (
             bench_transformers(hf, ps, args.new_tokens, tok.eos_token_ids[0], args.repeats)
             if hf is not None
@@ -160,7 +175,7 @@ def main() -> None:
             {
                 "batch": b,
                 "verispec_tok_s": ours,
-                "verispec_float32_tok_s": f32,
+                "verispec_float32_tok_s": median_of(f32_runs[b], 0),
                 "transformers_tok_s": theirs,
                 "verispec_decode_tok_s": ours_dec,
                 "verispec_prefill_s": ours_pre,
@@ -168,6 +183,7 @@ def main() -> None:
                 "speedup_vs_transformers": ours / theirs if theirs else None,
                 "fraction_of_roofline": ours / roofline if b == 1 else None,
                 "fraction_of_own_roofline": ours / roofline_ours if b == 1 else None,
+                "verispec_runs": runs[b],
             }
         )
     print(
@@ -200,11 +216,21 @@ def main() -> None:
             f"{r['batch']:>5} {r['verispec_decode_tok_s']:>15.1f} {'':>14} {t:>13} {s:>8} "
             f"{1e3 * r['verispec_prefill_s']:>15.1f}"
         )
-    if len(rows) > 1:
-        a, b = rows[0], rows[-1]
+    ratios = {}
+    if len(sizes) > 1:
+        lo, hi = sizes[0], sizes[-1]
+        # the ratio within each round (both batches measured minutes apart at most), then the median over rounds
+        per_round = [(h[0] / low[0], h[1] / low[1]) for low, h in zip(runs[lo], runs[hi])]
+        ratios = {
+            "batches": [lo, hi],
+            "per_round": per_round,
+            "median": statistics.median(r[0] for r in per_round),
+            "median_decode_only": statistics.median(r[1] for r in per_round),
+        }
         print(
-            f"batch {b['batch']} / batch 1 throughput: {b['verispec_tok_s'] / a['verispec_tok_s']:.2f}x "
-            f"(decode only {b['verispec_decode_tok_s'] / a['verispec_decode_tok_s']:.2f}x)"
+            f"batch {hi} / batch {lo} throughput, median of {len(per_round)} rounds: {ratios['median']:.2f}x "
+            f"(decode only {ratios['median_decode_only']:.2f}x); per round: "
+            + ", ".join(f"{e:.2f}x ({d:.2f}x)" for e, d in per_round)
         )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(
@@ -218,6 +244,7 @@ def main() -> None:
                 "verispec_bytes_per_token": ours_bytes,
                 "own_roofline_tok_s": roofline_ours,
                 "rows": rows,
+                "batch_ratio": ratios,
                 "cpu_count": os.cpu_count(),
             },
             indent=2,
