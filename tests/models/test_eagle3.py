@@ -10,43 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.eagle3_reference import eagle3_reference
 from tests.tiny_models import write_tiny_eagle3
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.models.eagle3 import load_eagle3
-
-
-def _rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _reference(
-    w: dict, cfg: dict, embeds: torch.Tensor, states: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb, repeat_kv
-
-    eps, n = cfg["rms_norm_eps"], embeds.shape[0]
-    heads, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-    hd = cfg["hidden_size"] // heads
-    m = {k.removeprefix("midlayer."): v for k, v in w.items()}
-    s = states @ m["fc.weight"].T
-    e, residual = _rms(embeds, m["input_layernorm.weight"], eps), s
-    x = torch.cat([e, _rms(s, m["hidden_norm.weight"], eps)], -1)
-    q = (x @ m["self_attn.q_proj.weight"].T).view(1, n, heads, hd).transpose(1, 2)
-    k = (x @ m["self_attn.k_proj.weight"].T).view(1, n, kvh, hd).transpose(1, 2)
-    v = (x @ m["self_attn.v_proj.weight"].T).view(1, n, kvh, hd).transpose(1, 2)
-    rope = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"}))
-    cos, sin = rope(v, torch.arange(n)[None])
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    k, v = repeat_kv(k, heads // kvh), repeat_kv(v, heads // kvh)
-    att = (q @ k.transpose(-1, -2)) / hd**0.5 + torch.full((n, n), float("-inf")).triu(1)
-    o = (att.softmax(-1) @ v).transpose(1, 2).reshape(n, heads * hd) @ m["self_attn.o_proj.weight"].T
-    r = o + residual
-    normed = _rms(r, m["post_attention_layernorm.weight"], eps)
-    gate, up = normed @ m["mlp.gate_proj.weight"].T, normed @ m["mlp.up_proj.weight"].T
-    out = r + (torch.nn.functional.silu(gate) * up) @ m["mlp.down_proj.weight"].T
-    return _rms(out, m["norm.weight"], eps), out
 
 
 def test_draft_block_matches_its_formula(tiny_llama, tmp_path):
@@ -61,7 +29,9 @@ def test_draft_block_matches_its_formula(tiny_llama, tmp_path):
     embeds, states = torch.randn(6, 64, generator=g), torch.randn(6, 3 * 64, generator=g)
     with torch.no_grad():
         head_in, state = draft(embeds, states, positions, ctx, cache.kv)
-    ref_head, ref_state = _reference(load_file(str(folder / "model.safetensors")), cfg, embeds, states)
+    ref_head, ref_state = eagle3_reference(
+        load_file(str(folder / "model.safetensors")), cfg, embeds, list(states)
+    )
     torch.testing.assert_close(head_in, ref_head, atol=1e-4, rtol=0)
     torch.testing.assert_close(state, ref_state, atol=1e-4, rtol=0)
 

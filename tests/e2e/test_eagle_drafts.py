@@ -1,0 +1,65 @@
+"""What the EAGLE proposer drafts, not only that verification keeps the output: every draft of a chain equals the draft
+block computed from scratch over the whole sequence of its entries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from tests.eagle3_reference import eagle3_reference
+from verispec import LLM, SamplingParams
+
+
+def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_eagle3):
+    """The proposer catches up on the committed (token, target state) pairs, then feeds back its own drafts and
+    states with its KV cache: each draft must be the argmax of the block run from scratch on entries
+    (x_1, h_0), ..., (x_n, h_{n-1}), (d_1, fed back), ..., (d_{k-1}, fed back) at positions 0, 1, 2, ... A feedback
+    entry one position off (a skipped or stale KV entry), a stale catch-up entry or a misaligned state gives other
+    logits."""
+    folder = Path(tiny_eagle3)
+    w, cfg = load_file(str(folder / "model.safetensors")), json.loads((folder / "config.json").read_text())
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,  # prompts in chunks: the states arrive over several forwards
+        speculative_config={"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 4},
+    )
+    prop = llm.engine.proposer
+    states: dict[str, list[torch.Tensor]] = {}
+    calls = []
+    observe, propose = prop.observe_hidden, prop.propose
+
+    def spy_observe(reqs, hidden):
+        for r, h in zip(reqs, hidden):
+            states.setdefault(r.request_id, []).append(h.clone())
+        observe(reqs, hidden)
+
+    def spy_propose(reqs, k_max):
+        out = propose(reqs, k_max)
+        for r, drafts in zip(reqs, out.token_ids):
+            h = torch.cat(states[r.request_id])[: r.num_computed]
+            calls.append((r.tokens_from(0), h, drafts))
+        return out
+
+    prop.observe_hidden, prop.propose = spy_observe, spy_propose
+    prompts = [{"prompt_token_ids": list(range(5, 40))}, {"prompt_token_ids": [9, 10, 11, 9, 10, 11, 12]}]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    checked = 0
+    for tokens, h, drafts in calls:
+        n = len(tokens) - 1  # the newest token x_n: its target state is not computed yet
+        assert h.shape[0] == n
+        if not drafts:
+            continue
+        ids = tokens[1:] + drafts[:-1]  # entry p reads x_{p+1}; the feedback entries read d_1 .. d_{k-1}
+        with torch.no_grad():
+            embeds = prop.draft.embed(torch.tensor(ids))
+            head_in, _ = eagle3_reference(w, cfg, embeds, [*h, *[None] * (len(drafts) - 1)])
+        logits = head_in[n - 1 :] @ w["lm_head.weight"].T  # [k, draft vocab]: drafts 1..k
+        for d, row in zip(drafts, logits):
+            assert d < row.shape[0] and row[d] >= row.max() - 1e-4  # the argmax (up to float ties)
+            checked += 1
+    assert checked > 20
