@@ -7,7 +7,9 @@ Rows: verispec as it runs by default (GGUF weights kept quantized, native kernel
 dequantized to float32 (keep_quantized=False: what transformers holds), and transformers.
 Two rooflines (measured read bandwidth / bytes streamed per token, embedding table excluded): the float32 one (the
 model as transformers holds it) and the one for the bytes verispec actually streams.
+With llama-cpp-python installed (benchmarks/llama_cpp_peer.py), llama.cpp on the same GGUF at batch 1 too.
     .venv/bin/python benchmarks/decode_speed.py [--model smollm2-135m-instruct] [--new-tokens 128] [--repeats 3]
+        [--no-transformers] [--no-llama-cpp]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import statistics
 import time
 from pathlib import Path
 
+import llama_cpp_peer
 import torch
 
 PROMPTS = [
@@ -130,6 +133,9 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument(
+        "--no-llama-cpp", action="store_true", help="skip llama.cpp even if llama-cpp-python is here"
+    )
+    ap.add_argument(
         "--repeats",
         type=int,
         default=3,
@@ -137,7 +143,7 @@ def main() -> None:
     )
     ap.add_argument("--output", default="bench_results/decode_speed.json")
     args = ap.parse_args()
-    from verispec import LLM
+    from verispec import LLM, SamplingParams
     from verispec.loader.checkpoint import resolve_model_path
 
     llm = LLM(args.model, max_model_len=1024, max_num_seqs=8)
@@ -216,6 +222,32 @@ def main() -> None:
             f"{r['batch']:>5} {r['verispec_decode_tok_s']:>15.1f} {'':>14} {t:>13} {s:>8} "
             f"{1e3 * r['verispec_prefill_s']:>15.1f}"
         )
+    peer = None
+    if (
+        not args.no_llama_cpp
+        and llama_cpp_peer.available()
+        and resolve_model_path(args.model).suffix == ".gguf"
+    ):
+        model = llama_cpp_peer.load(resolve_model_path(args.model), torch.get_num_threads())
+        e2e, dec, out = llama_cpp_peer.decode_speed(model, prompts[0], args.new_tokens, args.repeats)
+        first = (
+            llm.generate(
+                [{"prompt_token_ids": prompts[0]}],
+                SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True),
+                use_tqdm=False,
+            )[0]
+            .outputs[0]
+            .token_ids
+        )
+        a = rows[0]
+        peer = {"tok_s": e2e, "decode_tok_s": dec, "same_greedy_tokens": out == first}
+        print(
+            f"llama.cpp (llama-cpp-python, batch 1): {e2e:.1f} tok/s end to end (verispec "
+            f"{a['verispec_tok_s'] / e2e:.2f}x), {dec:.1f} tok/s decode only (verispec "
+            f"{a['verispec_decode_tok_s'] / dec:.2f}x); same greedy tokens as verispec: {out == first}"
+        )
+    elif not args.no_llama_cpp:
+        print("llama.cpp peer skipped: llama-cpp-python is not installed (benchmarks/llama_cpp_peer.py)")
     ratios = {}
     if len(sizes) > 1:
         lo, hi = sizes[0], sizes[-1]
@@ -245,6 +277,7 @@ def main() -> None:
                 "own_roofline_tok_s": roofline_ours,
                 "rows": rows,
                 "batch_ratio": ratios,
+                "llama_cpp_batch1": peer,
                 "cpu_count": os.cpu_count(),
             },
             indent=2,

@@ -1,4 +1,5 @@
-"""Speculative vs plain decoding, side by side in one run, plus transformers' prompt lookup decoding as the peer.
+"""Speculative vs plain decoding, side by side in one run, plus the peers (--peer, batch 1): transformers' and
+llama.cpp's (benchmarks/llama_cpp_peer.py, if installed) greedy and prompt lookup decoding.
 
     .venv/bin/python benchmarks/spec_decode.py --workload code-edit --batch-size 1 \
         --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}'
@@ -14,9 +15,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import llama_cpp_peer
 import torch
 
 from verispec.bench import BenchResult, print_table, time_llm
+from verispec.loader.checkpoint import resolve_model_path
 from verispec.sampling_params import SamplingParams
 from verispec.workloads import WORKLOADS, build_workload
 
@@ -27,8 +30,6 @@ def transformers_run(
     """Greedy HF generate, one prompt at a time (prompt lookup decoding supports batch 1 only)."""
     if hf is None:
         from transformers import AutoModelForCausalLM
-
-        from verispec.loader.checkpoint import resolve_model_path
 
         path = resolve_model_path(model)
         kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
@@ -74,8 +75,12 @@ def main() -> None:
         "--rounds", type=int, default=1, help="serve the workload this many times (suffix learns)"
     )
     ap.add_argument(
-        "--peer", action="store_true", help="also run transformers greedy + prompt lookup (batch 1)"
+        "--peer",
+        action="store_true",
+        help="also run transformers and llama.cpp (if installed), greedy and prompt lookup (batch 1)",
     )
+    ap.add_argument("--peer-lookup", type=int, default=4, help="drafts per step of the peers' prompt lookup")
+    ap.add_argument("--peer-ngram", type=int, default=2, help="llama.cpp prompt lookup's max_ngram_size")
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     from verispec import LLM
@@ -108,10 +113,33 @@ def main() -> None:
     if args.peer and args.batch_size == 1:
         eos = tok.eos_token_ids[0]
         hf_plain, hf_outs, hf = transformers_run(args.model, prompts, args.max_tokens, eos, None)
-        hf_pld, pld_outs, _ = transformers_run(args.model, prompts, args.max_tokens, eos, 4, hf)
+        hf_pld, pld_outs, _ = transformers_run(
+            args.model, prompts, args.max_tokens, eos, args.peer_lookup, hf
+        )
         rows += [hf_plain, hf_pld]
         identical["transformers"] = sum(a == b for a, b in zip(hf_outs, ref))
         identical["transformers prompt-lookup"] = sum(a == b for a, b in zip(pld_outs, ref))
+        peer_outs = {"transformers": hf_outs}  # speculation against each peer's own plain decoding
+        identical["transformers prompt-lookup vs transformers"] = sum(
+            a == b for a, b in zip(pld_outs, hf_outs)
+        )
+        if llama_cpp_peer.available() and resolve_model_path(args.model).suffix == ".gguf":
+            for label, lookup in (("llama.cpp", None), ("llama.cpp prompt-lookup", args.peer_lookup)):
+                model = llama_cpp_peer.load(
+                    resolve_model_path(args.model), torch.get_num_threads(), lookup, args.peer_ngram
+                )
+                dt, outs = llama_cpp_peer.run(model, prompts, args.max_tokens, set(tok.eos_token_ids))
+                n = sum(len(o) for o in outs)
+                rows.append(BenchResult(label, dt, n, n / dt))
+                identical[label] = sum(a == b for a, b in zip(outs, ref))
+                if lookup:
+                    identical[f"{label} vs llama.cpp"] = sum(
+                        a == b for a, b in zip(outs, peer_outs["llama.cpp"])
+                    )
+                peer_outs[label] = outs
+                del model
+        else:
+            print("llama.cpp peer skipped: llama-cpp-python is not installed (benchmarks/llama_cpp_peer.py)")
     print(
         f"model={args.model} workload={args.workload} prompts={len(prompts)} batch={args.batch_size} "
         f"max_tokens={args.max_tokens} threads={torch.get_num_threads()}"
