@@ -1,5 +1,5 @@
-"""What the EAGLE proposer drafts, not only that verification keeps the output: every draft of a chain equals the draft
-block computed from scratch over the whole sequence of its entries."""
+"""What the stateful proposers draft, not only that verification keeps the output: every draft of a chain equals the
+drafter run from scratch on the committed tokens (its own KV cache, catch-up and rollback leave no trace)."""
 
 from __future__ import annotations
 
@@ -63,3 +63,34 @@ def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
             assert d < row.shape[0] and row[d] >= row.max() - 1e-4  # the argmax (up to float ties)
             checked += 1
     assert checked > 20
+
+
+def test_draft_model_chain_is_the_draft_models_own_greedy_continuation(tiny_llama, tiny_draft):
+    """draft_model keeps its own KV cache across steps (catch-up on accepted tokens, rollback of rejected ones): its
+    drafts must be exactly the draft model's greedy continuation of the committed tokens, as plain decoding with the
+    draft model gives it."""
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        speculative_config={"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 4},
+    )
+    calls, propose = [], llm.engine.proposer.propose
+
+    def spy_propose(reqs, k_max):
+        out = propose(reqs, k_max)
+        calls.extend((r.tokens_from(0), drafts) for r, drafts in zip(reqs, out.token_ids) if drafts)
+        return out
+
+    llm.engine.proposer.propose = spy_propose
+    prompts = [{"prompt_token_ids": list(range(5, 40))}, {"prompt_token_ids": [9, 10, 11, 9, 10, 11, 12]}]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    draft = LLM(tiny_draft, max_model_len=256, max_num_seqs=4)
+    expected = draft.generate(
+        [{"prompt_token_ids": t} for t, _ in calls],
+        [SamplingParams(temperature=0, max_tokens=len(d), ignore_eos=True) for _, d in calls],
+        use_tqdm=False,
+    )
+    assert len(calls) > 5
+    assert [d for _, d in calls] == [o.outputs[0].token_ids for o in expected]
