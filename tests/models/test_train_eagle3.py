@@ -1,0 +1,79 @@
+"""EAGLE-3 training (verispec/train/eagle3.py): the data is the target's, the training forward is the draft the
+proposer runs (step 1 and the training-time-test steps), the written checkpoint loads and drafts losslessly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.eagle3_reference import eagle3_reference
+from verispec import LLM, SamplingParams
+from verispec.train.eagle3 import collect, save, train
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_llama, tmp_path_factory):
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=4)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in (12, 20, 7, 30, 16, 9)]
+    samples = collect(llm, prompts, 24, (2, 1, 0))
+    draft, d2t, history = train(
+        samples, llm.ckpt.model, draft_vocab=120, steps=3, epochs=60, lr=3e-3, log_every=0
+    )
+    folder = tmp_path_factory.mktemp("trained") / "eagle3"
+    save(draft, d2t, folder, llm.ckpt.model.cfg, (2, 1, 0))
+    return llm, prompts, samples, draft, d2t, history, folder
+
+
+def test_collected_labels_are_the_targets_greedy_picks(trained):
+    llm, prompts, samples, *_ = trained
+    h = llm.ckpt.model.cfg.hidden_size
+    for p, s in zip(prompts, samples):
+        assert s.aux.shape == (len(s.tokens), 3 * h) and s.tokens[: len(p)].tolist() == p
+        # on the answer the target's argmax at position i is the token it then emitted at i + 1 (greedy)
+        assert s.labels[len(p) - 1 : -1].tolist() == s.tokens[len(p) :].tolist()
+
+
+def test_training_forward_is_the_draft_the_proposer_runs(trained):
+    """Step k's logits at base p equal the block run from scratch on (x_1, aux_0) .. (x_{p+1}, aux_p) followed by
+    k - 1 fed-back entries reading x_{p+2} .. x_{p+k}: the proposer's chain after committed position p."""
+    llm, _, samples, draft, d2t, _, folder = trained
+    w, cfg = load_file(str(folder / "model.safetensors")), json.loads((folder / "config.json").read_text())
+    s = samples[3]
+    with torch.no_grad():
+        embeds = llm.ckpt.model.embed(s.tokens).float()
+        logits = draft.step_logits(embeds, s.aux, 3)
+        for p in (0, 5, 17):
+            entries = [*s.aux[: p + 1], None, None]
+            head_in, _ = eagle3_reference(w, cfg, embeds[1 : p + 4], entries)
+            ref = head_in[p:] @ w["lm_head.weight"].T  # steps 1, 2, 3 of base p
+            for k in range(3):
+                torch.testing.assert_close(logits[k][p], ref[k], atol=1e-4, rtol=1e-4)
+    assert (d2t + torch.arange(len(d2t)) < llm.ckpt.model.cfg.vocab_size).all()
+
+
+def test_training_lowers_the_loss(trained):
+    history = trained[5]
+    assert history[-1] < 0.1 * history[0]
+
+
+def test_written_checkpoint_drafts_losslessly_and_gets_accepted(tiny_llama, trained):
+    """The checkpoint loads as method eagle3 (vLLM's format) and, on prompts it was trained on, its drafts are
+    accepted while the output stays plain decoding's."""
+    llm, prompts, *_, folder = trained
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    spec = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        speculative_config={"method": "eagle3", "model": str(folder), "num_speculative_tokens": 3},
+    )
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    outs = spec.generate(batch, sp, use_tqdm=False)
+    plain = llm.generate(batch, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    stats = spec.engine.counters.spec
+    assert stats.num_accepted_tokens > 0.5 * stats.num_draft_tokens

@@ -1,0 +1,299 @@
+"""Train an EAGLE-3 draft for a target on the target's own outputs and write it in vLLM's checkpoint format.
+
+    .venv/bin/python -m verispec.train.eagle3 --model smollm2-135m-instruct --out drafts/smollm2-eagle3
+
+1. Data (`collect`): the target answers training conversations greedily (verispec itself); one more forward over
+   each prompt + answer records, per position p, the target's streams entering the aux layers (default 2, L // 2,
+   L - 3: what the proposer hands the draft) and the target's argmax there (label[p]: the token it would put at
+   p + 1). Labels are the target's own picks at every position, so the draft learns what greedy verification
+   accepts.
+2. Model (`Eagle3Trainable`): the block of models/eagle3.py written with plain torch ops (autograd), the same
+   parameter names as the checkpoint. The draft vocabulary is the `draft_vocab` most frequent labels (`d2t`), the
+   LM head starts from the target's rows for them and the final norm from the target's.
+3. Training-time test (`step_logits`): step 1 reads (x_{p+1}, fc(aux_p)) at position p and predicts label[p + 1];
+   step k reads (x_{p+k}, the step k-1 output of the same base p) at position p + k - 1 and predicts label[p + k],
+   attending to the step-1 entries 0..p and to its own base's entries of steps 2..k: exactly the entries the
+   proposer's KV cache holds when it drafts k tokens after committed position p (spec/eagle.py).
+4. `save`: config.json (Llama-style, `LlamaForCausalLMEagle3`, `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`)
+   and model.safetensors (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`); the target's embedding is not copied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from verispec.layers.rotary import rope_inv_freq
+
+
+@dataclass
+class Sample:
+    tokens: torch.Tensor  # [T] prompt + answer
+    aux: torch.Tensor  # [T, 3 H] the target's streams entering the aux layers, per position
+    labels: torch.Tensor  # [T] the target's argmax at each position (its pick for position p + 1)
+
+
+def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[int, ...]) -> list[Sample]:
+    """Greedy answers from the target, then one forward per sequence for its states and argmaxes."""
+    from verispec import SamplingParams
+    from verispec.engine.kv_cache import KVCache
+    from verispec.engine.model_runner import ModelRunner, RowInput
+
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    model, device = llm.ckpt.model, llm.engine.runner.device
+    longest = max(len(p) + len(o.outputs[0].token_ids) for p, o in zip(prompts, outs))
+    cache = KVCache(model.cfg, 1, longest + 1, device, torch.float32)
+    runner = ModelRunner(model, cache, device)
+    samples = []
+    for p, o in zip(prompts, outs):
+        tokens = p + list(o.outputs[0].token_ids)
+        res = runner.run([RowInput(0, 0, tokens)], aux_layers, aux_all=True, hidden_all=True)
+        labels = model.compute_logits(res.hidden_all).argmax(-1)  # [T]
+        aux = torch.cat(res.aux_hidden, dim=-1)  # [T, 3 H]
+        samples.append(Sample(torch.tensor(tokens), aux.float().cpu(), labels.cpu()))
+    return samples
+
+
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, D], cos / sin [T, 1, D] (HF rotate-half layout)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class Eagle3Trainable(nn.Module):
+    """The EAGLE-3 block of models/eagle3.py (norm_before_residual off) in differentiable torch ops."""
+
+    def __init__(self, tcfg, draft_vocab: int, target_hidden: int):
+        super().__init__()
+        h, self.eps = tcfg.hidden_size, tcfg.rms_norm_eps
+        self.heads, self.kv_heads, self.head_dim = tcfg.num_heads, tcfg.num_kv_heads, tcfg.head_dim
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+
+        def lin(o, i):
+            return nn.Parameter(torch.randn(o, i) * (1 / math.sqrt(i)))
+
+        self.fc = lin(h, 3 * target_hidden)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            lin(q, 2 * h),
+            lin(kv, 2 * h),
+            lin(kv, 2 * h),
+            lin(h, q),
+        )
+        self.o_proj.data.mul_(0.1)  # the block starts close to the identity on its state
+        inter = tcfg.intermediate_size
+        self.gate_proj, self.up_proj, self.down_proj = lin(inter, h), lin(inter, h), lin(h, inter)
+        self.down_proj.data.mul_(0.1)
+        norms = ("input_layernorm", "hidden_norm", "post_attention_layernorm", "norm")
+        for n in norms:
+            setattr(self, n, nn.Parameter(torch.ones(h)))
+        self.lm_head = nn.Parameter(torch.zeros(draft_vocab, h))
+        scaling = dict(tcfg.rope_scaling) if tcfg.rope_scaling else None
+        self.register_buffer(
+            "inv_freq", rope_inv_freq(self.head_dim, tcfg.rope_theta, scaling), persistent=False
+        )
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        f = positions[:, None].float() * self.inv_freq  # [T, D/2]
+        emb = torch.cat([f, f], -1)[:, None, :]  # [T, 1, D]
+        return emb.cos(), emb.sin()
+
+    def _qkv(self, e: torch.Tensor, s: torch.Tensor, positions: torch.Tensor):
+        """e, s [T, H] -> (q [T, heads, D], k, v [T, heads, D] repeated over groups, residual)."""
+        t = e.shape[0]
+        x = torch.cat([_rms(e, self.input_layernorm, self.eps), _rms(s, self.hidden_norm, self.eps)], -1)
+        cos, sin = self._rope(positions)
+        q = _rope((x @ self.q_proj.T).view(t, self.heads, self.head_dim), cos, sin)
+        k = _rope((x @ self.k_proj.T).view(t, self.kv_heads, self.head_dim), cos, sin)
+        v = (x @ self.v_proj.T).view(t, self.kv_heads, self.head_dim)
+        g = self.heads // self.kv_heads
+        return q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+
+    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """attn [T, heads * D] -> (LM head input [T, H] (normed), output state [T, H] (pre-norm))."""
+        r = attn @ self.o_proj.T + residual
+        n = _rms(r, self.post_attention_layernorm, self.eps)
+        out = r + (F.silu(n @ self.gate_proj.T) * (n @ self.up_proj.T)) @ self.down_proj.T
+        return _rms(out, self.norm, self.eps), out
+
+    def step_logits(self, embeds: torch.Tensor, aux: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """embeds [T, H] of x_0..x_{T-1}, aux [T, 3 H] -> per step k (1..steps) the logits [T - k, draft vocab] of
+        bases p = 0..T-1-k (step k reads x_{p+k}; its label is label[p + k])."""
+        t = embeds.shape[0]
+        scale = self.head_dim**-0.5
+        s = aux[: t - 1] @ self.fc.T  # step 1: base p reads x_{p+1} and aux_p
+        pos = torch.arange(t - 1)
+        q, k1, v1 = self._qkv(embeds[1:], s, pos)
+        causal = torch.ones(t - 1, t - 1, dtype=torch.bool).tril()
+        scores = torch.einsum("qhd,khd->hqk", q, k1) * scale
+        attn = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v1)
+        head_in, state = self._finish(attn.reshape(t - 1, -1), s)
+        logits = [head_in @ self.lm_head.T]
+        diag_k, diag_v = [], []  # bases' own entries of steps 2..k: [T - 1, heads, D] each
+        for k in range(2, steps + 1):
+            n = t - k  # bases 0..n-1 still have a token x_{p+k}
+            state = state[:n]
+            q, kk, vv = self._qkv(embeds[k : k + n], state, pos[:n] + k - 1)
+            diag_k, diag_v = [d[:n] for d in diag_k] + [kk], [d[:n] for d in diag_v] + [vv]
+            prefix = torch.einsum("qhd,khd->hqk", q, k1) * scale  # [heads, n, T - 1]
+            prefix = prefix.masked_fill(~causal[:n], float("-inf"))
+            own = (
+                torch.stack([(q * d).sum(-1) for d in diag_k], -1).transpose(0, 1) * scale
+            )  # [heads, n, k - 1]
+            w = torch.cat([prefix, own], -1).softmax(-1)
+            attn = torch.einsum("hqk,khd->qhd", w[..., : t - 1], v1) + torch.einsum(
+                "hqj,jqhd->qhd", w[..., t - 1 :], torch.stack(diag_v)
+            )
+            head_in, state = self._finish(attn.reshape(n, -1), state)
+            logits.append(head_in @ self.lm_head.T)
+        return logits
+
+    def checkpoint(self, d2t: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The tensors in vLLM's EAGLE-3 names."""
+        mid = ("q_proj", "k_proj", "v_proj", "o_proj")
+        out = {f"midlayer.self_attn.{n}.weight": getattr(self, n) for n in mid}
+        out |= {f"midlayer.mlp.{n}.weight": getattr(self, n) for n in ("gate_proj", "up_proj", "down_proj")}
+        out |= {f"midlayer.{n}.weight": getattr(self, n) for n in ("input_layernorm", "hidden_norm",
+                                                                   "post_attention_layernorm")}  # fmt: skip
+        out |= {"fc.weight": self.fc, "norm.weight": self.norm, "lm_head.weight": self.lm_head, "d2t": d2t}
+        return {k: v.detach().contiguous().clone() for k, v in out.items()}
+
+
+def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `size` most frequent labels -> (draft id -> target id [size] ascending, target id -> draft id or -1)."""
+    counts = torch.bincount(torch.cat([s.labels for s in samples]), minlength=vocab)
+    ids = counts.topk(min(size, vocab)).indices.sort().values
+    t2d = torch.full((vocab,), -1, dtype=torch.long)
+    t2d[ids] = torch.arange(len(ids))
+    return ids, t2d
+
+
+def train(
+    samples: list[Sample],
+    target,
+    draft_vocab: int = 8192,
+    steps: int = 3,
+    epochs: int = 4,
+    lr: float = 1e-3,
+    seed: int = 0,
+    log_every: int = 50,
+) -> tuple[Eagle3Trainable, torch.Tensor, list[float]]:
+    """-> (the draft, d2t [draft_vocab], the mean loss of each epoch). target: the target DecoderLM (embedding,
+    final norm and LM head rows)."""
+    torch.manual_seed(seed)
+    cfg = target.cfg
+    ids, t2d = draft_vocabulary(samples, draft_vocab, cfg.vocab_size)
+    model = Eagle3Trainable(cfg, len(ids), samples[0].aux.shape[-1] // 3)
+    with torch.no_grad():
+        q = target.lm_head.qweight
+        head = q.dequantize() if q is not None else target.lm_head.weight  # [V, H]
+        model.lm_head.copy_(head.float()[ids])
+        model.norm.copy_(target.norm.weight.float())
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    total = epochs * len(samples)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * i / total))
+    )
+    history, t0 = [], time.perf_counter()
+    for epoch in range(epochs):
+        order = torch.randperm(len(samples)).tolist()
+        losses = []
+        for i, j in enumerate(order):
+            s = samples[j]
+            with torch.no_grad():
+                embeds = target.embed(s.tokens).float()
+            logits = model.step_logits(embeds, s.aux, steps)
+            loss = 0.0
+            for k, lg in enumerate(logits, start=1):
+                lab = t2d[s.labels[k : k + lg.shape[0]]]  # -1: outside the draft vocabulary (ignored)
+                loss = loss + (0.8 ** (k - 1)) * F.cross_entropy(lg, lab, ignore_index=-1)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(float(loss.detach()))
+            if log_every and (i + 1) % log_every == 0:
+                print(f"epoch {epoch} step {i + 1}/{len(samples)} loss {sum(losses[-log_every:]) / log_every:.3f} "
+                      f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+        history.append(sum(losses) / len(losses))
+    return model, ids - torch.arange(len(ids)), history
+
+
+def save(model: Eagle3Trainable, d2t: torch.Tensor, folder: Path, tcfg, aux_layers: tuple[int, ...]) -> None:
+    """tcfg: the target's ModelConfig (the draft block has the target's dimensions)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(model.checkpoint(d2t), str(folder / "model.safetensors"))
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": tcfg.hidden_size,
+        "intermediate_size": tcfg.intermediate_size,
+        "num_attention_heads": tcfg.num_heads,
+        "num_key_value_heads": tcfg.num_kv_heads,
+        "head_dim": tcfg.head_dim,
+        "rms_norm_eps": tcfg.rms_norm_eps,
+        "rope_theta": tcfg.rope_theta,
+        "rope_scaling": dict(tcfg.rope_scaling) if tcfg.rope_scaling else None,
+        "max_position_embeddings": tcfg.max_position_embeddings,
+        "vocab_size": tcfg.vocab_size,
+        "hidden_act": tcfg.hidden_act,
+        "tie_word_embeddings": False,
+        "draft_vocab_size": int(d2t.shape[0]),
+        "target_hidden_size": tcfg.hidden_size,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers)},
+    }
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m verispec.train.eagle3", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--out", required=True, help="folder for config.json + model.safetensors")
+    ap.add_argument("--num-chat", type=int, default=40, help="MT-bench questions (from the 41st on)")
+    ap.add_argument(
+        "--num-code", type=int, default=64, help="HumanEval problems (from the 101st on), x2 tasks"
+    )
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (drafts per base)")
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    args = ap.parse_args(argv)
+    from verispec import LLM
+    from verispec.models.eagle3 import aux_layer_ids
+    from verispec.workloads import training_conversations
+
+    llm = LLM(args.model, max_model_len=2048, max_num_seqs=8)
+    tok, model = llm.tokenizer, llm.ckpt.model
+    convs = training_conversations(args.num_chat, args.num_code)
+    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    aux = aux_layer_ids({}, model.cfg.num_layers)
+    t0 = time.perf_counter()
+    samples = collect(llm, prompts, args.max_tokens, aux)
+    n = sum(len(s.tokens) for s in samples)
+    print(
+        f"collected {len(samples)} sequences, {n} positions in {time.perf_counter() - t0:.0f} s", flush=True
+    )
+    draft, d2t, history = train(samples, model, args.draft_vocab, args.ttt_steps, args.epochs, args.lr)
+    save(draft, d2t, Path(args.out), model.cfg, aux)
+    print(f"epoch losses {', '.join(f'{x:.3f}' for x in history)}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
