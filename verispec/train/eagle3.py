@@ -42,25 +42,47 @@ class Sample:
 
 
 def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[int, ...]) -> list[Sample]:
-    """Greedy answers from the target, then one forward per sequence for its states and argmaxes."""
+    """Greedy answers from the target, then one forward per prompt + answer for its states and argmaxes."""
     from verispec import SamplingParams
-    from verispec.engine.kv_cache import KVCache
-    from verispec.engine.model_runner import ModelRunner, RowInput
 
     sp = SamplingParams(temperature=0, max_tokens=max_tokens)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    return target_states(llm, [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)], aux_layers)
+
+
+def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) -> list[Sample]:
+    """One target forward per sequence: the streams entering `aux_layers` and the argmax at every position."""
+    from verispec.engine.kv_cache import KVCache
+    from verispec.engine.model_runner import ModelRunner, RowInput
+
     model, device = llm.ckpt.model, llm.engine.runner.device
-    longest = max(len(p) + len(o.outputs[0].token_ids) for p, o in zip(prompts, outs))
-    cache = KVCache(model.cfg, 1, longest + 1, device, torch.float32)
+    cache = KVCache(model.cfg, 1, max(len(t) for t in sequences) + 1, device, torch.float32)
     runner = ModelRunner(model, cache, device)
     samples = []
-    for p, o in zip(prompts, outs):
-        tokens = p + list(o.outputs[0].token_ids)
+    for tokens in sequences:
         res = runner.run([RowInput(0, 0, tokens)], aux_layers, aux_all=True, hidden_all=True)
         labels = model.compute_logits(res.hidden_all).argmax(-1)  # [T]
         aux = torch.cat(res.aux_hidden, dim=-1)  # [T, 3 H]
         samples.append(Sample(torch.tensor(tokens), aux.float().cpu(), labels.cpu()))
     return samples
+
+
+def corpus_chunks(tokenizer, n: int, length: int = 512) -> list[list[int]]:
+    """n token chunks of text that ships with Python, half prose (the reference manual's topics in pydoc_data),
+    half code (standard-library sources; not the modules the benchmark workloads quote). Labels are still the
+    target's own argmax at every position: text the target did not write, but more of it than answers cost."""
+    import sysconfig
+    from pydoc_data.topics import topics
+
+    prose = "\n\n".join(topics[k] for k in sorted(topics))
+    skip = {"textwrap.py", "shlex.py"}  # the code-edit / summarize fallbacks (json is a package: not globbed)
+    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
+    code = "\n\n".join(f.read_text(errors="replace") for f in files if f.name not in skip)
+    out: list[list[int]] = []
+    for text, count in ((prose, n // 2), (code, n - n // 2)):
+        ids = tokenizer.encode(text[: count * length * 8], add_special_tokens=False)
+        out += [ids[i : i + length] for i in range(0, min(len(ids), count * length), length)]
+    return [c for c in out if len(c) > 8]
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -270,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
         "--num-code", type=int, default=64, help="HumanEval problems (from the 101st on), x2 tasks"
     )
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument(
+        "--corpus-chunks", type=int, default=0, help="512-token chunks of Python's own text to add"
+    )
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (drafts per base)")
     ap.add_argument("--epochs", type=int, default=4)
@@ -286,10 +311,15 @@ def main(argv: list[str] | None = None) -> None:
     aux = aux_layer_ids({}, model.cfg.num_layers)
     t0 = time.perf_counter()
     samples = collect(llm, prompts, args.max_tokens, aux)
+    if args.corpus_chunks:
+        samples += target_states(llm, corpus_chunks(tok, args.corpus_chunks), aux)
     n = sum(len(s.tokens) for s in samples)
     print(
         f"collected {len(samples)} sequences, {n} positions in {time.perf_counter() - t0:.0f} s", flush=True
     )
+    counts = torch.bincount(torch.cat([s.labels for s in samples]), minlength=model.cfg.vocab_size)
+    cover = counts.sort(descending=True).values[: args.draft_vocab].sum() / counts.sum()
+    print(f"the {args.draft_vocab} most frequent labels cover {100 * float(cover):.1f}% of them", flush=True)
     draft, d2t, history = train(samples, model, args.draft_vocab, args.ttt_steps, args.epochs, args.lr)
     save(draft, d2t, Path(args.out), model.cfg, aux)
     print(f"epoch losses {', '.join(f'{x:.3f}' for x in history)}; wrote {args.out}")
