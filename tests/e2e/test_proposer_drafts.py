@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -94,3 +95,24 @@ def test_draft_model_chain_is_the_draft_models_own_greedy_continuation(tiny_llam
     )
     assert len(calls) > 5
     assert [d for _, d in calls] == [o.outputs[0].token_ids for o in expected]
+
+
+def test_eagle3_draft_follows_a_quantized_targets_weights(tiny_llama, tiny_eagle3, monkeypatch):
+    """With a target kept on quantized blocks the draft's float layers become Q8_0 blocks too; the drafts change a
+    little (they are a quantized draft's), the output does not."""
+    from verispec.kernels.qweight import kernels_available
+    from verispec.layers import linear
+
+    if not kernels_available():
+        pytest.skip("no native kernels on this machine")
+    monkeypatch.setattr(linear, "keeps_quantized", lambda module: True)  # the tiny target is float32
+    spec = {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 3}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=4, speculative_config=spec)
+    draft = llm.engine.proposer.draft
+    assert draft.fc.qweight is not None and draft.mlp.down_proj.qweight is not None
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [{"prompt_token_ids": list(range(5, 40))}, {"prompt_token_ids": [9, 10, 11, 9, 10, 11, 12]}]
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=4).generate(prompts, sp, use_tqdm=False)
+    outs = llm.generate(prompts, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.counters.spec.num_draft_tokens > 0

@@ -207,3 +207,14 @@ def test_long_prompts_keep_every_row(lib):
     torch.testing.assert_close(whole, x @ ref.T, rtol=1e-5, atol=1e-4)
     for i in (0, 319, 320, 321, 699):
         assert torch.equal(whole[i : i + 1], qw.matmul(x[i : i + 1], lib))
+
+
+def test_q8_quantizer_matches_ggufs():
+    """QuantWeight.quantize_q8 (drafts following a quantized target) makes the blocks gguf's Q8_0 quantizer makes."""
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0)) * torch.rand(48, 1) * 3
+    w[3, :32] = 0  # an all-zero block: d = 0
+    raw = quantize(w.numpy(), GGMLQuantizationType.Q8_0)
+    ref = QuantWeight.from_gguf(raw, "Q8_0", (48, 96)).dequantize()
+    ours = QuantWeight.quantize_q8(w).dequantize()
+    assert torch.equal(ours, ref)
+    assert (ours - w).abs().max() <= w.abs().max() / 127

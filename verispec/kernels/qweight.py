@@ -126,6 +126,17 @@ class QuantWeight:
         raise ValueError(f"cannot repack GGML type {ggml_type}; supported: {', '.join(GGUF_TYPES)}")
 
     @classmethod
+    def quantize_q8(cls, w: torch.Tensor) -> QuantWeight:
+        """float [N, K] (K a multiple of 32) -> Q8_0 blocks as llama.cpp's (and gguf's) quantizer makes them: per
+        32 weights d = max |w| / 127, q = w / d rounded half away from zero, d stored as a float16."""
+        n, k = w.shape
+        a = w.detach().float().cpu().numpy().reshape(n, k // QK, QK)
+        d = np.abs(a).max(-1, keepdims=True) / np.float32(127)  # [N, nb, 1]
+        x = a * np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+        q = (np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))).astype(np.int8)  # [N, nb, 32], |q| <= 127
+        return cls._q8(d.astype(np.float16).astype(np.float32), q, (n, k))
+
+    @classmethod
     def _q8(cls, d: np.ndarray, q: np.ndarray, shape: tuple[int, int]) -> QuantWeight:
         """d [N, nb, 1] float32, q [N, nb, 32] int8 in weight order -> the q8 layout."""
         out = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1)

@@ -58,6 +58,19 @@ class Dense(nn.Module):
             with torch.no_grad():
                 self.bias.copy_(bias)
 
+    def quantize_q8(self) -> bool:
+        """Keep this layer's weights as Q8_0 blocks for the native kernels (a draft following a quantized target);
+        False, unchanged, where the kernels or the shape do not allow it."""
+        from verispec.kernels.qweight import GROUP, QK, kernels_available
+
+        w = self.weight
+        if self.qweight is not None or w.device.type != "cpu" or not kernels_available():
+            return False
+        if self.in_features % QK or self.out_features % GROUP:
+            return False
+        self.load_quantized(QuantWeight.quantize_q8(w))
+        return True
+
     def pack(self) -> None:
         w = self.weight
         if w.device.type == "cpu" and w.dtype == torch.float32 and _mkl_packing_available():
@@ -78,3 +91,13 @@ class Dense(nn.Module):
         x2 = x.reshape(-1, self.in_features)  # [M, in]
         y = torch.ops.mkl._mkl_linear(x2, self._packed, self.weight, self.bias, x2.shape[0])  # [M, out]
         return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_dense_layers(module: nn.Module) -> int:
+    """Every Dense layer of `module` that can be -> Q8_0 (Dense.quantize_q8); -> how many were."""
+    return sum(m.quantize_q8() for m in module.modules() if isinstance(m, Dense))
+
+
+def keeps_quantized(module: nn.Module) -> bool:
+    """Whether any Dense layer of `module` runs on quantized blocks (a GGUF target kept quantized)."""
+    return any(isinstance(m, Dense) and m.qweight is not None for m in module.modules())

@@ -37,14 +37,14 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.cfg, h, eps = cfg, cfg.hidden_size, cfg.rms_norm_eps
         self.norm_before_residual = norm_before_residual
-        self.fc = nn.Linear(3 * target_hidden, h, bias=False)
+        self.fc = Dense(3 * target_hidden, h, bias=False)
         self.input_layernorm, self.hidden_norm = RMSNorm(h, eps), RMSNorm(h, eps)
         self.self_attn = Attention(cfg, sliding=False)
         self.self_attn.qkv_proj = Dense(2 * h, self.self_attn.qkv_proj.out_features, bias=cfg.attention_bias)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = MLP(cfg)
         self.norm = RMSNorm(h, eps)
-        self.lm_head = nn.Linear(h, draft_vocab, bias=False)
+        self.lm_head = Dense(h, draft_vocab, bias=False)
         self.embed_tokens: nn.Embedding | None = None  # own embedding if the checkpoint has one
         self.register_buffer("d2t", None)  # [draft_vocab] target id - draft id
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
@@ -143,6 +143,8 @@ def load_eagle3(
     if embed is not None:
         draft.embed_tokens = nn.Embedding(*embed.shape, _weight=embed.float().clone())
     for dense in (
+        draft.fc,
+        draft.lm_head,
         draft.self_attn.qkv_proj,
         draft.self_attn.o_proj,
         draft.mlp.gate_up_proj,

@@ -144,6 +144,16 @@ def _no_parallel_eagle(cfg: SpeculativeConfig) -> None:
         )
 
 
+def _follow_target_weights(draft: torch.nn.Module, ctx: DraftContext) -> None:
+    """A draft's float layers become Q8_0 blocks when the target runs on quantized blocks (a GGUF target kept
+    quantized): the draft's precision follows the target's, as vLLM's draft follows the target's dtype. Drafts only
+    propose, so the output is unchanged; the draft streams ~4x fewer bytes per forward."""
+    from verispec.layers.linear import keeps_quantized, quantize_dense_layers
+
+    if keeps_quantized(ctx.target.model):
+        quantize_dense_layers(draft)
+
+
 def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.engine.kv_cache import KVCache
     from verispec.engine.model_runner import ModelRunner
@@ -160,6 +170,7 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
                 f"speculative_config.model {cfg.model!r}: EAGLE {key}={mine} but the target's is {theirs}"
             )
     draft.bind_target(ctx.target.model)
+    _follow_target_weights(draft, ctx)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return EagleProposer(
         draft, ModelRunner(draft, cache, ctx.device), tree=token_tree(cfg, target.vocab_size)
@@ -188,6 +199,7 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             f"{cfg.model}: eagle_aux_hidden_state_layer_ids {list(layers)} must be 3 layer ids in 0..{target.num_layers}"
         )
     draft.bind_target(ctx.target.model)
+    _follow_target_weights(draft, ctx)
     cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     tree = token_tree(cfg, draft.lm_head.out_features)
     return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers), tree)
