@@ -77,3 +77,29 @@ def test_written_checkpoint_drafts_losslessly_and_gets_accepted(tiny_llama, trai
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
     stats = spec.engine.counters.spec
     assert stats.num_accepted_tokens > 0.5 * stats.num_draft_tokens
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--epochs", "0"], "--epochs must be at least 1"),
+        (["--draft-vocab", "-5"], "--draft-vocab must be at least 1"),
+        (["--lr", "nan"], "--lr must be positive"),
+        (["--model", "/nonexistent/model.gguf"], "error:"),
+    ],
+)
+def test_cli_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
+    from verispec.train.eagle3 import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "out"), *args])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_refuses_a_file_as_out(tmp_path, capsys):
+    from verispec.train.eagle3 import main
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(tmp_path / "f")])
+    assert exc.value.code == 2 and "is a file" in capsys.readouterr().err

@@ -85,9 +85,8 @@ class EagleProposer:
             return self._propose_tree(reqs, head_in[last], state)
         token = self.draft.draft_ids(head_in[last])  # [B] draft 1
         drafts = [token]
-        for i in range(
-            1, k
-        ):  # draft i + 1 at position end + i - 1 from (draft i = x_{end+i}, the draft's state)
+        # draft i + 1 comes from position end + i - 1, which reads draft i (= x_{end+i}) and the draft's own state
+        for i in range(1, k):
             rows = [RowInput(self.slot[r.request_id], r.num_computed + i - 1, [0]) for r in reqs]
             _, positions, ctx, _ = self.runner.build_context(rows)
             head_in, state = self.draft(self.draft.embed(token), state, positions, ctx, self.cache.kv)

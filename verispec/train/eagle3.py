@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,6 +301,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args(argv)
+    for key in ("num_chat", "num_code", "corpus_chunks", "max_tokens", "draft_vocab", "ttt_steps", "epochs"):
+        low = 0 if key in ("num_chat", "num_code", "corpus_chunks") else 1
+        if getattr(args, key) < low:
+            ap.error(f"--{key.replace('_', '-')} must be at least {low}, got {getattr(args, key)}")
+    if not args.lr > 0:
+        ap.error(f"--lr must be positive, got {args.lr}")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        ap.error(f"--out {args.out} is a file; give a folder")
+    try:
+        run(args)
+    except (ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def run(args: argparse.Namespace) -> None:
     from verispec import LLM
     from verispec.models.eagle3 import aux_layer_ids
     from verispec.workloads import training_conversations
