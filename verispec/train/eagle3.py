@@ -86,6 +86,43 @@ def corpus_chunks(tokenizer, n: int, length: int = 512) -> list[list[int]]:
     return [c for c in out if len(c) > 8]
 
 
+PROMPT_MODULES = (  # standard-library modules whose functions the prompts quote (not textwrap, shlex or json: the
+    # benchmark workloads' fallbacks)
+    "argparse", "calendar", "csv", "difflib", "fractions", "heapq", "ipaddress", "pathlib", "pprint", "statistics",
+    "string", "urllib.parse", "zipfile", "configparser", "email.utils", "gettext", "tarfile", "inspect", "typing",
+    "dataclasses", "enum", "functools", "ast", "tokenize", "locale", "base64", "uuid", "datetime", "random",
+    "subprocess", "shutil", "tempfile", "logging", "optparse", "mimetypes", "glob", "fnmatch", "posixpath", "copy",
+    "bisect", "colorsys", "html", "plistlib", "traceback", "warnings", "netrc", "secrets", "hmac", "getopt", "cmd",
+    "timeit", "trace", "pdb", "doctest", "wave", "graphlib", "linecache", "reprlib", "contextlib", "sysconfig",
+    "platform", "site",
+)  # fmt: skip
+
+
+def python_prompts(n: int) -> list[list[dict]]:
+    """n more training conversations from text that ships with Python, for the target to answer: a quarter
+    "summarise this section" over the reference manual's topics (pydoc_data, 1500-character sections), the rest
+    "explain this function" over standard-library functions (PROMPT_MODULES)."""
+    import importlib
+    import inspect
+    from pydoc_data.topics import topics
+
+    sections = [topics[k][i : i + 1500] for k in sorted(topics) for i in range(0, len(topics[k]), 1500)]
+    prose = [[{"role": "user", "content": f"Summarise this section of the Python reference:\n\n{t}"}]
+             for t in sections[: n // 4]]  # fmt: skip
+    funcs: list[str] = []
+    for name in PROMPT_MODULES:
+        for _, fn in inspect.getmembers(importlib.import_module(name), inspect.isfunction):
+            try:
+                src = inspect.getsource(fn)
+            except (OSError, TypeError):
+                continue
+            if 150 < len(src) <= 1200 and src not in funcs:
+                funcs.append(src)
+    code = [[{"role": "user", "content": f"Explain what this Python function does.\n\n```python\n{f}```"}]
+            for f in funcs[: n - len(prose)]]  # fmt: skip
+    return code + prose
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
@@ -296,13 +333,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--corpus-chunks", type=int, default=0, help="512-token chunks of Python's own text to add"
     )
+    ap.add_argument("--python-prompts", type=int, default=0, help="more conversations from Python's own text")
     ap.add_argument("--draft-vocab", type=int, default=8192)
     ap.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (drafts per base)")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
     args = ap.parse_args(argv)
-    for key in ("num_chat", "num_code", "corpus_chunks", "max_tokens", "draft_vocab", "ttt_steps", "epochs"):
-        low = 0 if key in ("num_chat", "num_code", "corpus_chunks") else 1
+    counts = ("num_chat", "num_code", "corpus_chunks", "python_prompts")
+    for key in (*counts, "max_tokens", "draft_vocab", "ttt_steps", "epochs"):
+        low = 0 if key in counts else 1
         if getattr(args, key) < low:
             ap.error(f"--{key.replace('_', '-')} must be at least {low}, got {getattr(args, key)}")
     if not args.lr > 0:
@@ -323,7 +362,7 @@ def run(args: argparse.Namespace) -> None:
 
     llm = LLM(args.model, max_model_len=2048, max_num_seqs=8)
     tok, model = llm.tokenizer, llm.ckpt.model
-    convs = training_conversations(args.num_chat, args.num_code)
+    convs = training_conversations(args.num_chat, args.num_code) + python_prompts(args.python_prompts)
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     aux = aux_layer_ids({}, model.cfg.num_layers)
     t0 = time.perf_counter()
