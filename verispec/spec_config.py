@@ -140,16 +140,14 @@ class SpeculativeConfig:
 
     @property
     def num_lookahead_slots(self) -> int:
-        """Extra KV slots per step: one per speculative token, as each must be scored."""
-        return self.num_speculative_tokens or 0
+        """Extra KV slots per step: one per position a step scores beyond the committed token (each speculative
+        token, or every node of a token tree)."""
+        return max(self.num_speculative_tokens or 0, len(self.token_tree))
 
     @property
     def token_tree(self) -> list[tuple[int, ...]]:
         """The parsed ``speculative_token_tree``, in breadth-first order."""
         return ast.literal_eval(self.speculative_token_tree) if self.speculative_token_tree else []
-
-    def use_eagle(self) -> bool:
-        return self.method in ("eagle", "eagle3", "mtp", "dflash")
 
     def to_dict(self) -> dict[str, Any]:
         """User-facing keys with resolved values; JSON-serialisable and accepted back by ``from_dict``."""

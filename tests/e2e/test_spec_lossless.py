@@ -160,7 +160,7 @@ def test_metrics_and_per_request_counts(tiny_llama):
 def _target_probs(llm: LLM, prompt: list[int], first: list[int], top_p: float) -> torch.Tensor:
     """Exact P(second token) = sum_t1 p(t1) p(t2 | t1), from the target's own logits. -> [V]."""
     from verispec.engine.model_runner import RowInput
-    from verispec.layers import sampler as S
+    from verispec.sample import logits as S
 
     runner = llm.engine.runner
     v = runner.model.cfg.vocab_size
@@ -544,7 +544,11 @@ def test_model_drafter_greedy_equality(request, tiny_llama, reference, method, k
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     assert llm.engine.opts.num_speculative_tokens == (k or 4)
     if method == "eagle3":
-        assert llm.engine.proposer.aux_layers == (2, 1, 0)  # vLLM's default (2, L // 2, L - 3) for 3 layers
+        assert llm.engine.proposer.needs.aux_layers == (
+            2,
+            1,
+            0,
+        )  # vLLM's default (2, L // 2, L - 3) for 3 layers
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[batch]

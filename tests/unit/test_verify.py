@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from verispec.spec.verify import (
+from verispec.sample.verify import (
     METHODS,
     draw_exp_noise,
     draw_uniform,

@@ -16,14 +16,12 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
-from verispec.layers import sampler as S
-from verispec.spec.base import Proposal
+from verispec.sample import logits as S
+from verispec.spec.base import Proposal, ProposerNeeds
 
 
 class DraftModelProposer:
-    aux_layers: tuple[int, ...] = ()
-    target_hidden = "none"
-    observes_states = False
+    needs = ProposerNeeds(runs_forward=True)
 
     def __init__(
         self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0,
@@ -120,6 +118,3 @@ class DraftModelProposer:
         m = self.runner.model
         hidden, _ = m(tok, positions, ctx, self.cache.kv)  # [B, hidden]
         return m.compute_logits(hidden)  # [B, V]
-
-    def on_step_end(self, reqs, target, num_accepted) -> None:
-        return None

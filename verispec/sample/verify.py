@@ -262,6 +262,15 @@ def synthetic_verify(
 
 # ---------------------------------------------------------------------------- dispatcher
 
+# method -> its rule for random rows, over (drafts, p, q, uniform, noise) plus the method's own options
+_RANDOM_RULES = {
+    "strict": lambda d, p, q, u, e, **_: strict_verify(d, p, e),
+    "probabilistic": lambda d, p, q, u, e, block, thresholds, **_: (
+        block_verify if block else probabilistic_verify
+    )(d, p, q, u, e, thresholds),
+    "synthetic": lambda d, p, q, u, e, rate, **_: synthetic_verify(d, p, u, e, rate),
+}
+
 
 def rejection_sample(
     method: str,
@@ -305,20 +314,20 @@ def rejection_sample(
 
     if target_probs is None:
         raise ValueError("random rows need target_probs")
-    if method == "strict":
-        rand = strict_verify(draft_token_ids, target_probs, exp_noise)
-    else:
-        if uniform_samples is None:
-            raise ValueError(f"method {method!r} needs uniform_samples")
-        if method == "probabilistic":
-            verify = block_verify if block else probabilistic_verify
-            rand = verify(draft_token_ids, target_probs, draft_probs, uniform_samples, exp_noise, thresholds)
-        else:
-            if synthetic_acceptance_rate is None:
-                raise ValueError("method 'synthetic' needs synthetic_acceptance_rate")
-            rand = synthetic_verify(
-                draft_token_ids, target_probs, uniform_samples, exp_noise, synthetic_acceptance_rate
-            )
+    if method != "strict" and uniform_samples is None:
+        raise ValueError(f"method {method!r} needs uniform_samples")
+    if method == "synthetic" and synthetic_acceptance_rate is None:
+        raise ValueError("method 'synthetic' needs synthetic_acceptance_rate")
+    rand = _RANDOM_RULES[method](
+        draft_token_ids,
+        target_probs,
+        draft_probs,
+        uniform_samples,
+        exp_noise,
+        block=block,
+        thresholds=thresholds,
+        rate=synthetic_acceptance_rate,
+    )
     if greedy is None:
         return rand
     out = torch.where(is_greedy[:, None], greedy[0], rand[0])  # [B, K+1]
