@@ -1,4 +1,5 @@
-"""Speculative-decoding statistics (pure), vLLM's periodic log line, and metric objects for get_metrics()."""
+"""Speculative-decoding statistics (pure), vLLM's periodic log line, and get_metrics()'s metric objects
+(vllm.v1.metrics.reader's types: Counter, Gauge, Vector, Histogram)."""
 
 from __future__ import annotations
 
@@ -95,12 +96,41 @@ class SpecDecodingLogging:
 
 @dataclass
 class Metric:
-    """One exported value, like vllm.v1.metrics.reader: name, value, labels."""
+    """One exported metric, as vllm.v1.metrics.reader: a name and key=value labels. The subclasses carry values."""
 
     name: str
+    labels: dict[str, str]
+
+
+@dataclass
+class Counter(Metric):
+    """A monotonically increasing integer counter."""
+
+    value: int
+
+
+@dataclass
+class Vector(Metric):
+    """An ordered array of integer counters, indexed by position: vLLM models
+    vllm:spec_decode_num_accepted_tokens_per_pos with it (one entry, not one per position)."""
+
+    values: list[int]
+
+
+@dataclass
+class Gauge(Metric):
+    """A numerical value that can go up or down."""
+
     value: float
-    labels: dict[str, str] = field(default_factory=dict)
-    kind: str = "counter"  # counter | gauge
+
+
+@dataclass
+class Histogram(Metric):
+    """Observations in buckets keyed by their upper limit (a '+Inf' key always exists); count and sum over all."""
+
+    count: int
+    sum: float
+    buckets: dict[str, int]
 
 
 @dataclass
@@ -120,23 +150,22 @@ class EngineCounters:
     decode_tokens: int = 0
 
     def to_metrics(self, num_running: int, num_waiting: int) -> list[Metric]:
-        out = [
-            Metric("vllm:prompt_tokens", self.prompt_tokens),
-            Metric("vllm:generation_tokens", self.generation_tokens),
-            Metric("vllm:request_success", self.requests_finished),
-            Metric("vllm:request_aborted", self.requests_aborted),
-            Metric("vllm:num_requests_running", num_running, kind="gauge"),
-            Metric("vllm:num_requests_waiting", num_waiting, kind="gauge"),
+        out: list[Metric] = [
+            Counter("vllm:prompt_tokens", {}, self.prompt_tokens),
+            Counter("vllm:generation_tokens", {}, self.generation_tokens),
+            Counter("vllm:request_success", {}, self.requests_finished),
+            Counter("vllm:request_aborted", {}, self.requests_aborted),
+            Gauge("vllm:num_requests_running", {}, float(num_running)),
+            Gauge("vllm:num_requests_waiting", {}, float(num_waiting)),
         ]
         if self.spec is not None:
             s = self.spec
             out += [
-                Metric("vllm:spec_decode_num_drafts", s.num_drafts),
-                Metric("vllm:spec_decode_num_draft_tokens", s.num_draft_tokens),
-                Metric("vllm:spec_decode_num_accepted_tokens", s.num_accepted_tokens),
-            ]
-            out += [
-                Metric("vllm:spec_decode_num_accepted_tokens_per_pos", n, {"position": str(i)})
-                for i, n in enumerate(s.num_accepted_tokens_per_pos)
+                Counter("vllm:spec_decode_num_drafts", {}, s.num_drafts),
+                Counter("vllm:spec_decode_num_draft_tokens", {}, s.num_draft_tokens),
+                Counter("vllm:spec_decode_num_accepted_tokens", {}, s.num_accepted_tokens),
+                Vector(
+                    "vllm:spec_decode_num_accepted_tokens_per_pos", {}, list(s.num_accepted_tokens_per_pos)
+                ),
             ]
         return out

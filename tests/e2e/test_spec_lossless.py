@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
+from verispec.metrics import Counter, Vector
 
 BATCHES = (1, 4, 16)
 
@@ -145,13 +146,51 @@ def test_metrics_and_per_request_counts(tiny_llama):
     cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     outs = llm.generate(_prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    m = {(x.name, x.labels.get("position")): x.value for x in llm.get_metrics()}
-    assert m[("vllm:spec_decode_num_draft_tokens", None)] == sum(o.num_draft_tokens for o in outs)
-    assert m[("vllm:spec_decode_num_accepted_tokens", None)] == sum(o.num_accepted_tokens for o in outs)
-    per_pos = [m[("vllm:spec_decode_num_accepted_tokens_per_pos", str(i))] for i in range(3)]
-    assert sum(per_pos) == m[("vllm:spec_decode_num_accepted_tokens", None)]
+    m = {x.name: x for x in llm.get_metrics()}
+    assert m["vllm:spec_decode_num_draft_tokens"].value == sum(o.num_draft_tokens for o in outs)
+    assert m["vllm:spec_decode_num_accepted_tokens"].value == sum(o.num_accepted_tokens for o in outs)
+    per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+    assert len(per_pos) == 3
+    assert sum(per_pos) == m["vllm:spec_decode_num_accepted_tokens"].value
     assert per_pos[0] >= per_pos[1] >= per_pos[2]
-    assert m[("vllm:generation_tokens", None)] == 6 * 24
+    assert m["vllm:generation_tokens"].value == 6 * 24
+
+
+def test_vllm_spec_decode_example_reads_the_metrics(tiny_llama):
+    # the metric-reading loop of vLLM's examples/offline_inference/spec_decode.py, run on verispec's get_metrics()
+    k = 3
+    cfg = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    num_drafts = num_draft_tokens = num_accepted_tokens = 0
+    acceptance_counts = [0] * k
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:spec_decode_num_drafts":
+            assert isinstance(metric, Counter)
+            num_drafts += metric.value
+        elif metric.name == "vllm:spec_decode_num_draft_tokens":
+            assert isinstance(metric, Counter)
+            num_draft_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            assert isinstance(metric, Counter)
+            num_accepted_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            assert isinstance(metric, Vector)
+            for pos in range(len(metric.values)):
+                acceptance_counts[pos] += metric.values[pos]
+    s = llm.engine.counters.spec
+    assert (num_drafts, num_draft_tokens, num_accepted_tokens) == (
+        s.num_drafts,
+        s.num_draft_tokens,
+        s.num_accepted_tokens,
+    )
+    assert num_draft_tokens == sum(o.num_draft_tokens for o in outs) > 0
+    assert (
+        acceptance_counts == s.num_accepted_tokens_per_pos and sum(acceptance_counts) == num_accepted_tokens
+    )
+    mean_acceptance_length = 1 + num_accepted_tokens / num_drafts
+    assert 1.0 <= mean_acceptance_length <= 1 + k
+    assert all(0.0 <= acceptance_counts[i] / num_drafts <= 1.0 for i in range(k))
 
 
 # ------------------------------------------------------------------ distribution
