@@ -12,25 +12,47 @@ logger = logging.getLogger("verispec")
 
 @dataclass
 class SpecDecodingStats:
-    """Counts for one engine step (or an aggregate of steps)."""
+    """Counts for one engine step (or an aggregate of steps). Position i counts the drafts that reached draft
+    position i (``num_draft_tokens_per_pos``) and those whose token there was accepted
+    (``num_accepted_tokens_per_pos``), as current vLLM keeps them."""
 
     num_spec_tokens: int
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_draft_tokens_per_pos: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.num_accepted_tokens_per_pos:
             self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+        if not self.num_draft_tokens_per_pos:
+            self.num_draft_tokens_per_pos = [0] * self.num_spec_tokens
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        if num_draft_tokens <= 0:
+    def observe_draft(
+        self, num_draft_tokens: int, num_accepted_tokens: int, num_draft_positions: int | None = None
+    ) -> None:
+        """One request's verified draft. ``num_draft_positions`` is how many positions it covers (a chain:
+        ``num_draft_tokens``; a tree: its depth). Accepting more tokens than were drafted, or than there are
+        positions, is an error in the caller, not something to clamp."""
+        positions = num_draft_tokens if num_draft_positions is None else num_draft_positions
+        if not 0 <= num_accepted_tokens <= min(num_draft_tokens, positions):
+            raise ValueError(
+                f"accepted {num_accepted_tokens} tokens of a draft of {num_draft_tokens} tokens "
+                f"over {positions} positions"
+            )
+        if positions > self.num_spec_tokens:
+            raise ValueError(
+                f"a draft over {positions} positions exceeds num_spec_tokens={self.num_spec_tokens}"
+            )
+        if num_draft_tokens == 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
-        for i in range(min(num_accepted_tokens, self.num_spec_tokens)):
+        for i in range(positions):
+            self.num_draft_tokens_per_pos[i] += 1
+        for i in range(num_accepted_tokens):
             self.num_accepted_tokens_per_pos[i] += 1
 
     def add(self, other: SpecDecodingStats) -> None:
@@ -39,6 +61,8 @@ class SpecDecodingStats:
         self.num_accepted_tokens += other.num_accepted_tokens
         for i, n in enumerate(other.num_accepted_tokens_per_pos):
             self.num_accepted_tokens_per_pos[i] += n
+        for i, n in enumerate(other.num_draft_tokens_per_pos):
+            self.num_draft_tokens_per_pos[i] += n
 
     @property
     def mean_acceptance_length(self) -> float:
