@@ -276,6 +276,34 @@ def test_sampled_tokens_follow_target_distribution(
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens  # the draft is poor but not useless
 
 
+def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_draft):
+    """rejection_sample_method 'synthetic' with rate r: accepted / drafted averages r over the K positions (as vLLM;
+    the old per-position r gave (r + r^2 + r^3) / 3 = 0.39 for K = 3, r = 0.6), greedy requests keep the greedy
+    rule."""
+    k, r = 3, 0.6
+    cfg = {
+        "method": "draft_model",
+        "model": tiny_draft,
+        "num_speculative_tokens": k,
+        "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_rate": r,
+    }
+    llm = LLM(
+        tiny_llama, max_model_len=256, max_num_seqs=32, speculative_config=cfg, seed=7, spec_token_budget=1024
+    )
+    sp = SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True)
+    llm.generate(_prompts(32, seed=11), sp, use_tqdm=False)
+    s = llm.engine.counters.spec
+    # k drafts per step, fewer near max_tokens: each row is calibrated for its own draft count
+    assert (
+        s.num_draft_tokens_per_pos[0] == s.num_drafts > 400 and s.num_draft_tokens_per_pos[-1] < s.num_drafts
+    )
+    # accepted / drafted per draft lies in [0, 1]: its std is at most 0.5
+    assert abs(s.acceptance_rate - r) < 5 * 0.5 / s.num_drafts**0.5, (s.acceptance_rate, s.num_drafts)
+    rates = s.per_position_rates()
+    assert rates[0] > rates[1] > rates[2]  # position-decaying
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
 def test_block_and_entropy_verify_leave_greedy_output_unchanged(tiny_llama, tiny_draft, reference, method):
     """Both change only the p/q test of sampled requests; greedy requests keep the greedy rule (vLLM Ascend's
