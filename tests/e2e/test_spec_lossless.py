@@ -304,6 +304,62 @@ def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_d
     assert rates[0] > rates[1] > rates[2]  # position-decaying
 
 
+@pytest.mark.parametrize(
+    "spelling, k", [({"rejection_sample_method": "standard", "draft_sample_method": "greedy"}, 2),
+                    ({"rejection_sample_method": "block"}, 3)]
+)  # fmt: skip
+def test_vllm_spellings_keep_the_target_distribution(tiny_llama, tiny_draft, spelling, k):
+    """Current vLLM's 'standard' (Leviathan / Chen) with argmax drafts (q one-hot) and 'block' (Block Verification)
+    run this build's probabilistic verification and keep the target's law."""
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": k, **spelling}
+    llm = LLM(
+        tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=5, spec_token_budget=1024
+    )
+    spec = llm.speculative_config
+    assert spec.rejection_sample_method == "probabilistic"
+    assert spec.enable_block_verify == (spelling["rejection_sample_method"] == "block")
+    assert llm.engine.opts.block_verify == spec.enable_block_verify
+    greedy_drafts = spelling.get("draft_sample_method") == "greedy"
+    assert llm.engine.proposer.sample_drafts is not greedy_drafts
+    assert llm.engine.proposer.keep_probs is not greedy_drafts
+    _assert_second_token_law(llm)
+    s = llm.engine.counters.spec
+    assert 0 < s.num_accepted_tokens < s.num_draft_tokens
+
+
+def test_greedy_draft_sampling_drafts_the_argmax(tiny_llama, tiny_draft):
+    """draft_sample_method 'greedy': a sampled request's drafts are the draft model's argmax continuation."""
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3}
+    prompt = _prompts(1, seed=2)
+    sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=9)
+    drafts = {}
+    for mode in ("greedy", "probabilistic"):
+        llm = LLM(tiny_llama, max_model_len=256, speculative_config={**cfg, "draft_sample_method": mode})
+        seen = []
+        propose = llm.engine.proposer.propose
+
+        def spy(reqs, k_max, propose=propose, seen=seen):
+            prop = propose(reqs, k_max)
+            seen.extend(
+                (list(r.prompt_token_ids) + list(r.output_token_ids), d) for r, d in zip(reqs, prop.token_ids)
+            )
+            return prop
+
+        llm.engine.proposer.propose = spy
+        llm.generate(prompt, sp, use_tqdm=False)
+        drafts[mode] = seen
+    plain_draft = LLM(tiny_draft, max_model_len=256)
+
+    def argmax_continuation(context: list[int], n: int) -> list[int]:
+        sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        return plain_draft.generate({"prompt_token_ids": context}, sp, use_tqdm=False)[0].outputs[0].token_ids
+
+    assert any(d for _, d in drafts["greedy"])
+    assert all(argmax_continuation(c, len(d)) == d for c, d in drafts["greedy"] if d)
+    # the default for draft_model samples drafts: they leave the argmax somewhere (the check above has power)
+    assert any(argmax_continuation(c, len(d)) != d for c, d in drafts["probabilistic"] if d)
+
+
 @pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
 def test_block_and_entropy_verify_leave_greedy_output_unchanged(tiny_llama, tiny_draft, reference, method):
     """Both change only the p/q test of sampled requests; greedy requests keep the greedy rule (vLLM Ascend's
