@@ -355,7 +355,7 @@ class LLMEngine:
             r.num_computed += 1 + len(path)
             r.num_draft_tokens += n - 1
             r.num_accepted_tokens += len(path)
-            stats.observe_draft(n - 1, len(path))
+            stats.observe_draft(n - 1, len(path), tree.max_depth)
             hidden_rows.append([i * n] + [i * n + j for j in path])
         self.counters.spec.add(stats)
         self.spec_log.observe(stats)

@@ -62,7 +62,8 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     runner = ModelRunner(draft.model, cache, ctx.device)
     keep = cfg.rejection_sample_method == "probabilistic"
     mask_token = parallel_drafting_token(draft.hf_config, dv) if cfg.parallel_drafting else None
-    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token)
+    sample = cfg.draft_sample_method != "greedy"
+    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token, sample)
 
 
 def parallel_drafting_token(hf: dict, vocab: int) -> int:
