@@ -88,6 +88,7 @@ def run_bench(
     max_model_len: int | None,
     output: str | None,
     temperature: float = 0.0,
+    activation_dtype: str = "float32",
 ) -> dict:
     from verispec import LLM
     from verispec.llm import resolve_speculative_config
@@ -109,7 +110,7 @@ def run_bench(
 
         if not Path(output).resolve().parent.is_dir():
             raise ValueError(f"--output {output}: its folder does not exist")
-    kw = dict(max_num_seqs=batch_size, max_model_len=max_model_len)
+    kw = dict(max_num_seqs=batch_size, max_model_len=max_model_len, activation_dtype=activation_dtype)
     plain = LLM(model, **kw)
     resolve_speculative_config(spec, plain.max_model_len)  # a bad config fails now, not after the plain run
     tok = plain.tokenizer

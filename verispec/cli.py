@@ -29,6 +29,7 @@ def add_common_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--speculative-config", "-sc", default=None, help='JSON, e.g. \'{"method": "ngram"}\'')
@@ -46,6 +47,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed=args.seed,
         speculative_config=_spec_config(args.speculative_config),
         kv_transfer_config=args.kv_transfer_config,
+        activation_dtype=args.activation_dtype,
     )
     sp = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
@@ -88,6 +90,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.max_model_len,
         args.output,
         args.temperature,
+        args.activation_dtype,
     )
     return 0
 

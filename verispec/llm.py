@@ -107,9 +107,12 @@ class LLM:
         spec_token_budget: int | None = None,
         keep_quantized: bool = True,
         kv_transfer_config: Mapping[str, Any] | str | None = None,
+        activation_dtype: str = "float32",
     ):
         """keep_quantized: GGUF Q4_0 / Q4_1 / Q8_0 weights stay in their blocks on the CPU (native kernels, same
-        float32 weight values, 4-6x fewer bytes per token); False dequantizes every weight to float32."""
+        float32 weight values, 4-6x fewer bytes per token); False dequantizes every weight to float32.
+        activation_dtype: "float32" (default) or "int8" (those kept weights multiply int8-quantized activations:
+        llama.cpp's numerics, faster; see verispec/loader/checkpoint.py)."""
         if not isinstance(max_num_seqs, int) or max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be a positive integer, got {max_num_seqs!r}")
         if spec_token_budget is not None and (
@@ -125,8 +128,9 @@ class LLM:
         self.device = pick_device(device)
         self._loaded_on, self._warned_thread = threading.get_ident(), False  # see _run
         self.ckpt = load_checkpoint(
-            model, self.device, dtype, tokenizer, skip_tokenizer_init, keep_quantized=keep_quantized
-        )
+            model, self.device, dtype, tokenizer, skip_tokenizer_init, keep_quantized=keep_quantized,
+            activation_dtype=activation_dtype,
+        )  # fmt: skip
         cfg = self.ckpt.config
         spec = resolve_speculative_config(
             speculative_config, max_model_len or cfg.max_position_embeddings, self.ckpt.hf_config

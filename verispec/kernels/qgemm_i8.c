@@ -283,7 +283,7 @@ int i8_amx_init(void) { return 0; }
 #endif
 
 // Fewer rows than this run on AVX512-VNNI when AMX-INT8 is asked for (the same results: see the top).
-#define AMX_MIN_ROWS 1
+#define AMX_MIN_ROWS 9
 
 // The calling thread's scratch for the quantized rows, grown on demand and kept (no allocation per call).
 static uint8_t *i8_scratch(size_t bytes) {
