@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from verispec.loader.checkpoint import DEFAULT_MODEL
+from verispec.loader.checkpoint import ACTIVATION_DTYPES, DEFAULT_MODEL
 
 
 @dataclass
@@ -25,6 +25,9 @@ class EngineArgs:
     # GGUF Q4_0 / Q4_1 / Q8_0 weights stay in their blocks on the CPU (native kernels, same float32 weight values,
     # 4-6x fewer bytes per token); False dequantizes every weight to float32
     keep_quantized: bool = True
+    # "float32" (transformers' numerics) or "int8": kept GGUF weights multiply int8-quantized activations
+    # (llama.cpp's numerics, faster; see loader/checkpoint.py)
+    activation_dtype: str = "float32"
     seed: int = 0
     # device: auto | cpu | cuda[:N]
     device: str = "auto"
@@ -51,6 +54,11 @@ class EngineArgs:
             not _is_int(self.spec_token_budget) or self.spec_token_budget < 1
         ):
             raise ValueError(f"spec_token_budget must be a positive integer, got {self.spec_token_budget!r}")
+        if self.activation_dtype not in ACTIVATION_DTYPES:
+            allowed = ", ".join(ACTIVATION_DTYPES)
+            raise ValueError(
+                f"activation_dtype={self.activation_dtype!r} is not supported; allowed: {allowed}"
+            )
         if self.max_model_len is not None and (not _is_int(self.max_model_len) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
 
@@ -82,6 +90,12 @@ class EngineArgs:
             help="prefill chunk budget, default 1024",
         )
         parser.add_argument("--dtype", default=default("dtype"), help="auto | float32 | float16 | bfloat16")
+        parser.add_argument(
+            "--activation-dtype",
+            default=default("activation_dtype"),
+            choices=("float32", "int8"),
+            help="float32 (default) | int8: llama.cpp's numerics on GGUF weights, faster",
+        )
         parser.add_argument("--device", default=default("device"), help="auto | cpu | cuda")
         parser.add_argument("--seed", type=int, default=default("seed"))
         parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)

@@ -56,6 +56,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         args.tokenizer,
         args.skip_tokenizer_init,
         keep_quantized=args.keep_quantized,
+        activation_dtype=args.activation_dtype,
     )
     cfg = ckpt.config
     spec = resolve_speculative_config(
