@@ -10,6 +10,7 @@ from typing import Any
 
 from verispec.engine.args import EngineArgs
 from verispec.engine.builder import build_engine
+from verispec.engine.fanout import fan_out, merge
 from verispec.loader.checkpoint import DEFAULT_MODEL
 from verispec.metrics import Metric
 from verispec.outputs import RequestOutput
@@ -89,12 +90,10 @@ class LLM:
         base = str(self._counter)
         self._counter += 1
         children = []
-        for j in range(sp.n):
-            child = sp if sp.n == 1 else _child_params(sp, j)
-            rid = base if sp.n == 1 else f"{base}_{j}"
-            self.engine.add_request(rid, text, toks, child)
-            children.append(rid)
-            queued.append(rid)
+        for r in fan_out(base, text, toks, sp):
+            self.engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params)
+            children.append(r.request_id)
+            queued.append(r.request_id)
         return children
 
     def _run(self, groups: list[list[str]], use_tqdm: bool) -> list[RequestOutput]:
@@ -131,7 +130,7 @@ class LLM:
             bar.close()
         if self.engine.spec_log is not None:
             self.engine.spec_log.maybe_log(force=True)
-        return [_merge([done[rid] for rid in g]) for g in groups]
+        return [merge([done[rid] for rid in g]) for g in groups]
 
     def chat(
         self,
@@ -161,32 +160,3 @@ class LLM:
 
     def get_tokenizer(self):
         return self.tokenizer
-
-
-def _child_params(sp: SamplingParams, j: int) -> SamplingParams:
-    import dataclasses
-
-    seed = None if sp.seed is None else sp.seed + j
-    return dataclasses.replace(sp, n=1, seed=seed)
-
-
-def _merge(outs: list[RequestOutput]) -> RequestOutput:
-    first = outs[0]
-    if len(outs) == 1:
-        return first
-    comps = []
-    for j, o in enumerate(outs):
-        c = o.outputs[0]
-        c.index = j
-        comps.append(c)
-    rid = first.request_id.rsplit("_", 1)[0]
-    return RequestOutput(
-        rid,
-        first.prompt,
-        first.prompt_token_ids,
-        comps,
-        True,
-        sum(o.num_draft_tokens for o in outs),
-        sum(o.num_accepted_tokens for o in outs),
-        prompt_logprobs=first.prompt_logprobs,
-    )

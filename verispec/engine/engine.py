@@ -38,6 +38,16 @@ class EngineOptions:
     draft_max_model_len: int | None = None  # speculative_config.max_model_len: no drafts past this length
 
 
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Request and KV-slot counts at one moment (the server's /health and gauges read these)."""
+
+    running: int
+    waiting: int
+    free_kv_slots: int
+    num_kv_slots: int
+
+
 def fit_budget(drafts: list[list[int]], allowance: int) -> list[list[int]]:
     """Trim drafts so that their total length is at most `allowance`, sharing it evenly (short drafts first)."""
     if sum(len(d) for d in drafts) <= allowance:
@@ -128,6 +138,13 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(len(self.running), len(self.waiting), self.cache.num_free, self.cache.num_slots)
+
+    def running_request_ids(self) -> list[str]:
+        """The requests the next step runs (the ones a failed step is blamed on)."""
+        return [r.request_id for r in self.running]
 
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:

@@ -151,9 +151,19 @@ def load_qgemm() -> ctypes.CDLL | None:
     isa = kernel_isa()
     if os.environ.get("VERISPEC_KERNELS", "1") == "0" or isa is None:
         return None
-    lib = build_qgemm(isa)
-    if lib is None and isa == "amx" and not os.environ.get("VERISPEC_KERNEL_ISA"):
-        return build_qgemm("avx512")  # the OS refused the tile state, or the compiler has no AMX
+    try:
+        lib = build_qgemm(isa)
+        # the OS refused the tile state, or the compiler has no AMX
+        if lib is None and isa == "amx" and _compiler() and not os.environ.get("VERISPEC_KERNEL_ISA"):
+            lib = build_qgemm("avx512")
+    except Exception as exc:
+        # e.g. an install without the C sources: the model still runs, on float32 weights
+        warnings.warn(
+            f"verispec: cannot build the kernels ({type(exc).__name__}: {str(exc)[:300]}); GGUF weights are "
+            "dequantized to float32",
+            stacklevel=2,
+        )
+        return None
     return lib
 
 
