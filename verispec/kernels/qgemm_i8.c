@@ -3,9 +3,9 @@
 // Every variant is compiled into every x86-64 build inside its own `#pragma GCC target` region; the caller picks one
 // by the CPU's flags (verispec/kernels/build.py: int8_isa).
 //
-// Activations: each row on its own, in blocks of 32: d = max|x| / 127, q = round-half-even(x * (1 / d)) in
-// -127..127 (q = 0 where d = 0), kept with d, d * sum(q) and 128 * sum(q). A row's quantization never looks at
-// another row.
+// Activations: each row on its own, in blocks of 32, as llama.cpp's quantize_row_q8_0 does on x86 but with a float32
+// scale: d = max|x| / 127, q = round-half-even(x * (127 / max|x|)) in -127..127 (q = 0 where max|x| = 0), kept with
+// d, d * sum(q) and 128 * sum(q). A row's quantization never looks at another row.
 //
 // Weights (verispec/kernels/qweight.py makes them from q4 / q8 / q4t / q8t): output columns in groups of 16, group
 // g and block b at ((g * K/32) + b) * TB; inside, 8 rows of 64 bytes, row j holding for column n (bytes 4n..4n+3)
@@ -62,7 +62,8 @@ static void quantize_row(const float *x, int64_t K, uint8_t *out) {
         __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float dd = _mm_cvtss_f32(m) / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        // llama.cpp's quantize_row_q8_0 (x86): the scale 127 / max, not 1 / d (they differ in the last bit)
+        const float mx = _mm_cvtss_f32(m), dd = mx / 127.0f, id = mx != 0.0f ? 127.0f / mx : 0.0f;
         __m256i q[4];
         for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
         __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
