@@ -78,14 +78,19 @@ def main() -> None:
     for dtype in args.activation_dtypes.split(","):
         try:
             llm = LLM(args.model, max_model_len=512, max_num_seqs=8, activation_dtype=dtype)
-        except ValueError as e:  # int8 on a CPU without VNNI / AMX-INT8, or weights not kept quantized
+        # int8 on a CPU without VNNI / AMX-INT8, or on weights not kept quantized
+        except ValueError as e:
             skipped[dtype] = str(e)
             print(f"activation_dtype={dtype}: skipped ({e})")
             continue
         if prompts is None:
             tok = llm.tokenizer
-            prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]),
-                                  add_special_tokens=False) for p in PROMPTS]  # fmt: skip
+            prompts = [
+                tok.encode(
+                    tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False
+                )
+                for p in PROMPTS
+            ]
         runs[dtype] = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
         del llm
     if not runs:
@@ -107,8 +112,10 @@ def main() -> None:
         f"model={args.model} prompts={len(prompts)} max_tokens={args.max_tokens} top-5 logprobs per token"
         + (f" int8 kernel={isa}" if isa else "")
     )
-    print(f"{'activations':<12} {'top-1 agree':>12} {'top-5 mean |d|':>15} {'max':>9} {'greedy mean |d|':>16} "
-          f"{'max':>9} {'max |d| f64':>12} {'same greedy':>12}")  # fmt: skip
+    print(
+        f"{'activations':<12} {'top-1 agree':>12} {'top-5 mean |d|':>15} {'max':>9} {'greedy mean |d|':>16} "
+        f"{'max':>9} {'max |d| f64':>12} {'same greedy':>12}"
+    )
     for dtype, r in rows.items():
         print(
             f"{dtype:<12} {r['top1_agree']:>5}/{r['positions']:<6} {r['mean_abs_vs_f32']:>15.2e} "
@@ -117,9 +124,11 @@ def main() -> None:
             f"{r['same_greedy_as_first']:>6}/{len(prompts)}"
         )
     f32_64 = max(r["transformers_f32_max_abs_vs_f64"] for r in rows.values())
-    print(f"{'(transformers float32 vs float64: max |d| ' + format(f32_64, '.2e') + ')':<12}")
-    print(f"|d|: verispec's logprobs against transformers' float32 on the same tokens (top-5: all five per "
-          f"position; greedy: the chosen token's); same greedy: vs the {next(iter(runs))} run")  # fmt: skip
+    print(f"(transformers' own float32 forward against float64: max |d| {f32_64:.2e})")
+    print(
+        f"|d|: verispec's logprobs against transformers' float32 on the same tokens (top-5: all five per "
+        f"position; greedy: the chosen token's); same greedy: vs the {next(iter(runs))} run"
+    )
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(
         json.dumps(
