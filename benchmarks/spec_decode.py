@@ -81,6 +81,9 @@ def main() -> None:
     )
     ap.add_argument("--peer-lookup", type=int, default=4, help="drafts per step of the peers' prompt lookup")
     ap.add_argument("--peer-ngram", type=int, default=2, help="llama.cpp prompt lookup's max_ngram_size")
+    ap.add_argument(
+        "--activation-dtype", default="float32", choices=("float32", "int8"), help="verispec's rows"
+    )
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     from verispec import LLM
@@ -92,7 +95,7 @@ def main() -> None:
             or ['{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}']
         )
     ]
-    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048)
+    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
     plain = LLM(args.model, **kw)
     tok = plain.tokenizer
     convs = build_workload(args.workload, args.num_prompts)
