@@ -47,20 +47,22 @@ def lib() -> ctypes.CDLL:
     return lib
 
 
-def quantize_rows(lib, x: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def quantize_rows(lib, x: torch.Tensor) -> tuple[np.ndarray, ...]:
     """The library's activation quantization of x [M, K] -> q [M, K] int8, d [M, K/32] float32, d * sum(q)
-    [M, K/32] float32, 128 * sum(q) [M, K/32] int32 (qgemm_i8.c's row layout, split)."""
+    [M, K/32] float32, 128 * sum(q), 32 * sum(q of k 0-15) and 32 * sum(q of k 16-31), [M, K/32] int32 each
+    (qgemm_i8.c's row layout, split)."""
     m, k = x.shape
     nb = k // QK
     x = x.contiguous()
-    out = np.zeros((m, k + 12 * nb), np.uint8)
+    out = np.zeros((m, k + 20 * nb), np.uint8)
     lib.quantize_rows_i8(x.data_ptr(), m, k, out.ctypes.data, 1)
     tail = out[:, k:].copy()
+    parts = [tail[:, 4 * nb * i : 4 * nb * (i + 1)] for i in range(5)]
     return (
         out[:, :k].view(np.int8),
-        tail[:, : 4 * nb].view(np.float32),
-        tail[:, 4 * nb : 8 * nb].view(np.float32),
-        tail[:, 8 * nb :].view(np.int32),
+        parts[0].view(np.float32),
+        parts[1].view(np.float32),
+        *(p.view(np.int32) for p in parts[2:]),
     )
 
 
@@ -94,7 +96,7 @@ def scale_sensitive_block() -> np.ndarray:
 def reference(lib, x: torch.Tensor, w: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """float64 x_int8 @ W^T on the library's int8 activations of x and W's float32 values -> (y [M, N], the sum of
     |terms| [M, N]: the scale of float32 rounding in the kernel's result)."""
-    q, d, _, _ = quantize_rows(lib, x)
+    q, d, *_ = quantize_rows(lib, x)
     m, k = x.shape
     xq = (q.astype(np.float64).reshape(m, k // QK, QK) * d.astype(np.float64)[..., None]).reshape(m, k)
     w64 = w.double().numpy()
@@ -111,8 +113,8 @@ def assert_matches_reference(y: torch.Tensor, ref: np.ndarray, scale: np.ndarray
 
 
 def test_activation_quantization_matches_numpy(lib):
-    """Blocks of 32, one float32 scale each, llama.cpp's rounding (half to even on x86); d * sum(q) and 128 * sum(q)
-    kept beside them. Bitwise, including an all-zero block, exact ties and a block whose largest value is negative."""
+    """Blocks of 32, one float32 scale each, llama.cpp's rounding (half to even on x86); d * sum(q), 128 * sum(q) and
+    32 * the sum of each 16-value half (q6v's correction) kept beside them. Bitwise, including an all-zero block, exact ties and a block whose largest value is negative."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(7, 256, generator=g) * torch.logspace(-3, 2, 7).unsqueeze(1)
     x[1, 32:64] = 0
@@ -120,7 +122,7 @@ def test_activation_quantization_matches_numpy(lib):
     x[2, :32] = torch.tensor([127.0, 2.5, 3.5, -2.5, -3.5, 0.5, -0.5, 1.5] * 4)
     x[3, 64:96] = -torch.rand(32, generator=g) - 1.0
     x[4, 96:128] = torch.from_numpy(scale_sensitive_block())
-    q, d, s, c = quantize_rows(lib, x)
+    q, d, s, c, h0, h1 = quantize_rows(lib, x)
     ref_q, ref_d = numpy_quantize(x.numpy())
     assert np.array_equal(q, ref_q)
     assert np.array_equal(d, ref_d)
@@ -131,6 +133,8 @@ def test_activation_quantization_matches_numpy(lib):
     assert q[4, 97] == np.rint(v * (np.float32(127) / amax)) != np.rint(v * (np.float32(1) / d[4, 3]))
     total = q.astype(np.int64).reshape(7, -1, QK).sum(-1)  # [M, nb]
     assert np.array_equal(c, (128 * total).astype(np.int32))
+    halves = q.astype(np.int64).reshape(7, -1, 2, 16).sum(-1)  # [M, nb, 2]
+    assert np.array_equal(h0, 32 * halves[..., 0]) and np.array_equal(h1, 32 * halves[..., 1])
     assert np.array_equal(s, d * total.astype(np.float32))
     # the quantization error is at most half a step per value (plus the rounding of the scale)
     d64 = d.astype(np.float64)[..., None]
@@ -140,10 +144,11 @@ def test_activation_quantization_matches_numpy(lib):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_int8_layout_keeps_the_weights(qtype):
-    """q4 / q8 -> q4v / q8v (the int8 kernels' layouts) -> back is lossless; N not a multiple of 16 cannot."""
+    """q4 / q8 / q6 -> q4v / q8v / q6v (the int8 kernels' layouts) -> back is lossless; N not a multiple of 16
+    cannot."""
     qw, ref = make_weight(qtype, 48, 256)
     v = qw.for_int8()
-    assert v.fmt == {"q4": "q4v", "q8": "q8v"}[qw.fmt]
+    assert v.fmt == {"q4": "q4v", "q8": "q8v", "q6": "q6v"}[qw.fmt]
     assert torch.equal(v.dequantize(), ref)
     assert np.array_equal(v.untiled().blocks, qw.blocks)
     assert v.for_int8() is v
@@ -168,9 +173,10 @@ def test_product_matches_float64_on_the_int8_activations(variant, qtype, m, n, k
     assert_matches_reference(y, ref, scale, k)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q6_K"])
 def test_extreme_activations(variant, qtype):
-    """Rows with zero blocks, one huge value per block, and int8 weights at -128: still the reference."""
+    """Rows with zero blocks, one huge value per block, int8 weights at -128 and Q6_K's full range (q -32..31,
+    scales -128..127): still the reference."""
     lib, isa = variant
     n, k = 32, 256
     if qtype == "Q8_0":
@@ -214,7 +220,7 @@ def test_rows_do_not_depend_on_the_batch(variant, qtype):
         assert torch.equal(parts, alone), f"batches of {size} rows"
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q6_K"])
 def test_variants_agree_bitwise(qtype):
     """Every variant this CPU runs follows the same per-column float sequence: their results are bitwise equal,
     in every kernel build this CPU can run (avx2, avx512, amx), so a model gives the same tokens on each."""
