@@ -44,3 +44,34 @@ def random_q6_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     raw = rng.integers(0, 256, size=(n, k // 256, 210), dtype=np.uint8)
     raw[..., 208:210] = np.float16(rng.uniform(0.0005, 0.002)).reshape(1).view(np.uint8)  # d
     return raw.reshape(n, -1)
+
+
+def quantize_q6_k(x: np.ndarray) -> np.ndarray:
+    """float32 [N, K] (K a multiple of 256) -> raw Q6_K rows (gguf has no Q6_K quantizer). Simpler than llama.cpp's
+    search for the best scales, but the same format: per 16 weights a scale s = max|x| / 31, per 256 a float16
+    d = max(s) / 127 and int8 scales round(s / d), q = clip(round(x / (d * scale)), -32, 31), bit-packed as
+    gguf's Q6_K.dequantize_blocks unpacks them."""
+    n, k = x.shape
+    ns = k // 256
+    b = x.astype(np.float32).reshape(n, ns, 16, 16)  # [N, ns, sub-block, 16] in weight order
+    s = np.abs(b).max(-1) / np.float32(31)  # [N, ns, 16]
+    d = (s.max(-1, keepdims=True) / np.float32(127)).astype(np.float16)  # [N, ns, 1]
+    d32 = d.astype(np.float32)
+    sc = np.clip(np.rint(np.divide(s, d32, out=np.zeros_like(s), where=d32 > 0)), 0, 127).astype(np.int8)
+    step = (d32 * sc)[..., None]  # [N, ns, 16, 1]
+    q = np.clip(np.rint(np.divide(b, step, out=np.zeros_like(b), where=step > 0)), -32, 31)
+    # weight 128 h + 32 t + l of a super-block: low nibble in ql byte 64 h + 32 (t % 2) + l (shift 4 (t // 2)),
+    # high 2 bits in qh byte 32 h + l (shift 2 t)
+    u = (q.astype(np.int16) + 32).astype(np.uint8).reshape(n, ns, 2, 4, 32)  # [N, ns, h, t, l]
+    ql = np.zeros((n, ns, 2, 2, 32), np.uint8)
+    qh = np.zeros((n, ns, 2, 32), np.uint8)
+    for t in range(4):
+        ql[:, :, :, t % 2] |= (u[:, :, :, t] & 0x0F) << np.uint8(4 * (t // 2))
+        qh |= (u[:, :, :, t] >> np.uint8(4)) << np.uint8(2 * t)
+    parts = [
+        ql.reshape(n, ns, 128),
+        qh.reshape(n, ns, 64),
+        sc.view(np.uint8),
+        d.view(np.uint8).reshape(n, ns, 2),
+    ]
+    return np.concatenate(parts, axis=-1).reshape(n, -1)
