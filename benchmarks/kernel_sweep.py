@@ -3,7 +3,7 @@ activation_dtype="int8") vs MKL float32 on the same (dequantized) weights.
 
 For M rows (1 = batch-1 decode, 5 = verifying 4 drafts, 8 = batch-8 decode, 256 = a prompt), one sweep over every
 quantized projection of the decoder layers, in layer order so the weights come from memory as in a real step, and
-the LM head separately; best of --reps sweeps. Prints ms per sweep and GMAC/s and writes JSON.
+the LM head separately; best of --reps sweeps, every kernel's sweeps taking turns. Prints ms per sweep and GMAC/s and writes JSON.
 The int8 columns run the same weights in the int8 kernels' layouts (q4v / q8v) with the variant --int8-isa names
 (default: the best this CPU has; `all`: one column group per variant it runs; `none`: no int8 columns); the last
 lines give each kernel's cost of M rows against 1 row (verifying 4 drafts is M = 5).
@@ -27,13 +27,16 @@ from pathlib import Path
 import torch
 
 
-def best_sweep(fns, reps: int) -> float:
-    best = float("inf")
+def best_sweeps(sweeps: dict[str, list], reps: int) -> dict[str, float]:
+    """name -> the best of reps timings of one sweep (its functions called in order). The sweeps take turns, one
+    timing each per round, so a busy spell of this shared VM falls on all of them alike."""
+    best = {name: float("inf") for name in sweeps}
     for _ in range(reps):
-        t = time.perf_counter()
-        for f in fns:
-            f()
-        best = min(best, time.perf_counter() - t)
+        for name, fns in sweeps.items():
+            t = time.perf_counter()
+            for f in fns:
+                f()
+            best[name] = min(best[name], time.perf_counter() - t)
     return best
 
 
@@ -141,12 +144,24 @@ def main() -> None:
     print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7} {'head ms':>8}{extra}")
     for m in [int(x) for x in args.rows.split(",")]:
         xs = {k: torch.randn(m, k) for k in {q.shape[1] for q in qws}}
-        ours = best_sweep([lambda q=q, x=xs[q.shape[1]]: q.matmul(x) for q in qws], args.reps)
-        mkl = best_sweep(
-            [lambda w=w, x=xs[w.shape[1]]: torch.nn.functional.linear(x, w) for w in dense], args.reps
-        )
         xh = torch.randn(m, head.shape[1]) if head is not None else None
-        ours_head = best_sweep([lambda x=xh: head.matmul(x)], args.reps) if head is not None else float("nan")
+        sweeps = {
+            "qgemm": [lambda q=q, x=xs[q.shape[1]]: q.matmul(x) for q in qws],
+            "mkl": [lambda w=w, x=xs[w.shape[1]]: torch.nn.functional.linear(x, w) for w in dense],
+            "head": [lambda x=xh: head.matmul(x)] if head is not None else [],
+        }
+        if base is not None:
+            sweeps["baseline"] = [lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base) for q in base_qws]
+            sweeps["baseline_head"] = [lambda x=xh: base_head.matmul(x, base)] if base_head else []
+        for isa in i8_isas:
+            sweeps[f"int8_{isa}"] = [
+                lambda q=q, x=xs[q.shape[1]], isa=isa: q.matmul(x, ours_lib, isa) for q in i8_qws
+            ]
+            sweeps[f"int8_{isa}_head"] = (
+                [lambda x=xh, isa=isa: i8_head.matmul(x, ours_lib, isa)] if i8_head is not None else []
+            )
+        t = {k: (v if sweeps[k] else float("nan")) for k, v in best_sweeps(sweeps, args.reps).items()}
+        ours, mkl, ours_head = t["qgemm"], t["mkl"], t["head"]
         r = {"rows": m, "qgemm_s": ours, "mkl_f32_s": mkl, "qgemm_gmacs": m * macs_per_row / ours / 1e9,
              "mkl_f32_gmacs": m * macs_per_row / mkl / 1e9, "head_s": ours_head}  # fmt: skip
         line = (
@@ -154,26 +169,14 @@ def main() -> None:
             f" {ours_head * 1e3:>8.2f}"
         )
         if base is not None:
-            r["baseline_s"] = best_sweep(
-                [lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base) for q in base_qws], args.reps
-            )
-            r["baseline_head_s"] = (
-                best_sweep([lambda x=xh: base_head.matmul(x, base)], args.reps) if base_head else float("nan")
-            )
+            r["baseline_s"], r["baseline_head_s"] = t["baseline"], t["baseline_head"]
             line += f" {r['baseline_s'] * 1e3:>18.1f} {r['baseline_s'] / ours:>4.2f}x"
             line += f" {r['baseline_head_s'] * 1e3:>8.2f} {r['baseline_head_s'] / ours_head:>4.2f}x"
         for isa in i8_isas:
-            t = best_sweep(
-                [lambda q=q, x=xs[q.shape[1]], isa=isa: q.matmul(x, ours_lib, isa) for q in i8_qws], args.reps
-            )
-            th = (
-                best_sweep([lambda x=xh, isa=isa: i8_head.matmul(x, ours_lib, isa)], args.reps)
-                if i8_head is not None
-                else float("nan")
-            )
-            r[f"int8_{isa}_s"], r[f"int8_{isa}_head_s"] = t, th
-            r[f"int8_{isa}_gmacs"] = m * macs_per_row / t / 1e9
-            line += f" {t * 1e3:>16.1f} {r[f'int8_{isa}_gmacs']:>7.1f} {th * 1e3:>8.2f}"
+            r[f"int8_{isa}_s"], r[f"int8_{isa}_head_s"] = t[f"int8_{isa}"], t[f"int8_{isa}_head"]
+            r[f"int8_{isa}_gmacs"] = m * macs_per_row / r[f"int8_{isa}_s"] / 1e9
+            line += f" {r[f'int8_{isa}_s'] * 1e3:>16.1f} {r[f'int8_{isa}_gmacs']:>7.1f}"
+            line += f" {r[f'int8_{isa}_head_s'] * 1e3:>8.2f}"
         rows.append(r)
         print(line)
     by_rows = {r["rows"]: r for r in rows}
