@@ -9,7 +9,8 @@ The int8 columns run the same weights in the int8 kernels' layouts (q4v / q8v) w
 lines give each kernel's cost of M rows against 1 row (verifying 4 drafts is M = 5).
 --baseline REF / --baseline-isa ISA add the kernels of git revision REF (built from its sources) or of another
 build of these sources (avx512, avx2: e.g. the FMA kernels against the AMX ones), swept in the same process on the
-same weights (in the layout each build reads): an A/B that this VM's run-to-run drift cannot blur.
+same weights (in the layout each build reads): an A/B that this VM's run-to-run drift cannot blur (with int8 columns,
+the baseline's int8 kernel too, on the first --int8-isa variant).
     .venv/bin/python benchmarks/kernel_sweep.py [--model smollm2-135m-instruct] [--rows 1,2,4,5,8,16,64,256]
         [--baseline REF] [--baseline-isa avx512] [--int8-isa best|all|none|amx-int8|avx512vnni|avxvnni]
 """
@@ -60,6 +61,13 @@ def baseline_kernels(ref: str | None, isa: str):
                     raise SystemExit(2)
                 paths.append(Path(tmp) / src.name)
                 paths[-1].write_bytes(show.stdout)
+            # the headers the sources include, where that revision has them (older ones have none)
+            for header in (build.HEADER, build.HEADER.with_name("qgemm_i8_vnni.h")):
+                show = subprocess.run(
+                    ["git", "show", f"{ref}:{header.relative_to(root)}"], cwd=root, capture_output=True
+                )
+                if show.returncode == 0:
+                    (Path(tmp) / header.name).write_bytes(show.stdout)
             lib = build.build_qgemm(isa, tuple(paths[: len(build.SOURCES)]))  # compiled into the kernel cache
     if lib is None:
         print(f"baseline {ref or 'this checkout'} ({isa}): its kernels did not build", file=sys.stderr)
@@ -140,6 +148,8 @@ def main() -> None:
         f"(layers; LM head {head.fmt if head is not None else 'float32'} in its own column)"
     )
     extra = f" {label + ' ms':>18} {'x':>5} {'head ms':>8} {'x':>5}" if base else ""
+    if base is not None and i8_isas and hasattr(base, "qgemm_i8"):
+        extra += f" {'base int8 ms':>15} {'x':>5}"
     extra += "".join(f" {isa + ' ms':>16} {'GMAC/s':>7} {'head ms':>8}" for isa in i8_isas)
     print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7} {'head ms':>8}{extra}")
     for m in [int(x) for x in args.rows.split(",")]:
@@ -153,6 +163,10 @@ def main() -> None:
         if base is not None:
             sweeps["baseline"] = [lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base) for q in base_qws]
             sweeps["baseline_head"] = [lambda x=xh: base_head.matmul(x, base)] if base_head else []
+        if base is not None and i8_isas and hasattr(base, "qgemm_i8"):
+            sweeps["baseline_int8"] = [
+                lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base, i8_isas[0]) for q in i8_qws
+            ]
         for isa in i8_isas:
             sweeps[f"int8_{isa}"] = [
                 lambda q=q, x=xs[q.shape[1]], isa=isa: q.matmul(x, ours_lib, isa) for q in i8_qws
@@ -172,6 +186,11 @@ def main() -> None:
             r["baseline_s"], r["baseline_head_s"] = t["baseline"], t["baseline_head"]
             line += f" {r['baseline_s'] * 1e3:>18.1f} {r['baseline_s'] / ours:>4.2f}x"
             line += f" {r['baseline_head_s'] * 1e3:>8.2f} {r['baseline_head_s'] / ours_head:>4.2f}x"
+        if "baseline_int8" in t:
+            r["baseline_int8_s"] = t["baseline_int8"]
+            line += (
+                f" {t['baseline_int8'] * 1e3:>15.1f} {t['baseline_int8'] / t[f'int8_{i8_isas[0]}']:>4.2f}x"
+            )
         for isa in i8_isas:
             r[f"int8_{isa}_s"], r[f"int8_{isa}_head_s"] = t[f"int8_{isa}"], t[f"int8_{isa}_head"]
             r[f"int8_{isa}_gmacs"] = m * macs_per_row / r[f"int8_{isa}_s"] / 1e9
