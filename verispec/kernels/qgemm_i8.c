@@ -38,6 +38,7 @@
 #define GROUP 16
 #define TILE_M 8      // rows swept together over a thread's columns
 #define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
+#define PF_BLOCKS 4   // blocks ahead whose weights the VNNI kernels prefetch (decode steps read them from memory)
 enum { Q4V = 0, Q8V = 1, Q6V = 2 };
 enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3 };
 #define TB(F) ((F) == Q4V ? 384 : (F) == Q8V ? 576 : 640)
@@ -250,7 +251,8 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
                         const __m512i dot = _mm512_sub_epi32(_mm512_load_si512((const void *)cbuf[j][r]),
                                                              _mm512_set1_epi32(corr));
                         __m512 a = _mm512_load_ps(acc[r][j]);
-                        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dh, _mm512_set1_ps(XD(row, K)[b])), a);
+                        const __m512 scale = _mm512_mul_ps(dh, _mm512_set1_ps(XD(row, K)[b]));
+                        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, a);
                         _mm512_store_ps(acc[r][j], a);
                     }
                 }

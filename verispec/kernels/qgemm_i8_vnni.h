@@ -40,6 +40,10 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
     for (int64_t b = 0; b < nb; b++) {
         vi dot[RMAX][CMAX];
         const uint8_t *xb = x + b * QK;
+        // the weights PF_BLOCKS blocks ahead (past the end of a group: the next group's, harmless)
+        for (int c = 0; c < C; c++)
+            for (int l = 0; l < TB(F); l += 64)
+                _mm_prefetch((const char *)(wu[c] + (b + PF_BLOCKS) * TB(F) + l), _MM_HINT_T0);
         if (F == Q6V) {
             for (int h = 0; h < 2; h++) {
                 for (int r = 0; r < R; r++) {
@@ -55,7 +59,8 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
                     }
                 }
                 vf dh[CMAX];
-                for (int c = 0; c < C; c++) dh[c] = VLOAD_F((const float *)(wu[c] + b * TB(F)) + h * GROUP + hu[c] * VW);
+                for (int c = 0; c < C; c++)
+                    dh[c] = VLOAD_F((const float *)(wu[c] + b * TB(F)) + h * GROUP + hu[c] * VW);
                 for (int r = 0; r < R; r++) {
                     const vf dx = VSET1_F(XD(x + r * XS, K)[b]);
                     for (int c = 0; c < C; c++) acc[r][c] = VFMA(VCVT(dot[r][c]), VMUL(dh[c], dx), acc[r][c]);
