@@ -23,6 +23,7 @@ from verispec import LLM, SamplingParams
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-test-key"
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+FIXED_K_NGRAM = NGRAM | {"enable_adaptive_verification": False}
 PROMPTS = [
     "def add(a, b):\n    return a + b\n",
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -808,7 +809,16 @@ def test_spec_decode_log_line_in_server_log(spec):
 def test_smollm2_chat_with_and_without_speculation(smollm2_gguf_file, tmp_path):
     """The real model: the ngram-speculating server's greedy chat equals offline decoding without speculation."""
     server = Server(
-        ["smollm2-135m-instruct", "--max-model-len", "512", "--max-num-seqs", "2", "-sc", json.dumps(NGRAM)],
+        # fixed K: the server process profiles its step cost for real, and this test needs drafts to run
+        [
+            "smollm2-135m-instruct",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "2",
+            "-sc",
+            json.dumps(FIXED_K_NGRAM),
+        ],
         tmp_path / "smollm2.log",
     )
     result: dict = {}

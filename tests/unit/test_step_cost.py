@@ -1,0 +1,70 @@
+"""The step-cost model (verispec/engine/step_cost.py): interpolation, online refinement, profile points, cache."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec.engine.step_cost import StepCostModel, load_or_profile, profile_points
+
+
+def test_interpolates_between_and_beyond_profile_points():
+    m = StepCostModel({1: 1.0, 5: 2.0, 9: 4.0})
+    assert m.cost(1) == 1.0
+    assert m.cost(3) == pytest.approx(1.5)
+    assert m.cost(7) == pytest.approx(3.0)
+    assert m.cost(13) == pytest.approx(6.0)
+    assert m.relative(5) == pytest.approx(2.0)
+
+
+def test_online_timings_scale_the_profile_then_replace_it():
+    m = StepCostModel({1: 1.0, 8: 2.0})
+    for _ in range(3):
+        m.observe(1, 2.0)
+    # too few samples at 1 row for its own average: the profile scaled by the measured ratio
+    assert 1.0 < m.cost(8) / 2.0 < 2.0
+    for _ in range(50):
+        m.observe(1, 2.0)
+    assert m.cost(1) == pytest.approx(2.0)
+    assert m.cost(8) == pytest.approx(4.0, rel=0.05)
+
+
+def test_rejects_an_empty_or_nonpositive_profile():
+    with pytest.raises(ValueError, match="step-cost profile"):
+        StepCostModel({})
+    with pytest.raises(ValueError, match="step-cost profile"):
+        StepCostModel({1: 0.0})
+
+
+def test_profile_points_cover_every_draft_length_then_double():
+    assert profile_points(4, 32) == [1, 2, 3, 4, 5, 10, 20, 32]
+    assert profile_points(4, 3) == [1, 2, 3]
+    assert profile_points(0, 1) == [1]
+
+
+class FakeRunner:
+    """Counts forwards; the cache is big enough for the profile's context."""
+
+    class cache:
+        t_alloc = 1024
+
+    device = __import__("torch").device("cpu")
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, rows):
+        self.calls += 1
+
+
+def test_profiles_once_per_key_then_reads_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    runner = FakeRunner()
+    model, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-a",))
+    assert not cached and runner.calls > 0
+    assert model.rows == [1, 2, 4]
+    assert model.seconds == sorted(model.seconds)
+    calls = runner.calls
+    _, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-a",))
+    assert cached and runner.calls == calls
+    _, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-b",))
+    assert not cached
