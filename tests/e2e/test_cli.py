@@ -86,6 +86,10 @@ def test_serve_config_file_sets_every_engine_setting_as_its_flag_does(tmp_path):
     # a flag wins over the file
     args = build_parser().parse_args(["serve", "--config", str(path), "--max-num-seqs", "9", "other"])
     assert (resolve_config(args).engine.max_num_seqs, resolve_config(args).engine.model) == (9, "other")
+    # a key that is neither an engine setting nor a server option: named, with the allowed ones
+    path.write_text("max-num-seq: 3\n")
+    with pytest.raises(ValueError, match=r"unknown option 'max-num-seq'; allowed .*max_num_seqs.*, port, "):
+        resolve_config(build_parser().parse_args(["serve", "--config", str(path)]))
 
 
 def test_generate_streams_text(tiny_llama):

@@ -1,4 +1,5 @@
-"""`verispec serve` flags (vLLM's spelling), `--config FILE.yaml` merging, and the uvicorn launch.
+"""`verispec serve`: the server's own flags (the engine's come from EngineArgs.add_cli_args), `--config FILE.yaml`
+merging into one EngineArgs plus the server options, and the uvicorn launch.
 
 Precedence: command-line flag > config file > environment (VERISPEC_API_KEY) > default.
 Run standalone with `python -m verispec.server.cli MODEL ...`.
