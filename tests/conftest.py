@@ -150,6 +150,14 @@ def tiny_eagle3(tiny_llama, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_mimo(tmp_path_factory) -> str:
+    """A random seeded MiMo target with one MTP layer (method 'mtp' drafts with it)."""
+    from tests.tiny_models import write_tiny_mimo
+
+    return str(write_tiny_mimo(tmp_path_factory.mktemp("mimo") / "m"))
+
+
+@pytest.fixture(scope="session")
 def tiny_pard_draft(tiny_draft, tmp_path_factory) -> str:
     """tiny_draft as a parallel (PARD) draft model: its config names a mask token (`pard_token`)."""
     import json

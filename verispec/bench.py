@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 
 from verispec.engine.args import EngineArgs
 from verispec.sampling_params import SamplingParams
-from verispec.spec_config import parse_json_config
 from verispec.workloads import build_workload
 
 
@@ -95,8 +94,6 @@ def run_bench(
     from verispec.spec import resolve_speculative_config
 
     spec = engine.speculative_config
-    if isinstance(spec, str):
-        spec = parse_json_config(spec)
     if spec is None:
         spec = {
             "method": "ngram",

@@ -184,15 +184,17 @@ class SpeculativeConfig:
         return out
 
 
-def parse_json_config(text: str, name: str = "speculative_config") -> dict[str, Any]:
-    """A config given as a JSON string (``--speculative-config``) -> dict, or a clear ValueError naming `name`."""
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{name} is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
+def parse_json_config(config: str | Mapping[str, Any], name: str = "speculative_config") -> dict[str, Any]:
+    """A config given as a JSON string (``--speculative-config``) or a mapping (a dict, a YAML file's value) ->
+    dict, or a clear ValueError naming `name`. Every command and `LLM(...)` parse these configs here."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(config, Mapping):
         raise ValueError(f"{name} must be a mapping (JSON object), got {type(config).__name__}")
-    return config
+    return dict(config)
 
 
 def _user_key_types() -> dict[str, tuple[str, bool]]:

@@ -740,13 +740,15 @@ def test_cli_config_resolution(tmp_path, monkeypatch):
     p = argparse.ArgumentParser()
     add_serve_args(p)
     cfg = resolve_config(p.parse_args(["m", "--config", str(cfg_file), "--port", "9002"]))
-    assert (cfg.model, cfg.port, cfg.max_num_seqs, cfg.served_model_name) == ("m", 9002, 3, ["a"])
-    assert cfg.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+    assert (cfg.engine.model, cfg.engine.max_num_seqs) == ("m", 3)
+    assert (cfg.port, cfg.served_model_name) == (9002, ["a"])
+    assert cfg.engine.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
     assert cfg.api_key == "from-env" and cfg.host == "127.0.0.1"
     cfg = resolve_config(
         p.parse_args(["--config", str(cfg_file), "-sc", json.dumps(NGRAM), "--api-key", "k"])
     )
-    assert cfg.speculative_config == NGRAM and cfg.api_key == "k" and cfg.model == "smollm2-135m-instruct"
+    assert cfg.engine.speculative_config == NGRAM and cfg.api_key == "k"
+    assert cfg.engine.model == "smollm2-135m-instruct"
     bad = tmp_path / "bad.yaml"
     for text, needle in [
         ("max_num_seq: 3\n", "unknown option"),

@@ -499,13 +499,6 @@ def test_eagle3_config_errors(tiny_llama, tmp_path):
         )
 
 
-@pytest.fixture(scope="module")
-def tiny_mimo(tmp_path_factory) -> str:
-    from tests.tiny_models import write_tiny_mimo
-
-    return str(write_tiny_mimo(tmp_path_factory.mktemp("mimo") / "m"))
-
-
 @pytest.mark.parametrize("k", [None, 3])  # None: num_speculative_tokens from num_nextn_predict_layers (1)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_mtp_greedy_equality(tiny_mimo, k, batch):

@@ -22,7 +22,6 @@ from verispec.spec import (
     resolve_speculative_config,
 )
 from verispec.spec.planner import DraftPlanner
-from verispec.spec_config import parse_json_config
 
 
 def pick_device(device: str) -> torch.device:
@@ -65,8 +64,6 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         args.speculative_config, args.max_model_len or cfg.max_position_embeddings, ckpt.hf_config
     )
     kv_transfer = args.kv_transfer_config
-    if isinstance(kv_transfer, str):
-        kv_transfer = parse_json_config(kv_transfer, "kv_transfer_config")
     check_kv_transfer(spec, kv_transfer)
     lookahead = spec.num_lookahead_slots if spec else 0
     # a drafter with its own KV cache (a draft model) takes its share of the budget
