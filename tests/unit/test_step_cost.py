@@ -18,16 +18,26 @@ def test_interpolates_between_and_beyond_profile_points():
     assert m.relative(5) == pytest.approx(2.0)
 
 
-def test_online_timings_scale_the_profile_then_replace_it():
+def test_online_fit_learns_scale_then_overhead():
     m = StepCostModel({1: 1.0, 8: 2.0})
-    for _ in range(3):
+    # one row count only: a pure scale
+    for _ in range(20):
         m.observe(1, 2.0)
-    # too few samples at 1 row for its own average: the profile scaled by the measured ratio
-    assert 1.0 < m.cost(8) / 2.0 < 2.0
+    assert m.cost(1) == pytest.approx(2.0) and m.cost(8) == pytest.approx(4.0)
+    # steps of both sizes: measured = profile + 1.5 s of per-step overhead
+    for _ in range(400):
+        m.observe(1, 2.5)
+        m.observe(8, 3.5)
+    assert m.a == pytest.approx(1.0, rel=0.02) and m.b == pytest.approx(1.5, rel=0.05)
+    assert m.relative(8) == pytest.approx(3.5 / 2.5, rel=0.02)
+
+
+def test_noise_never_makes_more_rows_cheaper():
+    m = StepCostModel({1: 1.0, 4: 1.5, 8: 2.0})
     for _ in range(50):
-        m.observe(1, 2.0)
-    assert m.cost(1) == pytest.approx(2.0)
-    assert m.cost(8) == pytest.approx(4.0, rel=0.05)
+        m.observe(4, 1.0)
+        m.observe(1, 1.4)
+    assert m.cost(1) <= m.cost(4) <= m.cost(8)
 
 
 def test_rejects_an_empty_or_nonpositive_profile():

@@ -2,9 +2,8 @@
 
 A short start-up profile times the target's forward at a few row counts (1 .. K + 1 and a doubling ladder up to the
 largest step the engine may run) behind a realistic context; the result is cached per model, device, kernel build
-and thread count. The engine then refines it online from its own step timings: the exact row counts it runs often
-get their own moving average, every other count follows the profile scaled by the running measured / profiled ratio
-(which absorbs context growth, sampling and Python overhead).
+and thread count. The engine then refines it online from its own step timings: a scale and a per-step overhead
+fitted to the measured steps (which add sampling, Python and context growth to the forward).
 """
 
 from __future__ import annotations
@@ -20,9 +19,8 @@ import torch
 
 from verispec.engine.model_runner import ModelRunner, RowInput
 
-# moving-average weight of a new step timing, and how many a row count needs before its own average is trusted
-_ALPHA = 0.1
-_MIN_SAMPLES = 4
+# per-step decay of the online fit's weights (a memory of about 200 steps)
+_DECAY = 0.995
 _PROFILE_CONTEXT = 256
 _PROFILE_REPEATS = 4
 # after the first round, no more rounds once this much time has gone (a slow or busy machine)
@@ -31,15 +29,23 @@ _MAX_PROFILE_ROWS = 256
 
 
 class StepCostModel:
-    """Seconds of one target step over `rows` scored rows."""
+    """Seconds of one target step over `rows` scored rows: a * profile(rows) + b.
+
+    profile is the start-up timing of the forward alone (non-decreasing in rows). a and b are fitted online, by
+    least squares with decaying weights, to the engine's measured steps (which add sampling, Python and context
+    growth to the forward): b is the per-step overhead that makes an extra row relatively cheaper, a the drift of
+    the forward itself. Until the steps seen span different row counts, b = 0 and a is the measured / profiled
+    ratio.
+    """
 
     def __init__(self, profile: dict[int, float]):
         if not profile or min(profile) < 1 or min(profile.values()) <= 0:
             raise ValueError(f"a step-cost profile needs positive timings at row counts >= 1, got {profile}")
         self.rows = sorted(profile)
         self.seconds = [profile[r] for r in self.rows]
-        self.ratio = 1.0
-        self.measured: dict[int, tuple[float, int]] = {}
+        self.a, self.b = 1.0, 0.0
+        # decayed sums over the measured steps of: weight, x = profile(rows), y = seconds, x^2, x*y
+        self._sums = [0.0] * 5
 
     def profiled(self, rows: int) -> float:
         """The start-up profile, linear between its points and beyond its ends."""
@@ -51,16 +57,21 @@ class StepCostModel:
         return max(ys[0], y0 + (y1 - y0) * (rows - x0) / (x1 - x0))
 
     def cost(self, rows: int) -> float:
-        mean, n = self.measured.get(rows, (0.0, 0))
-        if n >= _MIN_SAMPLES:
-            return mean
-        return self.profiled(rows) * self.ratio
+        return self.a * self.profiled(rows) + self.b
 
     def observe(self, rows: int, seconds: float) -> None:
         """One measured step over `rows` rows."""
-        mean, n = self.measured.get(rows, (seconds, 0))
-        self.measured[rows] = (mean + _ALPHA * (seconds - mean) if n else seconds, n + 1)
-        self.ratio += _ALPHA * (seconds / self.profiled(rows) - self.ratio)
+        x = self.profiled(rows)
+        self._sums = [v * _DECAY + d for v, d in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
+        w, sx, sy, sxx, sxy = self._sums
+        var = sxx / w - (sx / w) ** 2
+        if var > (0.05 * sx / w) ** 2:
+            a = (sxy / w - sx / w * sy / w) / var
+            b = sy / w - a * sx / w
+            if a > 0 and b >= 0:
+                self.a, self.b = a, b
+                return
+        self.a, self.b = sy / sx, 0.0
 
     def relative(self, rows: int, base_rows: int = 1) -> float:
         """cost(rows) / cost(base_rows): what scoring more rows costs relative to a plain step."""

@@ -276,7 +276,7 @@ class DraftPlanner:
         """What one more scored row costs relative to a plain batch-1 step, over num_speculative_tokens rows:
         (C(1 + K) - C(1)) / (K * C(1)); 0.2 means verifying 4 drafts costs 1.8x a plain step."""
         k = max(1, self.k)
-        return (self.step_cost.relative(1 + k) - 1.0) / k
+        return max(0.0, self.step_cost.relative(1 + k) - 1.0) / k
 
     @property
     def mean_chosen_k(self) -> float:
