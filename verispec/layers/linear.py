@@ -5,6 +5,9 @@ GGUF weights in Q4_0 / Q4_1 / Q8_0 stay in their blocks (`load_quantized`) and r
 uses): for the 1-40 row products of decoding and verification it runs 1.2-2x faster than nn.Linear, and
 its result for a row does not depend on how many rows are in the batch (bitwise), which keeps plain
 decoding and speculative verification numerically identical. Elsewhere (CUDA, no MKL) it is x @ W^T.
+
+A fused layer (qkv, gate_up) declares its shards and loads each checkpoint weight into its rows
+(`weight_loader`, called by verispec/loader/weights.py:load_weights).
 """
 
 from __future__ import annotations
@@ -26,23 +29,72 @@ def _mkl_packing_available() -> bool:
 
 
 class Dense(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    """y = x W^T (+ b). A fused layer (qkv, gate_up) declares its shards: the rows of each separate checkpoint
+    weight in row order ({"q": Hq*D, "k": Hkv*D, "v": Hkv*D}); `weight_loader` copies each into its slice."""
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = False, shards: dict[str | int, int] | None = None
+    ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # HF layout [out, in]
+        # HF layout [out, in]
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.shards = dict(shards or {})
+        assert not self.shards or sum(self.shards.values()) == out_features, (self.shards, out_features)
         self._packed: torch.Tensor | None = None
         self.qweight: QuantWeight | None = None
+        # quantized weight shards held until finish_loading fuses them
+        self._pending: dict[str | int | None, QuantWeight] = {}
 
-    def load(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "") -> None:
-        if tuple(weight.shape) != tuple(self.weight.shape):
-            raise ValueError(
-                f"tensor '{name}' has shape {tuple(weight.shape)}, expected {tuple(self.weight.shape)}"
-            )
+    def shard_rows(self, shard_id: str | int | None) -> slice:
+        """The rows of shard `shard_id` (None: the whole layer)."""
+        start = 0
+        for sid, rows in self.shards.items():
+            if sid == shard_id:
+                return slice(start, start + rows)
+            start += rows
+        if shard_id is None:
+            return slice(0, self.out_features)
+        raise KeyError(f"Dense has no shard {shard_id!r}; its shards: {list(self.shards)}")
+
+    def weight_loader(
+        self, param: nn.Parameter, value: torch.Tensor | QuantWeight, shard_id: str | int | None = None
+    ) -> None:
+        """Copy `value` (the whole weight or bias, or one shard of it) into its rows of `param`. A quantized weight is
+        held for finish_loading where this layer can run on quantized blocks (CPU, float32, native kernels)."""
+        rows = self.shard_rows(shard_id)
+        want = (rows.stop - rows.start, *param.shape[1:])
+        if tuple(value.shape) != want:
+            raise ValueError(f"has shape {tuple(value.shape)}, expected {want}")
+        if isinstance(value, QuantWeight):
+            if param is self.weight and self._runs_quantized():
+                self._pending[shard_id] = value
+                return
+            value = value.dequantize()
         with torch.no_grad():
-            self.weight.copy_(weight)
-            if bias is not None:
-                self.bias.copy_(bias)
+            param[rows].copy_(value.to(param.dtype))
+
+    def _runs_quantized(self) -> bool:
+        from verispec.kernels.qweight import kernels_available
+
+        w = self.weight
+        return w.device.type == "cpu" and w.dtype == torch.float32 and kernels_available()
+
+    def finish_loading(self) -> None:
+        """After every shard is in: quantized shards become one quantized weight (their block rows stacked) when all
+        shards came quantized in one format, else they are dequantized into their rows; then the weight is packed."""
+        parts, self._pending = self._pending, {}
+        if parts:
+            ids = list(self.shards) or [None]
+            fused = None
+            if len(parts) == len(ids):
+                fused = parts[None] if ids == [None] else QuantWeight.cat([parts[i] for i in ids])
+            if fused is not None:
+                return self.load_quantized(fused)
+            for shard_id, part in parts.items():
+                with torch.no_grad():
+                    self.weight[self.shard_rows(shard_id)].copy_(part.dequantize())
         self.pack()
 
     def load_quantized(self, weight: QuantWeight, bias: torch.Tensor | None = None, name: str = "") -> None:
@@ -80,16 +132,19 @@ class Dense(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:
-            y = self.qweight.matmul(x.reshape(-1, self.in_features))  # [M, out]
+            # [M, out]
+            y = self.qweight.matmul(x.reshape(-1, self.in_features))
             if self.bias is not None:
                 y += self.bias
             return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
         if self._packed is None:
             return nn.functional.linear(x, self.weight, self.bias)
-        if x.dim() == 2:  # the decoder's packed [N, hidden] activations: no reshapes on the hot path
+        # the decoder's packed [N, hidden] activations: no reshapes on the hot path
+        if x.dim() == 2:
             return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, x.shape[0])
-        x2 = x.reshape(-1, self.in_features)  # [M, in]
-        y = torch.ops.mkl._mkl_linear(x2, self._packed, self.weight, self.bias, x2.shape[0])  # [M, out]
+        # [M, in] -> [M, out]
+        x2 = x.reshape(-1, self.in_features)
+        y = torch.ops.mkl._mkl_linear(x2, self._packed, self.weight, self.bias, x2.shape[0])
         return y.view(*x.shape[:-1], self.out_features)
 
 
