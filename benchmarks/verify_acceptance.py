@@ -2,7 +2,7 @@
 
 A target and a draft are Markov chains over a small vocabulary (the next token's law depends on the previous token;
 the draft is a deliberately imperfect copy of the target). Many sequences are generated step by step through
-`verispec.spec.verify.rejection_sample`, exactly as the engine verifies, so the figures isolate the verifier: the
+`verispec.sample.verify.rejection_sample`, exactly as the engine verifies, so the figures isolate the verifier: the
 same drafts, the same target, only the acceptance rule differs. Drafts are either sampled from the draft chain (q
 kept) or its argmax (one-hot q, as n-gram, suffix and the model-based drafters here give them).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.spec.verify import entropy_thresholds, rejection_sample
+from verispec.sample.verify import entropy_thresholds, rejection_sample
 
 V = 16
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import torch
 
 VOCAB = 320
@@ -328,3 +329,65 @@ def write_tiny_mimo(folder: Path, seed: int = 0, pass_through: bool = False) -> 
     }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_type: str = "Q8_0") -> Path:
+    """A llama-architecture GGUF of the HF checkpoint `hf_folder` (write_tiny_checkpoint's llama): projections in
+    `layer_type`, the LM head in `head_type` (SmolLM2's mix by default), norms and embeddings in float32, the
+    tokenizer's vocabulary and merges. Q and K rows get llama.cpp's rotary permutation (the loader undoes it)."""
+    import gguf
+    from gguf.quants import quantize
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((hf_folder / "config.json").read_text())
+    tok = json.loads((hf_folder / "tokenizer.json").read_text())
+    state = load_file(str(hf_folder / "model.safetensors"))
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    vocab = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    added = {t["id"]: t["content"] for t in tok["added_tokens"]}
+    tokens = [added.get(i, t) for t, i in vocab] + [f"<pad{i}>" for i in range(len(vocab), cfg["vocab_size"])]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if i in added else 1 for i in range(len(tokens))])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(cfg["bos_token_id"])
+    writer.add_eos_token_id(cfg["eos_token_id"])
+
+    def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    def add(name: str, w: np.ndarray, qtype: str | None = None) -> None:
+        if qtype is None:
+            writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
+        else:
+            kind = gguf.GGMLQuantizationType[qtype]
+            writer.add_tensor(name, quantize(np.ascontiguousarray(w, dtype=np.float32), kind), raw_dtype=kind)
+
+    add("token_embd.weight", state["model.embed_tokens.weight"])
+    add("output_norm.weight", state["model.norm.weight"])
+    add("output.weight", state["lm_head.weight"], head_type)
+    parts = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
+             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+    for i in range(cfg["num_hidden_layers"]):
+        for g_name, hf_name in parts.items():
+            w = state[f"model.layers.{i}.{hf_name}.weight"]
+            if g_name in ("attn_q", "attn_k"):
+                w = permute(w, heads if g_name == "attn_q" else kv_heads)
+            add(f"blk.{i}.{g_name}.weight", w, None if w.ndim == 1 else layer_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -6,7 +6,9 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
+from verispec.engine.args import EngineArgs
 from verispec.sampling_params import SamplingParams
+from verispec.spec_config import parse_json_config
 from verispec.workloads import build_workload
 
 
@@ -79,19 +81,22 @@ def print_table(rows: list[BenchResult], baseline: BenchResult) -> None:
 
 
 def run_bench(
-    model: str,
+    engine: EngineArgs,
     workload: str,
-    spec: dict | None,
     num_prompts: int,
     batch_size: int,
     max_tokens: int,
-    max_model_len: int | None,
     output: str | None,
     temperature: float = 0.0,
 ) -> dict:
+    """The workload's prompts decoded plainly, then with engine.speculative_config (ngram K=4 when none is given),
+    at batch_size concurrent requests; a table on stdout and, with output, JSON."""
     from verispec import LLM
-    from verispec.llm import resolve_speculative_config
+    from verispec.spec import resolve_speculative_config
 
+    spec = engine.speculative_config
+    if isinstance(spec, str):
+        spec = parse_json_config(spec)
     if spec is None:
         spec = {
             "method": "ngram",
@@ -103,21 +108,24 @@ def run_bench(
     for name, value in (("num_prompts", num_prompts), ("batch_size", batch_size), ("max_tokens", max_tokens)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    convs = build_workload(workload, num_prompts)  # validates the workload name before loading anything
+    # validates the workload name before loading anything
+    convs = build_workload(workload, num_prompts)
     if output:
         from pathlib import Path
 
         if not Path(output).resolve().parent.is_dir():
             raise ValueError(f"--output {output}: its folder does not exist")
-    kw = dict(max_num_seqs=batch_size, max_model_len=max_model_len)
-    plain = LLM(model, **kw)
-    resolve_speculative_config(spec, plain.max_model_len)  # a bad config fails now, not after the plain run
+    kw = {k: v for k, v in vars(engine).items() if k != "speculative_config"} | {"max_num_seqs": batch_size}
+    model = engine.model
+    plain = LLM(**kw)
+    # a bad config fails now, not after the plain run
+    resolve_speculative_config(spec, plain.max_model_len)
     tok = plain.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0 if temperature else None)
     base, base_outs = time_llm(plain, prompts, sp, "plain")
     del plain
-    fast = LLM(model, speculative_config=spec, **kw)
+    fast = LLM(**kw, speculative_config=spec)
     res, outs = time_llm(fast, prompts, sp, f"{spec.get('method', spec.get('model'))}")
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, base_outs))
     print(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from verispec.loader.checkpoint import DEFAULT_MODEL
+from verispec.engine.args import EngineArgs
 
 
 class _Parser(argparse.ArgumentParser):
@@ -18,35 +18,10 @@ def _fail(msg: str) -> int:
     return 2
 
 
-def _spec_config(text: str | None) -> dict | None:
-    from verispec.spec_config import parse_json_config
-
-    return None if text is None else parse_json_config(text)
-
-
-def add_common_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help="HF folder, .gguf file, or alias")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--speculative-config", "-sc", default=None, help='JSON, e.g. \'{"method": "ngram"}\'')
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from verispec import LLM, SamplingParams
 
-    llm = LLM(
-        args.model,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        dtype=args.dtype,
-        device=args.device,
-        seed=args.seed,
-        speculative_config=_spec_config(args.speculative_config),
-        kv_transfer_config=args.kv_transfer_config,
-    )
+    llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     sp = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
     )
@@ -61,7 +36,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine.add_request("cli", text, ids, sp)
     printed = 0
     while engine.has_unfinished():
-        for out in engine.step():  # stream tokens as they are produced (several per step when speculating)
+        # stream tokens as they are produced (several per step when speculating)
+        for out in engine.step():
             new = out.outputs[0].text[printed:]
             if new:
                 sys.stdout.write(new)
@@ -78,14 +54,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     from verispec.bench import run_bench
 
+    engine = EngineArgs.from_cli_args(args)
     run_bench(
-        args.model,
+        engine,
         args.workload,
-        _spec_config(args.speculative_config),
         args.num_prompts,
         args.batch_size,
         args.max_tokens,
-        args.max_model_len,
         args.output,
         args.temperature,
     )
@@ -96,21 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="verispec", description="Speculative-decoding LLM engine configured like vLLM")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate a completion and stream it to stdout")
-    add_common_model_args(g)
+    EngineArgs.add_cli_args(g)
     g.add_argument("-p", "--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="apply the model's chat template")
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument(
-        "--kv-transfer-config",
-        default=None,
-        help="JSON for method extract_hidden_states: kv_connector ExampleHiddenStatesConnector, "
-        "kv_connector_extra_config.shared_storage_path",
-    )
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("bench", help="speculative vs plain decoding on a built-in workload, side by side")
-    add_common_model_args(b)
+    EngineArgs.add_cli_args(b)
     b.add_argument("--workload", default="code-edit", help="code-edit | summarize | chat | repeat-edit")
     b.add_argument("--num-prompts", type=int, default=8)
     b.add_argument("--batch-size", type=int, default=1)

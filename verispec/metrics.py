@@ -1,4 +1,5 @@
-"""Speculative-decoding statistics (pure), vLLM's periodic log line, and metric objects for get_metrics()."""
+"""Speculative-decoding statistics (pure), vLLM's periodic log line, and get_metrics()'s metric objects
+(vllm.v1.metrics.reader's types: Counter, Gauge, Vector, Histogram)."""
 
 from __future__ import annotations
 
@@ -11,25 +12,47 @@ logger = logging.getLogger("verispec")
 
 @dataclass
 class SpecDecodingStats:
-    """Counts for one engine step (or an aggregate of steps)."""
+    """Counts for one engine step (or an aggregate of steps). Position i counts the drafts that reached draft
+    position i (``num_draft_tokens_per_pos``) and those whose token there was accepted
+    (``num_accepted_tokens_per_pos``), as current vLLM keeps them."""
 
     num_spec_tokens: int
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
     num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    num_draft_tokens_per_pos: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.num_accepted_tokens_per_pos:
             self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+        if not self.num_draft_tokens_per_pos:
+            self.num_draft_tokens_per_pos = [0] * self.num_spec_tokens
 
-    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        if num_draft_tokens <= 0:
+    def observe_draft(
+        self, num_draft_tokens: int, num_accepted_tokens: int, num_draft_positions: int | None = None
+    ) -> None:
+        """One request's verified draft. ``num_draft_positions`` is how many positions it covers (a chain:
+        ``num_draft_tokens``; a tree: its depth). Accepting more tokens than were drafted, or than there are
+        positions, is an error in the caller, not something to clamp."""
+        positions = num_draft_tokens if num_draft_positions is None else num_draft_positions
+        if not 0 <= num_accepted_tokens <= min(num_draft_tokens, positions):
+            raise ValueError(
+                f"accepted {num_accepted_tokens} tokens of a draft of {num_draft_tokens} tokens "
+                f"over {positions} positions"
+            )
+        if positions > self.num_spec_tokens:
+            raise ValueError(
+                f"a draft over {positions} positions exceeds num_spec_tokens={self.num_spec_tokens}"
+            )
+        if num_draft_tokens == 0:
             return
         self.num_drafts += 1
         self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted_tokens
-        for i in range(min(num_accepted_tokens, self.num_spec_tokens)):
+        for i in range(positions):
+            self.num_draft_tokens_per_pos[i] += 1
+        for i in range(num_accepted_tokens):
             self.num_accepted_tokens_per_pos[i] += 1
 
     def add(self, other: SpecDecodingStats) -> None:
@@ -38,6 +61,8 @@ class SpecDecodingStats:
         self.num_accepted_tokens += other.num_accepted_tokens
         for i, n in enumerate(other.num_accepted_tokens_per_pos):
             self.num_accepted_tokens_per_pos[i] += n
+        for i, n in enumerate(other.num_draft_tokens_per_pos):
+            self.num_draft_tokens_per_pos[i] += n
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -95,12 +120,41 @@ class SpecDecodingLogging:
 
 @dataclass
 class Metric:
-    """One exported value, like vllm.v1.metrics.reader: name, value, labels."""
+    """One exported metric, as vllm.v1.metrics.reader: a name and key=value labels. The subclasses carry values."""
 
     name: str
+    labels: dict[str, str]
+
+
+@dataclass
+class Counter(Metric):
+    """A monotonically increasing integer counter."""
+
+    value: int
+
+
+@dataclass
+class Vector(Metric):
+    """An ordered array of integer counters, indexed by position: vLLM models
+    vllm:spec_decode_num_accepted_tokens_per_pos with it (one entry, not one per position)."""
+
+    values: list[int]
+
+
+@dataclass
+class Gauge(Metric):
+    """A numerical value that can go up or down."""
+
     value: float
-    labels: dict[str, str] = field(default_factory=dict)
-    kind: str = "counter"  # counter | gauge
+
+
+@dataclass
+class Histogram(Metric):
+    """Observations in buckets keyed by their upper limit (a '+Inf' key always exists); count and sum over all."""
+
+    count: int
+    sum: float
+    buckets: dict[str, int]
 
 
 @dataclass
@@ -120,23 +174,22 @@ class EngineCounters:
     decode_tokens: int = 0
 
     def to_metrics(self, num_running: int, num_waiting: int) -> list[Metric]:
-        out = [
-            Metric("vllm:prompt_tokens", self.prompt_tokens),
-            Metric("vllm:generation_tokens", self.generation_tokens),
-            Metric("vllm:request_success", self.requests_finished),
-            Metric("vllm:request_aborted", self.requests_aborted),
-            Metric("vllm:num_requests_running", num_running, kind="gauge"),
-            Metric("vllm:num_requests_waiting", num_waiting, kind="gauge"),
+        out: list[Metric] = [
+            Counter("vllm:prompt_tokens", {}, self.prompt_tokens),
+            Counter("vllm:generation_tokens", {}, self.generation_tokens),
+            Counter("vllm:request_success", {}, self.requests_finished),
+            Counter("vllm:request_aborted", {}, self.requests_aborted),
+            Gauge("vllm:num_requests_running", {}, float(num_running)),
+            Gauge("vllm:num_requests_waiting", {}, float(num_waiting)),
         ]
         if self.spec is not None:
             s = self.spec
             out += [
-                Metric("vllm:spec_decode_num_drafts", s.num_drafts),
-                Metric("vllm:spec_decode_num_draft_tokens", s.num_draft_tokens),
-                Metric("vllm:spec_decode_num_accepted_tokens", s.num_accepted_tokens),
-            ]
-            out += [
-                Metric("vllm:spec_decode_num_accepted_tokens_per_pos", n, {"position": str(i)})
-                for i, n in enumerate(s.num_accepted_tokens_per_pos)
+                Counter("vllm:spec_decode_num_drafts", {}, s.num_drafts),
+                Counter("vllm:spec_decode_num_draft_tokens", {}, s.num_draft_tokens),
+                Counter("vllm:spec_decode_num_accepted_tokens", {}, s.num_accepted_tokens),
+                Vector(
+                    "vllm:spec_decode_num_accepted_tokens_per_pos", {}, list(s.num_accepted_tokens_per_pos)
+                ),
             ]
         return out

@@ -180,6 +180,11 @@ class SamplingParams:
         return self.temperature < SAMPLING_EPS
 
     @property
+    def has_penalties(self) -> bool:
+        """Whether presence, frequency or repetition penalties change the logits."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
     def all_stop_token_ids(self) -> set[int]:
         """Explicit stop token ids. The engine adds the EOS id itself unless ``ignore_eos``."""
         return set(self.stop_token_ids)

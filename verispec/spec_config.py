@@ -33,6 +33,14 @@ DRAFT_WEIGHT_METHODS = (*MODEL_METHODS, "mtp")
 SPECULATIVE_METHODS = (*MODEL_FREE_METHODS, *DRAFT_WEIGHT_METHODS)
 PARALLEL_DRAFTING_METHODS = ("eagle", "eagle3", "dflash", "draft_model")
 REJECTION_SAMPLE_METHODS = ("strict", "probabilistic", "synthetic")
+# Current vLLM's spellings: "standard" is Leviathan / Chen speculative sampling (this build's "probabilistic"),
+# "block" is Block Verification (Sun et al.): "probabilistic" with enable_block_verify.
+REJECTION_SAMPLE_ALIASES = {"standard": "probabilistic", "block": "probabilistic"}
+# vLLM's draft_sample_method: "greedy" drafts the argmax (q one-hot at the draft); "probabilistic" samples drafts
+# from the draft distribution and keeps it for probabilistic verification.
+DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
+# Methods whose drafter has a draft distribution to sample from; the others draft deterministically.
+DRAFT_SAMPLING_METHODS = ("draft_model",)
 
 # vLLM's hf_config_override: checkpoints whose MTP layers make them drafts of model_type *_mtp.
 _MTP_MODEL_TYPE_OVERRIDES = {"deepseek_v3": "deepseek_mtp", "deepseek_v32": "deepseek_mtp"}
@@ -101,6 +109,9 @@ class SpeculativeConfig:
     parallel_drafting: bool = False
     rejection_sample_method: str = "strict"
     synthetic_acceptance_rate: float | None = None
+    # resolved: "probabilistic" for methods with a draft distribution (this build's behaviour: random requests
+    # draft samples), "greedy" for the others (vLLM's default is "greedy" everywhere)
+    draft_sample_method: str | None = None
     suffix_decoding_max_tree_depth: int = 24
     suffix_decoding_max_cached_requests: int = 10000
     suffix_decoding_max_spec_factor: float = 1.0
@@ -125,7 +136,9 @@ class SpeculativeConfig:
     ) -> SpeculativeConfig:
         """Validate ``config`` (never mutated) and return a new, resolved config."""
         _check_target(target_max_model_len, target_tensor_parallel_size)
-        values = {f.name: f.default for f in dataclasses.fields(cls)} | _parse_user_dict(config)
+        user = _parse_user_dict(config)
+        values = {f.name: f.default for f in dataclasses.fields(cls)} | user
+        _resolve_rejection_alias(values, user)
         draft = _DraftInfo.parse(draft_hf_config)
         values["method"] = _resolve_method(values, draft, supported_methods)
         _resolve_method_keys(values, draft)
@@ -140,16 +153,14 @@ class SpeculativeConfig:
 
     @property
     def num_lookahead_slots(self) -> int:
-        """Extra KV slots per step: one per speculative token, as each must be scored."""
-        return self.num_speculative_tokens or 0
+        """Extra KV slots per step: one per position a step scores beyond the committed token (each speculative
+        token, or every node of a token tree)."""
+        return max(self.num_speculative_tokens or 0, len(self.token_tree))
 
     @property
     def token_tree(self) -> list[tuple[int, ...]]:
         """The parsed ``speculative_token_tree``, in breadth-first order."""
         return ast.literal_eval(self.speculative_token_tree) if self.speculative_token_tree else []
-
-    def use_eagle(self) -> bool:
-        return self.method in ("eagle", "eagle3", "mtp", "dflash")
 
     def to_dict(self) -> dict[str, Any]:
         """User-facing keys with resolved values; JSON-serialisable and accepted back by ``from_dict``."""
@@ -467,11 +478,48 @@ def _check_ranges(values: dict[str, Any]) -> None:
     _check_rejection_sampling(values)
 
 
+def _resolve_rejection_alias(values: dict[str, Any], user: Mapping[str, Any]) -> None:
+    """vLLM's newer rejection_sample_method spellings -> this build's: 'standard' -> 'probabilistic', 'block' ->
+    'probabilistic' with enable_block_verify (an explicit enable_block_verify=false contradicts it)."""
+    method = values["rejection_sample_method"]
+    if method not in REJECTION_SAMPLE_ALIASES:
+        return
+    if method == "block":
+        if user.get("enable_block_verify") is False:
+            raise ValueError(
+                "rejection_sample_method 'block' is Block Verification, but enable_block_verify is false; "
+                "remove enable_block_verify or use rejection_sample_method 'standard'"
+            )
+        values["enable_block_verify"] = True
+    values["rejection_sample_method"] = REJECTION_SAMPLE_ALIASES[method]
+
+
+def _resolve_draft_sample_method(values: dict[str, Any]) -> str:
+    method, draft_sample = values["method"], values["draft_sample_method"]
+    if draft_sample is None:
+        return "probabilistic" if method in DRAFT_SAMPLING_METHODS else "greedy"
+    if draft_sample not in DRAFT_SAMPLE_METHODS:
+        choices = ", ".join(map(repr, DRAFT_SAMPLE_METHODS))
+        raise ValueError(f"draft_sample_method must be one of {choices}, got {draft_sample!r}")
+    if draft_sample == "probabilistic" and method not in DRAFT_SAMPLING_METHODS:
+        raise ValueError(
+            f"draft_sample_method 'probabilistic' samples drafts from a draft distribution, which method "
+            f"'{method}' does not have in this build (only {', '.join(DRAFT_SAMPLING_METHODS)}); "
+            "allowed here: 'greedy'"
+        )
+    return draft_sample
+
+
 def _check_rejection_sampling(values: dict[str, Any]) -> None:
     method, rate = values["rejection_sample_method"], values["synthetic_acceptance_rate"]
     if method not in REJECTION_SAMPLE_METHODS:
         choices = ", ".join(map(repr, REJECTION_SAMPLE_METHODS))
-        raise ValueError(f"rejection_sample_method must be one of {choices}, got {method!r}")
+        aliases = ", ".join(f"{a!r} = {m!r}" for a, m in REJECTION_SAMPLE_ALIASES.items())
+        raise ValueError(
+            f"rejection_sample_method must be one of {choices}, got {method!r} "
+            f"(vLLM's newer spellings are accepted too: {aliases}, the latter with Block Verify)"
+        )
+    values["draft_sample_method"] = _resolve_draft_sample_method(values)
     if method == "synthetic" and (rate is None or not 0.0 <= rate <= 1.0):
         raise ValueError(f"synthetic_acceptance_rate must be in [0, 1], but got {rate}")
     if method != "synthetic" and rate is not None:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
+from verispec.metrics import Counter, Vector
 
 BATCHES = (1, 4, 16)
 
@@ -145,13 +146,51 @@ def test_metrics_and_per_request_counts(tiny_llama):
     cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     outs = llm.generate(_prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
-    m = {(x.name, x.labels.get("position")): x.value for x in llm.get_metrics()}
-    assert m[("vllm:spec_decode_num_draft_tokens", None)] == sum(o.num_draft_tokens for o in outs)
-    assert m[("vllm:spec_decode_num_accepted_tokens", None)] == sum(o.num_accepted_tokens for o in outs)
-    per_pos = [m[("vllm:spec_decode_num_accepted_tokens_per_pos", str(i))] for i in range(3)]
-    assert sum(per_pos) == m[("vllm:spec_decode_num_accepted_tokens", None)]
+    m = {x.name: x for x in llm.get_metrics()}
+    assert m["vllm:spec_decode_num_draft_tokens"].value == sum(o.num_draft_tokens for o in outs)
+    assert m["vllm:spec_decode_num_accepted_tokens"].value == sum(o.num_accepted_tokens for o in outs)
+    per_pos = m["vllm:spec_decode_num_accepted_tokens_per_pos"].values
+    assert len(per_pos) == 3
+    assert sum(per_pos) == m["vllm:spec_decode_num_accepted_tokens"].value
     assert per_pos[0] >= per_pos[1] >= per_pos[2]
-    assert m[("vllm:generation_tokens", None)] == 6 * 24
+    assert m["vllm:generation_tokens"].value == 6 * 24
+
+
+def test_vllm_spec_decode_example_reads_the_metrics(tiny_llama):
+    # the metric-reading loop of vLLM's examples/offline_inference/spec_decode.py, run on verispec's get_metrics()
+    k = 3
+    cfg = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    num_drafts = num_draft_tokens = num_accepted_tokens = 0
+    acceptance_counts = [0] * k
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:spec_decode_num_drafts":
+            assert isinstance(metric, Counter)
+            num_drafts += metric.value
+        elif metric.name == "vllm:spec_decode_num_draft_tokens":
+            assert isinstance(metric, Counter)
+            num_draft_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            assert isinstance(metric, Counter)
+            num_accepted_tokens += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            assert isinstance(metric, Vector)
+            for pos in range(len(metric.values)):
+                acceptance_counts[pos] += metric.values[pos]
+    s = llm.engine.counters.spec
+    assert (num_drafts, num_draft_tokens, num_accepted_tokens) == (
+        s.num_drafts,
+        s.num_draft_tokens,
+        s.num_accepted_tokens,
+    )
+    assert num_draft_tokens == sum(o.num_draft_tokens for o in outs) > 0
+    assert (
+        acceptance_counts == s.num_accepted_tokens_per_pos and sum(acceptance_counts) == num_accepted_tokens
+    )
+    mean_acceptance_length = 1 + num_accepted_tokens / num_drafts
+    assert 1.0 <= mean_acceptance_length <= 1 + k
+    assert all(0.0 <= acceptance_counts[i] / num_drafts <= 1.0 for i in range(k))
 
 
 # ------------------------------------------------------------------ distribution
@@ -160,7 +199,7 @@ def test_metrics_and_per_request_counts(tiny_llama):
 def _target_probs(llm: LLM, prompt: list[int], first: list[int], top_p: float) -> torch.Tensor:
     """Exact P(second token) = sum_t1 p(t1) p(t2 | t1), from the target's own logits. -> [V]."""
     from verispec.engine.model_runner import RowInput
-    from verispec.layers import sampler as S
+    from verispec.sample import logits as S
 
     runner = llm.engine.runner
     v = runner.model.cfg.vocab_size
@@ -235,6 +274,90 @@ def test_sampled_tokens_follow_target_distribution(
     _assert_second_token_law(llm, top_p)
     spec = llm.engine.counters.spec
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens  # the draft is poor but not useless
+
+
+def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_draft):
+    """rejection_sample_method 'synthetic' with rate r: accepted / drafted averages r over the K positions (as vLLM;
+    the old per-position r gave (r + r^2 + r^3) / 3 = 0.39 for K = 3, r = 0.6), greedy requests keep the greedy
+    rule."""
+    k, r = 3, 0.6
+    cfg = {
+        "method": "draft_model",
+        "model": tiny_draft,
+        "num_speculative_tokens": k,
+        "rejection_sample_method": "synthetic",
+        "synthetic_acceptance_rate": r,
+    }
+    llm = LLM(
+        tiny_llama, max_model_len=256, max_num_seqs=32, speculative_config=cfg, seed=7, spec_token_budget=1024
+    )
+    sp = SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True)
+    llm.generate(_prompts(32, seed=11), sp, use_tqdm=False)
+    s = llm.engine.counters.spec
+    # k drafts per step, fewer near max_tokens: each row is calibrated for its own draft count
+    assert (
+        s.num_draft_tokens_per_pos[0] == s.num_drafts > 400 and s.num_draft_tokens_per_pos[-1] < s.num_drafts
+    )
+    # accepted / drafted per draft lies in [0, 1]: its std is at most 0.5
+    assert abs(s.acceptance_rate - r) < 5 * 0.5 / s.num_drafts**0.5, (s.acceptance_rate, s.num_drafts)
+    rates = s.per_position_rates()
+    assert rates[0] > rates[1] > rates[2]  # position-decaying
+
+
+@pytest.mark.parametrize(
+    "spelling, k", [({"rejection_sample_method": "standard", "draft_sample_method": "greedy"}, 2),
+                    ({"rejection_sample_method": "block"}, 3)]
+)  # fmt: skip
+def test_vllm_spellings_keep_the_target_distribution(tiny_llama, tiny_draft, spelling, k):
+    """Current vLLM's 'standard' (Leviathan / Chen) with argmax drafts (q one-hot) and 'block' (Block Verification)
+    run this build's probabilistic verification and keep the target's law."""
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": k, **spelling}
+    llm = LLM(
+        tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=5, spec_token_budget=1024
+    )
+    spec = llm.speculative_config
+    assert spec.rejection_sample_method == "probabilistic"
+    assert spec.enable_block_verify == (spelling["rejection_sample_method"] == "block")
+    assert llm.engine.opts.verify.block == spec.enable_block_verify
+    greedy_drafts = spelling.get("draft_sample_method") == "greedy"
+    assert llm.engine.proposer.sample_drafts is not greedy_drafts
+    assert llm.engine.proposer.keep_probs is not greedy_drafts
+    _assert_second_token_law(llm)
+    s = llm.engine.counters.spec
+    assert 0 < s.num_accepted_tokens < s.num_draft_tokens
+
+
+def test_greedy_draft_sampling_drafts_the_argmax(tiny_llama, tiny_draft):
+    """draft_sample_method 'greedy': a sampled request's drafts are the draft model's argmax continuation."""
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3}
+    prompt = _prompts(1, seed=2)
+    sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=9)
+    drafts = {}
+    for mode in ("greedy", "probabilistic"):
+        llm = LLM(tiny_llama, max_model_len=256, speculative_config={**cfg, "draft_sample_method": mode})
+        seen = []
+        propose = llm.engine.proposer.propose
+
+        def spy(reqs, k_max, propose=propose, seen=seen):
+            prop = propose(reqs, k_max)
+            seen.extend(
+                (list(r.prompt_token_ids) + list(r.output_token_ids), d) for r, d in zip(reqs, prop.token_ids)
+            )
+            return prop
+
+        llm.engine.proposer.propose = spy
+        llm.generate(prompt, sp, use_tqdm=False)
+        drafts[mode] = seen
+    plain_draft = LLM(tiny_draft, max_model_len=256)
+
+    def argmax_continuation(context: list[int], n: int) -> list[int]:
+        sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        return plain_draft.generate({"prompt_token_ids": context}, sp, use_tqdm=False)[0].outputs[0].token_ids
+
+    assert any(d for _, d in drafts["greedy"])
+    assert all(argmax_continuation(c, len(d)) == d for c, d in drafts["greedy"] if d)
+    # the default for draft_model samples drafts: they leave the argmax somewhere (the check above has power)
+    assert any(argmax_continuation(c, len(d)) != d for c, d in drafts["probabilistic"] if d)
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
@@ -544,7 +667,11 @@ def test_model_drafter_greedy_equality(request, tiny_llama, reference, method, k
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     assert llm.engine.opts.num_speculative_tokens == (k or 4)
     if method == "eagle3":
-        assert llm.engine.proposer.aux_layers == (2, 1, 0)  # vLLM's default (2, L // 2, L - 3) for 3 layers
+        assert llm.engine.proposer.needs.aux_layers == (
+            2,
+            1,
+            0,
+        )  # vLLM's default (2, L // 2, L - 3) for 3 layers
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[batch]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from verispec.engine.sample_step import bad_words_token_ids, banned_by_bad_words
+from verispec.sample.constraints import bad_words_token_ids, banned_by_bad_words
 
 
 class Tok:
@@ -39,20 +39,21 @@ def test_verify_positions_see_the_drafts_before_them():
     import torch
 
     from verispec.engine.request import Request
-    from verispec.engine.sample_step import sample_step
+    from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
+    from verispec.sample.step import sample_step
     from verispec.sampling_params import SamplingParams
 
     r = Request("r", None, [3], SamplingParams(temperature=0, bad_words=["x"]), output_token_ids=[1])
     r.bad_words_token_ids = [[5, 6]]
     logits = torch.zeros(3, 10)  # rows: position 0 (last token), after draft 5, after draft 6
     logits[:, 6] = 1.0  # the target's argmax everywhere, unless banned
-    step = sample_step([r], [[5, 6]], logits, "strict", None, None)
+    step = sample_step([r], logits, SpecDecodeMetadata([[5, 6]]), VerifyRule(), None)
     # position 0 (past [1]) picks 6, so draft 5 is rejected there: 6 is emitted
     assert step.tokens == [[6]]
     r2 = Request("r2", None, [3], SamplingParams(temperature=0, bad_words=["x"]), output_token_ids=[1])
     r2.bad_words_token_ids = [[5, 6]]
     logits = torch.zeros(3, 10)
     logits[0, 5] = logits[1, 6] = logits[2, 4] = 1.0  # the target agrees with draft 5, then would say 6
-    step = sample_step([r2], [[5, 6]], logits, "strict", None, None)
+    step = sample_step([r2], logits, SpecDecodeMetadata([[5, 6]]), VerifyRule(), None)
     # after draft 5 the bad word [5, 6] bans 6 (the target's choice): draft 6 is rejected, the next best (0) comes
     assert step.tokens == [[5, 0]]

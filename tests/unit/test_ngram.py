@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from verispec.spec.ngram import ngram_propose, ngram_propose_batch
+from verispec.spec.ngram import ngram_propose
 
 
 def _ref(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -63,13 +63,3 @@ def test_bad_n_range():
         ngram_propose(np.array([1, 2]), 0, 2, 1)
     with pytest.raises(ValueError):
         ngram_propose(np.array([1, 2]), 3, 2, 1)
-
-
-def test_batch():
-    contexts = [
-        np.array([1, 2, 3, 4, 1, 2, 3]),
-        np.array([1, 2, 3, 4, 1, 2, 3, 5, 6]),
-        np.array([], dtype=np.int64),
-    ]
-    out = ngram_propose_batch(contexts, 2, 2, 3)
-    assert [o.tolist() for o in out] == [[4, 1, 2], [], []]

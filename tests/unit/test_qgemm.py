@@ -36,7 +36,8 @@ def test_kernels_build_where_the_cpu_and_a_compiler_allow(isa):
     lib = build.build_qgemm(isa)
     assert lib is not None, "the kernels did not compile: see the warning above"
     for name in build.ENTRY_POINTS:
-        assert hasattr(lib, name), name
+        if isa == "amx" or name not in build.AMX_ONLY:
+            assert hasattr(lib, name), name
 
 
 def random_q4_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:

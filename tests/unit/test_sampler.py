@@ -3,17 +3,17 @@ import math
 import pytest
 import torch
 
-from verispec.layers.sampler import (
+from verispec.sample.logits import (
     SamplingTensors,
     apply_penalties,
     compute_logprobs,
     draft_aware_counts,
     draw_noise,
     greedy,
+    greedy_or_sample,
     logits_to_probs,
     make_generator,
     sample,
-    sample_tokens,
 )
 from verispec.sampling_params import SamplingParams
 
@@ -21,6 +21,15 @@ from verispec.sampling_params import SamplingParams
 PROBS5 = [0.1, 0.4, 0.05, 0.3, 0.15]
 LOGITS5 = [math.log(p) for p in PROBS5]
 ALL = {0, 1, 2, 3, 4}
+
+
+def sample_tokens(logits, st, noise, prompt_mask=None, output_counts=None):
+    """Plain decoding's pipeline: penalties, then greedy rows' argmax and random rows' samples."""
+    if st.any_penalties:
+        logits = apply_penalties(logits, prompt_mask, output_counts, st)
+    probs = None if st.all_greedy else logits_to_probs(logits, st)
+    return greedy_or_sample(greedy(logits), probs, noise, st.is_greedy), probs
+
 
 FILTER_CASES = [
     # (SamplingParams kwargs, logits, expected kept token ids)

@@ -36,7 +36,7 @@ def test_every_reference_key_is_accepted():
         "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "max_model_len",
         "quantization", "revision", "code_revision", "disable_by_batch_size", "disable_padded_drafter_batch",
         "disable_logprobs", "prompt_lookup_min", "prompt_lookup_max", "speculative_token_tree",
-        "parallel_drafting", "rejection_sample_method", "synthetic_acceptance_rate",
+        "parallel_drafting", "rejection_sample_method", "synthetic_acceptance_rate", "draft_sample_method",
         "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
         "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "enforce_eager",
         "enable_block_verify", "enable_entropy_verify", "posterior_threshold", "posterior_alpha",
@@ -294,6 +294,39 @@ def test_valid_sampling_keys(extra):
     assert all(getattr(cfg, key) == value for key, value in extra.items())
 
 
+@pytest.mark.parametrize(
+    "extra, method, block",
+    [
+        ({"rejection_sample_method": "standard"}, "probabilistic", False),
+        ({"rejection_sample_method": "block"}, "probabilistic", True),
+        ({"rejection_sample_method": "block", "enable_block_verify": True}, "probabilistic", True),
+        ({"rejection_sample_method": "block", "enable_entropy_verify": True}, "probabilistic", True),
+    ],
+)
+def test_vllm_rejection_sample_spellings(extra, method, block):
+    cfg = make({**EAGLE_CFG, **extra})
+    assert (cfg.rejection_sample_method, cfg.enable_block_verify) == (method, block)
+    assert make(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    "config, expected",
+    [
+        (NGRAM, "greedy"),
+        ({"method": "suffix"}, "greedy"),
+        (EAGLE_CFG, "greedy"),
+        ({"method": "draft_model", "model": "d", "num_speculative_tokens": 3}, "probabilistic"),
+        ({"method": "draft_model", "model": "d", "num_speculative_tokens": 3, "draft_sample_method": "greedy"}, "greedy"),
+        ({**NGRAM, "draft_sample_method": "greedy"}, "greedy"),
+        ({**EAGLE_CFG, "draft_sample_method": None}, "greedy"),
+    ],
+)  # fmt: skip
+def test_draft_sample_method(config, expected):
+    cfg = make(config)
+    assert cfg.draft_sample_method == expected
+    assert make(cfg.to_dict()) == cfg
+
+
 # --- errors -------------------------------------------------------------------------------------------
 
 ERRORS = [
@@ -366,6 +399,15 @@ ERRORS = [
     ({**NGRAM, "enable_block_verify": True}, {}, "enable_block_verify changes the acceptance test of rejection_sample_method='probabilistic' (p/q), but rejection_sample_method is 'strict'"),
     ({**NGRAM, "rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.5, "enable_entropy_verify": True}, {}, "set it to 'probabilistic' or remove enable_entropy_verify"),
     ({**NGRAM, "parallel_drafting": True}, {}, "parallel_drafting is only compatible with EAGLE and draft-model methods"),
+    ({**NGRAM, "rejection_sample_method": "typical"}, {}, "vLLM's newer spellings are accepted too: 'standard' = 'probabilistic', 'block' = 'probabilistic'"),
+    ({**NGRAM, "rejection_sample_method": "block", "enable_block_verify": False}, {}, "rejection_sample_method 'block' is Block Verification, but enable_block_verify is false"),
+    ({**NGRAM, "rejection_sample_method": "block", "synthetic_acceptance_rate": 0.5}, {}, "synthetic_acceptance_rate is only valid with rejection_sample_method='synthetic'"),
+    ({**NGRAM, "draft_sample_method": "random"}, {}, "draft_sample_method must be one of 'greedy', 'probabilistic', got 'random'"),
+    ({**NGRAM, "draft_sample_method": 1}, {}, "speculative_config key 'draft_sample_method' must be a str or null, got 1"),
+    ({**NGRAM, "draft_sample_method": "probabilistic"}, {}, "draft_sample_method 'probabilistic' samples drafts from a draft distribution, which method 'ngram' does not have in this build (only draft_model); allowed here: 'greedy'"),
+    ({"method": "suffix", "draft_sample_method": "probabilistic"}, {}, "which method 'suffix' does not have"),
+    ({**EAGLE_CFG, "draft_sample_method": "probabilistic"}, {}, "which method 'eagle' does not have"),
+    ({**NGRAM, "draft_sampling_method": "greedy"}, {}, "Unknown key(s) 'draft_sampling_method' in speculative_config (did you mean 'draft_sample_method'?)"),
     # token tree
     ({**EAGLE_CFG, "speculative_token_tree": "[(0,), (0, 1"}, {}, "speculative_token_tree could not be parsed"),
     ({**EAGLE_CFG, "speculative_token_tree": "[]"}, {}, "speculative_token_tree must be a non-empty list of tuples"),

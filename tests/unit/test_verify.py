@@ -1,13 +1,14 @@
 import pytest
 import torch
 
-from verispec.spec.verify import (
+from verispec.sample.verify import (
     METHODS,
     draw_exp_noise,
     draw_uniform,
     entropy_thresholds,
     greedy_verify,
     rejection_sample,
+    synthetic_conditional_rate,
 )
 
 V = 8
@@ -229,6 +230,68 @@ def test_wrong_sampler_fails_later_token_test():
     q_rows = torch.stack([Q_POOR, P.roll(5)])
     out, na = _simulate("synthetic", p_rows, q_rows, seed=1, rate=0.9)
     assert _chi2_pvalue(out[na >= 1, 1], p_rows[1]) < MIN_PVALUE
+
+
+# ---------------------------------------------------------------------------- synthetic acceptance
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("r", [0.0, 0.1, 0.39, 0.6, 0.9, 1.0])
+def test_synthetic_conditional_rate_solves_the_mean(k, r):
+    a = synthetic_conditional_rate(r, k)
+    assert 0.0 <= a <= 1.0 and a >= r - 1e-12  # decaying marginals need a conditional rate at least r
+    assert sum(a**i for i in range(1, k + 1)) / k == pytest.approx(r, abs=1e-12)
+
+
+def test_synthetic_conditional_rate_known_values():
+    assert synthetic_conditional_rate(0.6, 1) == 0.6
+    # K = 2: (a + a^2) / 2 = 0.6 -> a = (-1 + sqrt(1 + 4.8)) / 2
+    assert synthetic_conditional_rate(0.6, 2) == pytest.approx((-1 + 5.8**0.5) / 2, abs=1e-12)
+    with pytest.raises(ValueError, match="synthetic_acceptance_rate must be in"):
+        synthetic_conditional_rate(1.5, 3)
+
+
+@pytest.mark.parametrize("k,r", [(3, 0.6), (5, 0.3), (4, 0.85)])
+def test_synthetic_mean_acceptance_is_the_rate(k, r):
+    # all rows draft k tokens: accepted / drafted averages r, and position i is accepted with probability a^i
+    n = 40_000
+    g = torch.Generator().manual_seed(k)
+    drafts = torch.randint(0, V, (n, k), generator=g)
+    _, na = rejection_sample(
+        "synthetic",
+        drafts,
+        P.expand(n, k + 1, V),
+        uniform_samples=torch.rand(n, k, generator=g, dtype=torch.float64),
+        exp_noise=torch.empty(n, k + 1, V, dtype=torch.float64).exponential_(generator=g),
+        synthetic_acceptance_rate=r,
+    )
+    frac = na.double() / k  # [n]
+    assert abs(frac.mean().item() - r) < 5 * (frac.std() / n**0.5).item()
+    a = synthetic_conditional_rate(r, k)
+    for i in range(1, k + 1):
+        marginal = a**i
+        std = (marginal * (1 - marginal) / n) ** 0.5
+        assert abs((na >= i).double().mean().item() - marginal) < 5 * std + 1e-9
+
+
+def test_synthetic_calibrates_each_row_for_its_draft_count():
+    # rows drafting 1, 2 or 4 tokens each accept r of their drafts on average (n-gram / suffix drafts vary)
+    n, K, r = 30_000, 4, 0.6
+    g = torch.Generator().manual_seed(5)
+    counts = torch.tensor([1, 2, 4]).repeat(n // 3)  # [n]
+    drafts = torch.where(torch.arange(K)[None] < counts[:, None], 1, -1)  # [n, K]
+    _, na = rejection_sample(
+        "synthetic",
+        drafts,
+        P.expand(n, K + 1, V),
+        uniform_samples=torch.rand(n, K, generator=g, dtype=torch.float64),
+        exp_noise=torch.empty(n, K + 1, V, dtype=torch.float64).exponential_(generator=g),
+        synthetic_acceptance_rate=r,
+    )
+    assert (na <= counts).all()
+    for c in (1, 2, 4):
+        frac = na[counts == c].double() / c
+        assert abs(frac.mean().item() - r) < 5 * (frac.std() / frac.numel() ** 0.5).item()
 
 
 # ---------------------------------------------------------------------------- Block / Entropy Verify

@@ -12,13 +12,15 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
-from verispec.engine.sample_step import constrain_tokens, sample_step, set_token_constraints
 from verispec.engine.stop import commit_tokens, logprob_entry
-from verispec.layers import sampler as S
-from verispec.layers.sampler import make_generator
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput
-from verispec.spec.base import Proposal, Proposer
+from verispec.sample import logits as S
+from verispec.sample.constraints import constrain_tokens, has_position_constraints, set_token_constraints
+from verispec.sample.logits import make_generator
+from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
+from verispec.sample.step import sample_step
+from verispec.spec.base import Proposal, Proposer, ProposerNeeds
 from verispec.spec.tree import TokenTree, tree_accept
 
 
@@ -27,18 +29,23 @@ class EngineOptions:
     max_model_len: int
     max_num_batched_tokens: int = 1024
     num_speculative_tokens: int = 0
-    rejection_sample_method: str = "strict"
-    synthetic_acceptance_rate: float | None = None
-    block_verify: bool = False  # Block Verify on steps with >= 3 drafts (probabilistic only)
-    entropy_verify: tuple[float, float] | None = (
-        None  # (posterior_threshold, posterior_alpha): Entropy Verify
-    )
+    verify: VerifyRule = VerifyRule()
     disable_by_batch_size: int | None = None
     log_interval_s: float = 10.0
     # Most tokens one decode step may score (committed + drafts). Verifying more rows than this turns the
     # forward compute-bound (on a CPU from ~32 rows), so at large batch each request gets fewer drafts.
     spec_token_budget: int = 32
     draft_max_model_len: int | None = None  # speculative_config.max_model_len: no drafts past this length
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Request and KV-slot counts at one moment (the server's /health and gauges read these)."""
+
+    running: int
+    waiting: int
+    free_kv_slots: int
+    num_kv_slots: int
 
 
 def fit_budget(drafts: list[list[int]], allowance: int) -> list[list[int]]:
@@ -132,6 +139,13 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(len(self.running), len(self.waiting), self.cache.num_free, self.cache.num_slots)
+
+    def running_request_ids(self) -> list[str]:
+        """The requests the next step runs (the ones a failed step is blamed on)."""
+        return [r.request_id for r in self.running]
+
     # ------------------------------------------------------------------ step
     def step(self) -> list[RequestOutput]:
         self._admit()
@@ -193,7 +207,9 @@ class LLMEngine:
             at += n_rows
         if finals:
             logits = out.logits if len(last_rows) == at else out.logits[last_rows]
-            step = sample_step(finals, [[] for _ in finals], logits, "strict", None, self.generator)
+            step = sample_step(
+                finals, logits, SpecDecodeMetadata.none(len(finals)), VerifyRule(), self.generator
+            )
             self._commit(finals, step.tokens, step)
         if states is not None:  # every prompt position of every chunk
             sizes = [len(row.token_ids) for row in rows]
@@ -208,17 +224,17 @@ class LLMEngine:
         target_hidden "all" drafts from for every token fed [tokens, D]: the final normed hidden, or its aux layers'
         streams side by side (EAGLE-3); else None). A proposer that observes states (extract_hidden_states) gets
         its aux layers' states of every token fed."""
-        p = self.proposer
-        every = p is not None and p.observes_states
-        want_all = p is not None and p.target_hidden == "all"
-        aux = p.aux_layers if p is not None else ()
+        needs = self.proposer.needs if self.proposer is not None else ProposerNeeds()
+        every = needs.observes_states
+        want_all = needs.target_hidden == "all"
+        aux = needs.aux_layers
         out = self.runner.run(
             rows, aux, aux_all=every or (want_all and bool(aux)), hidden_all=want_all and not aux
         )
         if every:
             stacked = torch.stack(out.aux_hidden, dim=1)  # [tokens, len(aux_layers), H]
             sizes = [len(r.token_ids) for r in rows]
-            p.observe_states(reqs, [r.token_ids for r in rows], list(stacked.split(sizes)))
+            self.proposer.observe_states(reqs, [r.token_ids for r in rows], list(stacked.split(sizes)))
         if not want_all:
             return out, None
         return out, (torch.cat(out.aux_hidden, dim=-1) if aux else out.hidden_all)
@@ -228,10 +244,10 @@ class LLMEngine:
         committed, per live request in position order, the last one behind the newest token (target_hidden "all"),
         or that last row alone ("last": Medusa, MLP speculator)."""
         p = self.proposer
-        if p is None or p.target_hidden == "none":
+        if p is None or p.needs.target_hidden == "none":
             return
         live = [
-            (r, idx[-1:] if p.target_hidden == "last" else idx)
+            (r, idx[-1:] if p.needs.target_hidden == "last" else idx)
             for r, idx in zip(reqs, rows)
             if not r.finished
         ]
@@ -281,19 +297,10 @@ class LLMEngine:
                 draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
         out, states = self._forward(reqs, rows)
-        o = self.opts
         step = sample_step(
-            reqs,
-            drafts,
-            out.logits,
-            o.rejection_sample_method,
-            draft_probs,
-            self.generator,
-            o.synthetic_acceptance_rate,
-            block_verify=o.block_verify,
-            entropy_verify=o.entropy_verify,
+            reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify, self.generator
         )
-        stats = SpecDecodingStats(o.num_speculative_tokens) if self.proposer else None
+        stats = SpecDecodingStats(self.opts.num_speculative_tokens) if self.proposer else None
         for r, d, n in zip(reqs, drafts, step.num_accepted):
             r.num_computed += 1 + n  # roll back the rejected drafts: O(1)
             if d:
@@ -305,13 +312,10 @@ class LLMEngine:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
         self._commit(reqs, step.tokens, step)
-        if self.proposer is not None and self.proposer.target_hidden != "none":
+        if self.proposer is not None and self.proposer.needs.target_hidden != "none":
             starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
             rows_of = [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
             self._observe_hidden(reqs, out.hidden if states is None else states, rows_of)
-        if self.proposer is not None:
-            live = [(r, n) for r, n in zip(reqs, step.num_accepted) if not r.finished]
-            self.proposer.on_step_end([r for r, _ in live], out, [n for _, n in live])
         return reqs
 
     def _tree_step_ok(
@@ -324,17 +328,7 @@ class LLMEngine:
             return False
         if len(reqs) * (tree.size + 1) > max(self.opts.spec_token_budget, tree.size + 1):
             return False
-        for r in reqs:
-            p = r.params
-            penalties = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
-            if (
-                penalties
-                or r.bad_words_token_ids
-                or p.logprobs is not None
-                or p.min_tokens > len(r.output_token_ids)
-            ):
-                return False
-        return True
+        return not any(has_position_constraints(r) for r in reqs)
 
     def _decode_tree(self, reqs: list[Request], prop: Proposal) -> list[Request]:
         """Verify a token tree per request in one forward; walk it with the target's own picks (tree_accept); make
@@ -352,14 +346,14 @@ class LLMEngine:
                 logits, reqs, [[] for _ in reqs]
             )  # position-independent: allowed ids, logit bias
         flat = logits.reshape(b * n, v)
-        picks = S.greedy(flat).view(b, n)  # [B, 1 + N]
         params = [r.params for r in reqs]
+        probs = noise = greedy = None
         if not all(p.is_greedy for p in params):
             st = S.SamplingTensors.from_params(params, flat.device, v).repeat_interleave([n] * b)
             noise = S.draw_noise([n] * b, [r.generator for r in reqs], v, flat.device, self.generator)
-            sampled = S.sample(S.logits_to_probs(flat, st), noise).view(b, n)
-            greedy = torch.tensor([p.is_greedy for p in params], device=flat.device)[:, None]
-            picks = torch.where(greedy, picks, sampled)
+            probs, greedy = S.logits_to_probs(flat, st), st.is_greedy
+        # [B, 1 + N] the target's own pick at every node
+        picks = S.greedy_or_sample(S.greedy(flat), probs, noise, greedy).view(b, n)
         dev = picks.device
         tok = torch.tensor(nodes, device=dev)
         deepest, on_path = tree_accept(tok, picks, torch.tensor(tree.parent, device=dev), anc.to(dev),
@@ -378,7 +372,7 @@ class LLMEngine:
             r.num_computed += 1 + len(path)
             r.num_draft_tokens += n - 1
             r.num_accepted_tokens += len(path)
-            stats.observe_draft(n - 1, len(path))
+            stats.observe_draft(n - 1, len(path), tree.max_depth)
             hidden_rows.append([i * n] + [i * n + j for j in path])
         self.counters.spec.add(stats)
         self.spec_log.observe(stats)

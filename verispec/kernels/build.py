@@ -16,16 +16,18 @@ import functools
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
 import warnings
 from pathlib import Path
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c"))
-AMX_SOURCE = Path(__file__).with_name(
-    "qgemm_amx.c"
-)  # the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c"))
+HEADER = Path(__file__).with_name("kernels.h")
+# the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
+AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")
+AMX_ONLY = ("amx_init", "qgemm_q4t", "qgemm_q8t")
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 _AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")
 ISA_FLAGS = {
@@ -33,55 +35,52 @@ ISA_FLAGS = {
     "avx512": _AVX512,
     "amx": (*_AVX512, "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
 }
-ISA_CPU_FLAGS = {  # /proc/cpuinfo flags each build needs
+# /proc/cpuinfo flags each build needs
+ISA_CPU_FLAGS = {
     "avx2": {"avx2", "fma"},
     "avx512": {"avx2", "fma", "avx512f", "avx512dq"},
     "amx": {"avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"},
 }
-_P, _I, _F, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-_QGEMM = [_P, _I, _I, _P, _I, _P, _C]  # x, M, K, blocks, N, y, threads
-# layers, n_layers, dims, h, S, Q, pack (or NULL), N, cos, ssin, slot_lo, cache_pos, kv_len, mask, ms, mq, scratch,
-# threads
-_DECODER_LAYERS = [_P, _I, _P, _P, _I, _I, _P, _I, _P, _P, _I, _P, _I, _P, _I, _I, _P, _C]
-ENTRY_POINTS = {  # name -> (argtypes, restype); the C signatures are in qgemm.c / ops.c / layers.c
-    "qgemm_q4": (_QGEMM, None),
-    "qgemm_q8": (_QGEMM, None),
-    "attention_f32": (
-        [
-            _P,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,  # q, S, Hq, Q, D, q strides
-            _P,
-            _P,
-            _I,
-            _I,
-            _I,
-            _I,
-            _I,  # k, v, Hkv, T, k/v strides
-            _P,
-            _I,
-            _I,
-            _F,
-            _F,
-            _P,
-            _C,
-        ],  # mask, mask strides, scale, softcap, out, threads
-        None,
-    ),  # fmt: skip
-    "add_rmsnorm_f32": ([_P, _P, _P, _I, _I, _F, _P, _P], None),
-    "silu_mul_f32": ([_P, _I, _I, _P, _C], None),
-    "rope_f32": ([_P, _I, _I, _I, _I, _I, _I, _I, _P, _P], None),
-    "write_kv_f32": ([_P, _I, _I, _I, _P, _I, _I, _I, _P, _I, _I, _I, _I], None),
-    "argmax_rows_f32": ([_P, _I, _I, _I, _P, _C], None),
-    "decoder_scratch_per_row": ([_P], _I),
-    "decoder_layers_f32": (_DECODER_LAYERS, None),
+# The int8-activation variants of qgemm_i8.c (compiled into every build), best first: name -> (code, CPU flags)
+INT8_ISAS = {
+    "amx-int8": (3, {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"}),
+    "avx512vnni": (2, {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
+    "avxvnni": (1, {"avx2", "fma", "avx_vnni"}),
 }
-AMX_ENTRY_POINTS = {"amx_init": ([], _C), "qgemm_q4t": (_QGEMM, None), "qgemm_q8t": (_QGEMM, None)}
+_C_TYPES = {
+    "int64_t": ctypes.c_int64,
+    "int32_t": ctypes.c_int32,
+    "int": ctypes.c_int,
+    "float": ctypes.c_float,
+}
+
+
+def _c_type(decl: str):
+    """One C parameter or return type from kernels.h -> its ctypes type (None for void)."""
+    decl = decl.replace("const", " ").strip()
+    if "*" in decl:
+        return ctypes.c_void_p
+    base = decl.split()[0]
+    if base == "void":
+        return None
+    if base not in _C_TYPES:
+        raise ValueError(f"kernels.h: no ctypes mapping for C type {base!r}")
+    return _C_TYPES[base]
+
+
+def read_prototypes(header: Path = HEADER) -> dict[str, tuple[list, object]]:
+    """kernels.h -> {function name: (ctypes argtypes, restype)} for every prototype it declares."""
+    text = re.sub(r"//[^\n]*", "", header.read_text())
+    entry_points = {}
+    for ret, name, args in re.findall(r"^(\w+)\s+(\w+)\(([^;]*?)\);", text, flags=re.M | re.S):
+        params = [a for a in args.split(",") if a.strip() and a.strip() != "void"]
+        # each parameter is "type name": drop the name, keep the type (and its '*')
+        entry_points[name] = ([_c_type(p.strip().rsplit(" ", 1)[0] + ("*" if "*" in p else "")) for p in params],
+                              _c_type(ret))  # fmt: skip
+    return entry_points
+
+
+ENTRY_POINTS = read_prototypes()
 
 
 def cache_dir() -> Path:
@@ -152,9 +151,19 @@ def load_qgemm() -> ctypes.CDLL | None:
     isa = kernel_isa()
     if os.environ.get("VERISPEC_KERNELS", "1") == "0" or isa is None:
         return None
-    lib = build_qgemm(isa)
-    if lib is None and isa == "amx" and not os.environ.get("VERISPEC_KERNEL_ISA"):
-        return build_qgemm("avx512")  # the OS refused the tile state, or the compiler has no AMX
+    try:
+        lib = build_qgemm(isa)
+        # the OS refused the tile state, or the compiler has no AMX
+        if lib is None and isa == "amx" and _compiler() and not os.environ.get("VERISPEC_KERNEL_ISA"):
+            lib = build_qgemm("avx512")
+    except Exception as exc:
+        # e.g. an install without the C sources: the model still runs, on float32 weights
+        warnings.warn(
+            f"verispec: cannot build the kernels ({type(exc).__name__}: {str(exc)[:300]}); GGUF weights are "
+            "dequantized to float32",
+            stacklevel=2,
+        )
+        return None
     return lib
 
 
@@ -171,9 +180,11 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
     flags = (*CFLAGS, *ISA_FLAGS[isa])
     if isa == "amx":
         sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + " ".join(flags).encode()).hexdigest()[
-        :16
-    ]
+    header = sources[0].with_name(HEADER.name)
+    extra = header.read_bytes() if header.exists() else b""
+    digest = hashlib.sha256(
+        b"".join(p.read_bytes() for p in sources) + extra + " ".join(flags).encode()
+    ).hexdigest()[:16]
     target = cache_dir() / f"qgemm-{isa}-{digest}.so"
     try:
         if not target.exists():
@@ -183,8 +194,9 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
         detail = getattr(exc, "stderr", "") or str(exc)
         warnings.warn(f"verispec: kernel build failed ({detail.strip()[:300]}); using float32", stacklevel=2)
         return None
-    entry_points = {**ENTRY_POINTS, **AMX_ENTRY_POINTS} if isa == "amx" else ENTRY_POINTS
-    for name, (argtypes, restype) in entry_points.items():
+    for name, (argtypes, restype) in ENTRY_POINTS.items():
+        if isa != "amx" and name in AMX_ONLY:
+            continue
         if sources[: len(SOURCES)] != SOURCES and not hasattr(lib, name):
             continue  # an older version of the sources (a benchmark's baseline) may lack newer entry points
         fn = getattr(lib, name)
@@ -194,3 +206,29 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
         return None
     lib.isa = isa
     return lib
+
+
+@functools.cache
+def int8_isa(lib: ctypes.CDLL | None = None) -> str | None:
+    """The int8-activation kernel this CPU runs best ('amx-int8' > 'avx512vnni' > 'avxvnni'), or None if it has none
+    of them (or there is no kernel library). VERISPEC_INT8_ISA=amx-int8|avx512vnni|avxvnni overrides the choice
+    (ValueError if this CPU lacks it). AMX-INT8 needs the OS to grant the tile state; without it, AVX512-VNNI."""
+    lib = lib or load_qgemm()
+    if lib is None or not hasattr(lib, "qgemm_i8"):
+        return None
+    flags, built = _cpu_flags(), lib.qgemm_i8_isas()
+    usable = [name for name, (code, need) in INT8_ISAS.items() if need <= flags and built >> code & 1]
+    wanted = os.environ.get("VERISPEC_INT8_ISA", "").lower()
+    if wanted and wanted not in INT8_ISAS:
+        raise ValueError(f"VERISPEC_INT8_ISA={wanted!r} is not supported; allowed: {', '.join(INT8_ISAS)}")
+    if wanted and wanted not in usable:
+        raise ValueError(f"VERISPEC_INT8_ISA={wanted} but this CPU (or this build) lacks it")
+    if wanted:
+        usable = [wanted]
+    if usable and usable[0] == "amx-int8" and not lib.i8_amx_init():
+        if wanted:
+            raise ValueError(
+                "VERISPEC_INT8_ISA=amx-int8 but the OS does not grant AMX tile state to this process"
+            )
+        usable = usable[1:]
+    return usable[0] if usable else None

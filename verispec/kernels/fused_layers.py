@@ -12,10 +12,10 @@ import ctypes
 
 import torch
 
-from verispec.kernels.build import load_qgemm
+from verispec.kernels.build import INT8_ISAS, int8_isa, load_qgemm
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3}
+FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3, "q4v": 4, "q8v": 5}
 
 
 class LayerDesc(ctypes.Structure):
@@ -48,6 +48,7 @@ class ModelDims(ctypes.Structure):
         ("eps", _F),
         ("scale", _F),
         ("softcap", _F),
+        ("i8_isa", ctypes.c_int32),
     ]
 
 
@@ -94,7 +95,12 @@ class FusedLayers:
         self.dims = ModelDims(
             cfg.hidden_size, at.hq, at.hkv, at.d, cfg.intermediate_size, 0, 0, 0,
             model.layers[0].input_layernorm.eps, at.scale, float(cfg.attn_logit_softcapping or 0.0),
+            0,
         )  # fmt: skip
+        fmts = {getattr(d, f"f_{n}") for d in self.descs for n in ("qkv", "o", "gate_up", "down")}
+        if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"]}:
+            # int8 activations: the same variant as the module path (QuantWeight.matmul) takes
+            self.dims.i8_isa = INT8_ISAS[int8_isa()][0]
         self._model = model  # keeps every pointer above alive
         self._lib = load_qgemm()
         self._per_row = self._lib.decoder_scratch_per_row(ctypes.addressof(self.dims))

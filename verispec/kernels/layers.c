@@ -14,41 +14,32 @@
 #include <stdint.h>
 #include <string.h>
 
-void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
-void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
-// qgemm_amx.c, in the 'amx' build only (q4t / q8t weights exist only there): NULL elsewhere
-__attribute__((weak)) void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
-                                     int nthreads);
-__attribute__((weak)) void qgemm_q8t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
-                                     int nthreads);
-void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
-                   const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
-                   const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
-                   int nthreads);
-void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, int64_t D, float eps, float *sum,
-                     float *out);
-void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads);
-void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, int64_t xh, int64_t xq,
-              const float *cos, const float *ssin);
-void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
-                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D);
+#include "kernels.h"
 
-typedef struct {
+// qgemm_amx.c is in the 'amx' build only (q4t / q8t weights exist only there): NULL elsewhere
+#pragma weak qgemm_q4t
+#pragma weak qgemm_q8t
+
+typedef struct LayerDesc {
     const uint8_t *w_qkv, *w_o, *w_gate_up, *w_down;  // quantized blocks (qweight.py layouts)
-    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 = q4, 1 = q8, 2 = q4t, 3 = q8t
+    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 q4, 1 q8, 2 q4t, 3 q8t, 4 q4v, 5 q8v
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
     float *kv;                                         // this layer's cache [slots, 2 Hkv, T, D]
 } LayerDesc;
 
-typedef struct {
+typedef struct ModelDims {
     int64_t hidden, hq, hkv, d, inter;
     int64_t cs, ch, ct;  // cache strides in elements
     float eps, scale, softcap;
+    int32_t i8_isa;  // the qgemm_i8 variant for q4v / q8v weights (int8 activations)
 } ModelDims;
 
-static void qgemm(int32_t fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nt) {
-    if (fmt == 0)
+static void qgemm(const ModelDims *m, int32_t fmt, const float *x, int64_t M, int64_t K, const uint8_t *w,
+                  int64_t N, float *y, int nt) {
+    if (fmt >= 4)
+        qgemm_i8(m->i8_isa, fmt - 4, x, M, K, w, N, y, nt);
+    else if (fmt == 0)
         qgemm_q4(x, M, K, w, N, y, nt);
     else if (fmt == 1)
         qgemm_q8(x, M, K, w, N, y, nt);
@@ -82,7 +73,7 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
     for (int64_t l = 0; l < n_layers; l++) {
         const LayerDesc *L = layers + l;
         if (l == 0) add_rmsnorm_f32(h, NULL, L->norm_in, N, H, m->eps, h, normed);
-        qgemm(L->f_qkv, normed, N, H, L->w_qkv, F, qkv, nthreads);
+        qgemm(m, L->f_qkv, normed, N, H, L->w_qkv, F, qkv, nthreads);
         if (L->b_qkv)
             for (int64_t n = 0; n < N; n++)
                 for (int64_t f = 0; f < F; f++) qkv[n * F + f] += L->b_qkv[f];
@@ -95,11 +86,11 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
                       m->ct, mask, ms, mq, m->scale, m->softcap, attn_pad, nthreads);
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(attn + n * O, attn_pad + pack[n] * O, sizeof(float) * O);
-        qgemm(L->f_o, attn, N, O, L->w_o, H, a, nthreads);
+        qgemm(m, L->f_o, attn, N, O, L->w_o, H, a, nthreads);
         add_rmsnorm_f32(h, a, L->norm_post, N, H, m->eps, h, normed);
-        qgemm(L->f_gate_up, normed, N, H, L->w_gate_up, 2 * I, gu, nthreads);
+        qgemm(m, L->f_gate_up, normed, N, H, L->w_gate_up, 2 * I, gu, nthreads);
         silu_mul_f32(gu, N, I, act, nthreads);
-        qgemm(L->f_down, act, N, I, L->w_down, H, a, nthreads);
+        qgemm(m, L->f_down, act, N, I, L->w_down, H, a, nthreads);
         if (l + 1 < n_layers)
             add_rmsnorm_f32(h, a, layers[l + 1].norm_in, N, H, m->eps, h, normed);
         else

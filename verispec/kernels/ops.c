@@ -4,6 +4,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
+#include "kernels.h"
 #include <stdlib.h>
 
 // Row-wise ops (norm, RoPE, KV write) start a parallel region from this many rows (prompts); decode steps' few

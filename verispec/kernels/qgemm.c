@@ -18,6 +18,7 @@
 // bitwise identical. Independent chains (rows x columns) hide the FMA latency.
 #include <immintrin.h>
 #include <stdint.h>
+#include "kernels.h"
 #include <string.h>
 
 #define QK 32

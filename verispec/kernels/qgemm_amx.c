@@ -27,6 +27,7 @@
 // Past PRE_ROWS rows an item's blocks are expanded once, up front, and reused by every chunk.
 #include <immintrin.h>
 #include <stdint.h>
+#include "kernels.h"
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>

@@ -9,6 +9,10 @@ GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 rows are repacked (once, at load time) i
       float32 d[16], float32 m[16], one nibble plane (4 x 32 uint16 words whose nibbles are the block's bfloat16
       B tile); q8t (576 bytes) = float32 d[16], the 512 int8 weights in B-tile order. `tiled()` makes them once
       the rows are final (N must be a multiple of 16).
+  q4v / q8v: the layouts of the int8-activation kernels (qgemm_i8.c), per 16 output columns and block: q4v (384
+      bytes) = float32 d[16], float32 m[16], 4 rows of 64 bytes (column n: bytes 4n..4n+3 hold weights k = 4j..4j+3
+      of row j in their low nibbles, k = 16+4j.. in their high ones); q8v (576 bytes) = float32 d[16], 8 such rows
+      of uint8 q + 128. `for_int8()` makes them (N must be a multiple of 16).
 Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
 """
 
@@ -20,11 +24,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from verispec.kernels.build import load_qgemm
+from verispec.kernels.build import INT8_ISAS, int8_isa, load_qgemm
 
 QK = 32
-BLOCK_BYTES = {"q4": 24, "q8": 36, "q4t": 24, "q8t": 36}  # q4t / q8t: per (column, block) on average
+# q4t / q8t / q4v / q8v: per (column, block) on average
+BLOCK_BYTES = {"q4": 24, "q8": 36, "q4t": 24, "q8t": 36, "q4v": 24, "q8v": 36}
 TILED = {"q4": "q4t", "q8": "q8t"}
+INT8 = {"q4": "q4v", "q8": "q8v"}
+INT8_FMT_CODE = {"q4v": 0, "q8v": 1}
 GROUP = 16  # q4t / q8t: output columns per AMX tile
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")  # GGML type names this module repacks
 SUPER_BLOCK = {"Q4_K": 256}  # K must be a multiple of this (default: QK)
@@ -87,9 +94,23 @@ def _from_plane(b: np.ndarray, n: int) -> np.ndarray:
     return rows.transpose(0, 3, 1, 2, 4).reshape(n, nb, QK).astype(np.uint8)  # k = 2r + pair
 
 
+def _to_quads(q: np.ndarray) -> np.ndarray:
+    """q [N, nb, 32] in weight order -> [G, nb, 8, 64]: row j, bytes 4n..4n+3 = weights 4j..4j+3 of column n."""
+    n, nb = q.shape[:2]
+    rows = q.reshape(n // GROUP, GROUP, nb, 8, 4).transpose(0, 2, 3, 1, 4)  # [G, nb, j, n, i]
+    return np.ascontiguousarray(rows.reshape(n // GROUP, nb, 8, 64))
+
+
+def _from_quads(rows: np.ndarray, n: int) -> np.ndarray:
+    """[G, nb, 8, 64] -> q [N, nb, 32] in weight order (inverse of _to_quads)."""
+    g, nb = rows.shape[:2]
+    q = rows.reshape(g, nb, 8, GROUP, 4).transpose(0, 3, 1, 2, 4)  # [G, n, nb, j, i]
+    return np.ascontiguousarray(q.reshape(n, nb, QK))
+
+
 @dataclass
 class QuantWeight:
-    fmt: str  # "q4" | "q8" | "q4t" | "q8t"
+    fmt: str  # "q4" | "q8" | "q4t" | "q8t" | "q4v" | "q8v"
     blocks: np.ndarray  # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
     shape: tuple[int, int]  # (N, K) = (out_features, in_features)
     _ptr: int = field(init=False, repr=False, default=0)
@@ -169,6 +190,11 @@ class QuantWeight:
             b = self.blocks.reshape(n // GROUP, nb, 384)
             d, m = (_from_groups(b[..., o : o + 64].copy().view(np.float32), n) for o in (0, 64))
             return d, m, _from_plane(b[..., 128:], n)
+        if self.fmt == "q4v":
+            b = self.blocks.reshape(n // GROUP, nb, 384)
+            d, m = (_from_groups(b[..., o : o + 64].copy().view(np.float32), n) for o in (0, 64))
+            plane = b[..., 128:].reshape(n // GROUP, nb, 4, 64)
+            return d, m, _from_quads(np.concatenate([plane & 0x0F, plane >> 4], axis=2), n)
         b = self.blocks.reshape(n, nb, BLOCK_BYTES["q4"])
         d = b[..., 0:4].copy().view(np.float32)  # [N, nb, 1]
         m = b[..., 4:8].copy().view(np.float32)
@@ -183,6 +209,10 @@ class QuantWeight:
         """q8 / q8t -> d [N, nb, 1] float32 and q [N, nb, 32] int8 in weight order (weight = d * q)."""
         n, k = self.shape
         nb = k // QK
+        if self.fmt == "q8v":
+            b = self.blocks.reshape(n // GROUP, nb, 576)
+            q = _from_quads(b[..., 64:].reshape(n // GROUP, nb, 8, 64) ^ np.uint8(0x80), n).view(np.int8)
+            return _from_groups(b[..., 0:64].copy().view(np.float32), n), q
         if self.fmt == "q8t":
             b = self.blocks.reshape(n // GROUP, nb, 576)
             rows = b[..., 64:].reshape(n // GROUP, nb, 16, GROUP, 2)  # [G, nb, r, n, pair]: k = 2r + pair
@@ -194,7 +224,7 @@ class QuantWeight:
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32, exactly the values the kernel multiplies with."""
         n, k = self.shape
-        if self.fmt in ("q8", "q8t"):
+        if self.fmt in ("q8", "q8t", "q8v"):
             d, q = self._q8_parts()
             return torch.from_numpy((q.astype(np.float32) * d).reshape(n, k))
         d, m, q = self._q4_parts()
@@ -219,11 +249,31 @@ class QuantWeight:
         out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
         return QuantWeight(TILED[self.fmt], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
+    def for_int8(self) -> QuantWeight | None:
+        """This weight in the q4v / q8v layout of the int8-activation kernels (the same weights); None if its
+        shape does not allow it (N not a multiple of 16)."""
+        n, k = self.shape
+        if self.fmt in INT8.values():
+            return self
+        if n % GROUP:
+            return None
+        g, nb = n // GROUP, k // QK
+        if self.fmt in ("q4", "q4t"):
+            d, m, q = self._q4_parts()
+            rows = _to_quads(q)  # [G, nb, 8, 64]
+            parts = [_to_groups(d), _to_groups(m), rows[:, :, :4] | (rows[:, :, 4:] << 4)]
+        else:
+            d, q = self._q8_parts()
+            parts = [_to_groups(d), _to_quads(q.view(np.uint8) ^ np.uint8(0x80))]
+        out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
+        return QuantWeight(INT8[self.fmt[:2]], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
+
     def untiled(self) -> QuantWeight:
-        """This q4t / q8t weight back in the q4 / q8 layout of qgemm.c (the same weights); itself otherwise."""
-        if self.fmt == "q8t":
+        """This q4t / q8t / q4v / q8v weight back in the q4 / q8 layout of qgemm.c (the same weights); itself
+        otherwise."""
+        if self.fmt in ("q8t", "q8v"):
             return QuantWeight._q8(*self._q8_parts(), self.shape)
-        if self.fmt != "q4t":
+        if self.fmt not in ("q4t", "q4v"):
             return self
         d, m, q = self._q4_parts()
         return QuantWeight._q4(d, m, q[..., :16] | (q[..., 16:] << 4), self.shape)
@@ -235,27 +285,36 @@ class QuantWeight:
         return self.tiled() if getattr(lib, "isa", None) == "amx" else self.untiled()
 
     def take_rows(self, order: np.ndarray) -> QuantWeight:
-        assert self.fmt not in TILED.values(), "reorder rows before tiling"
+        assert self.fmt in ("q4", "q8"), "reorder rows before tiling"
         return QuantWeight(self.fmt, np.ascontiguousarray(self.blocks[order]), self.shape)
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight | None:
         """Rows of several weights stacked (fused qkv / gate_up), or None if their formats or K differ."""
         fmts, ks = {p.fmt for p in parts}, {p.shape[1] for p in parts}
-        assert not fmts & set(TILED.values()), "stack rows before tiling"
+        assert fmts <= {"q4", "q8"}, "stack rows before tiling"
         if len(fmts) != 1 or len(ks) != 1:
             return None
         n = sum(p.shape[0] for p in parts)
         return QuantWeight(parts[0].fmt, np.concatenate([p.blocks for p in parts]), (n, parts[0].shape[1]))
 
-    def matmul(self, x: torch.Tensor, lib: ctypes.CDLL | None = None) -> torch.Tensor:
-        """x [M, K] float32 (CPU) -> x @ W^T [M, N] float32 (`lib`: a build_qgemm library; default: this CPU's)."""
+    def matmul(self, x: torch.Tensor, lib: ctypes.CDLL | None = None, isa: str | None = None) -> torch.Tensor:
+        """x [M, K] float32 (CPU) -> x @ W^T [M, N] float32 (`lib`: a build_qgemm library; default: this CPU's).
+
+        q4v / q8v weights quantize x to int8 (per row, per 32-block) and run `isa`'s integer kernel (a name in
+        build.INT8_ISAS; default: the best this CPU has)."""
         lib = lib or load_qgemm()
         m = x.shape[0]
         n, k = self.shape
         x = x.contiguous()
         y = torch.empty(m, n, dtype=torch.float32)
-        if m:
+        if m and self.fmt in INT8_FMT_CODE:
+            isa = isa or int8_isa(lib)
+            if isa is None:
+                raise ValueError("int8 activations need AVX512-VNNI, AVX-VNNI or AMX-INT8; this CPU has none")
+            code, fmt = INT8_ISAS[isa][0], INT8_FMT_CODE[self.fmt]
+            lib.qgemm_i8(code, fmt, x.data_ptr(), m, k, self._ptr, n, y.data_ptr(), torch.get_num_threads())
+        elif m:
             if self.fmt in TILED.values() and getattr(lib, "isa", None) != "amx":
                 raise ValueError(f"a {self.fmt} weight needs the 'amx' kernel build")
             fn = getattr(lib, f"qgemm_{self.fmt}")

@@ -1,7 +1,8 @@
 """Dense layer tuned for decoding on the CPU.
 
-GGUF weights in Q4_0 / Q4_1 / Q8_0 stay in their blocks (`load_quantized`) and run through verispec/kernels
-(the same float32 weight values, 4-9x fewer bytes streamed per token). Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
+GGUF weights in Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 stay in their blocks (`load_quantized`) and run through
+verispec/kernels (the same float32 weight values, 4-9x fewer bytes streamed per token), with float32 activations
+or, after `use_int8_activations`, activations quantized to int8 per row and 32-block (llama.cpp's numerics). Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
 uses): for the 1-40 row products of decoding and verification it runs 1.2-2x faster than nn.Linear, and
 its result for a row does not depend on how many rows are in the batch (bitwise), which keeps plain
 decoding and speculative verification numerically identical. Elsewhere (CUDA, no MKL) it is x @ W^T.
@@ -123,6 +124,16 @@ class Dense(nn.Module):
         self.load_quantized(QuantWeight.quantize_q8(w))
         return True
 
+    def use_int8_activations(self) -> bool:
+        """Multiply this layer's quantized weights with int8 activations from now on (q4v / q8v, qgemm_i8.c);
+        False, unchanged, if it has no quantized weights or their shape does not allow it (N not a multiple of 16:
+        that layer keeps float32 activations)."""
+        qv = self.qweight.for_int8() if self.qweight is not None else None
+        if qv is None:
+            return False
+        self.qweight = qv
+        return True
+
     def pack(self) -> None:
         w = self.weight
         if w.device.type == "cpu" and w.dtype == torch.float32 and _mkl_packing_available():
@@ -151,6 +162,11 @@ class Dense(nn.Module):
 def quantize_dense_layers(module: nn.Module) -> int:
     """Every Dense layer of `module` that can be -> Q8_0 (Dense.quantize_q8); -> how many were."""
     return sum(m.quantize_q8() for m in module.modules() if isinstance(m, Dense))
+
+
+def use_int8_activations(module: nn.Module) -> int:
+    """Every quantized Dense layer of `module` -> int8 activations (Dense.use_int8_activations); -> how many."""
+    return sum(m.use_int8_activations() for m in module.modules() if isinstance(m, Dense))
 
 
 def keeps_quantized(module: nn.Module) -> bool:

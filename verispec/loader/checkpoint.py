@@ -16,6 +16,7 @@ from verispec.loader.weights import load_decoder_weights
 from verispec.models.decoder import DecoderLM
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+ACTIVATION_DTYPES = ("float32", "int8")
 ALIASES = ("smollm2-135m-instruct", "gemma3-270m")
 
 
@@ -94,7 +95,14 @@ def load_checkpoint(
     tokenizer: str | None = None,
     skip_tokenizer_init: bool = False,
     keep_quantized: bool = True,
+    activation_dtype: str = "float32",
 ) -> Checkpoint:
+    """activation_dtype: "float32" (the default: transformers' float32 numerics on the same weights) or "int8"
+    (activations quantized per row in 32-blocks, integer dot products: llama.cpp's numerics, faster; needs GGUF
+    weights kept quantized on the CPU and a CPU with AVX512-VNNI, AVX-VNNI or AMX-INT8, else ValueError)."""
+    if activation_dtype not in ACTIVATION_DTYPES:
+        allowed = ", ".join(ACTIVATION_DTYPES)
+        raise ValueError(f"activation_dtype={activation_dtype!r} is not supported; allowed: {allowed}")
     path = resolve_model_path(model)
     tok = None
     if path.is_file():
@@ -133,10 +141,32 @@ def load_checkpoint(
     net = net.to_empty(device=device).to(dt)
     _init_rope(net, cfg)
     load_decoder_weights(net, tensors, str(path))
+    if activation_dtype == "int8":
+        use_int8_activations(net, str(path))
     if net.embed_tokens.weight.is_cpu and os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0":
         net.fuse_layers()
     net.eval()
     return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))
+
+
+def use_int8_activations(net: DecoderLM, source: str) -> None:
+    """Switch every quantized projection of `net` (the LM head included) to int8 activations, or raise ValueError
+    saying why it cannot be (no int8 kernel for this CPU, or no weight kept quantized)."""
+    from verispec.kernels.build import int8_isa
+    from verispec.layers.linear import keeps_quantized
+    from verispec.layers.linear import use_int8_activations as convert
+
+    if not kernels_available() or int8_isa() is None:
+        raise ValueError(
+            "activation_dtype='int8' needs a CPU with AVX512-VNNI, AVX-VNNI or AMX-INT8 and the native kernels "
+            "(VERISPEC_KERNELS not 0, a C compiler); this machine has none: use activation_dtype='float32'"
+        )
+    if not keeps_quantized(net):
+        raise ValueError(
+            f"activation_dtype='int8' needs GGUF weights kept quantized (Q4_0, Q4_1, Q4_K, Q5_0 or Q8_0, on the CPU "
+            f"in float32, keep_quantized=True); {source} has none: use activation_dtype='float32'"
+        )
+    convert(net)
 
 
 def _init_rope(net: DecoderLM, cfg: ModelConfig) -> None:

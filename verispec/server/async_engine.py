@@ -23,11 +23,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+from verispec.engine.fanout import EngineRequest
 from verispec.llm import LLM
 from verispec.outputs import RequestOutput
-from verispec.sampling_params import SamplingParams
 from verispec.server.metrics import ServerMetrics
 
 logger = logging.getLogger("verispec.server")
@@ -76,17 +76,11 @@ class QueueFullError(Exception):
 class EngineError(Exception):
     """The engine failed this request or is shutting down (HTTP 500)."""
 
+    status = 500
+
 
 class RequestAborted(Exception):
     """The request was aborted (its client went away)."""
-
-
-@dataclass
-class EngineRequest:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
 
 
 class RequestGroup:
@@ -130,7 +124,7 @@ class AsyncEngine:
     def __init__(self, llm: LLM, metrics: ServerMetrics | None = None, max_queue: int = 256):
         self.llm, self.engine, self.metrics = llm, llm.engine, metrics
         self.max_queue = max_queue
-        self.num_slots = self.engine.cache.num_slots
+        self.num_slots = self.engine.stats().num_kv_slots
         self._inbox: deque[tuple] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -164,13 +158,8 @@ class AsyncEngine:
             return max(0, self._num_inflight - self.num_slots)
 
     def stats(self) -> dict:
-        e = self.engine
-        return {
-            "running": len(e.running),
-            "waiting": len(e.waiting),
-            "free_kv_slots": e.cache.num_free,
-            "num_kv_slots": self.num_slots,
-        }
+        """The engine's request and KV-slot counts (for /health)."""
+        return asdict(self.engine.stats())
 
     # ------------------------------------------------------------------ front-end API (event-loop thread)
     async def submit(self, requests: list[EngineRequest]) -> RequestGroup:
@@ -296,9 +285,10 @@ class AsyncEngine:
             outputs = self.engine.step()
         except Exception as e:
             # We cannot tell which request broke the step: fail the batch that ran, keep the waiting ones.
-            logger.exception("engine step failed; failing the %d running requests", len(self.engine.running))
-            for r in list(self.engine.running):
-                self._fail(r.request_id, EngineError(f"engine step failed: {e!r}"))
+            running = self.engine.running_request_ids()
+            logger.exception("engine step failed; failing the %d running requests", len(running))
+            for rid in running:
+                self._fail(rid, EngineError(f"engine step failed: {e!r}"))
             self._sync_metrics()
             return
         self._sync_metrics()  # before delivery: a client that sees its last token also sees it counted
@@ -336,9 +326,9 @@ class AsyncEngine:
     def _sync_metrics(self) -> None:
         if self.metrics is None:
             return
-        e = self.engine
-        self.metrics.sync_counters(e.counters)
-        self.metrics.update_gauges(len(e.running), len(e.waiting), e.cache.num_free)
+        stats = self.engine.stats()
+        self.metrics.sync_counters(self.engine.counters)
+        self.metrics.update_gauges(stats.running, stats.waiting, stats.free_kv_slots)
 
 
 def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:

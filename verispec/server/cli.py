@@ -30,6 +30,7 @@ class ServeConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 1024
     dtype: str = "auto"
+    activation_dtype: str = "float32"
     device: str = "auto"
     seed: int = 0
     speculative_config: dict | None = None
@@ -49,7 +50,7 @@ _INT = {
     "kv_cache_memory_bytes",
     "max_queue",
 }
-_STR = {"model", "host", "api_key", "dtype", "device", "uvicorn_log_level"}
+_STR = {"model", "host", "api_key", "dtype", "activation_dtype", "device", "uvicorn_log_level"}
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -77,6 +78,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--max-num-batched-tokens", type=int, default=None, help="prefill chunk budget, default 1024"
     )
     p.add_argument("--dtype", default=None, help="auto | float32 | float16 | bfloat16")
+    p.add_argument("--activation-dtype", default=None, choices=("float32", "int8"), help="default float32")
     p.add_argument("--device", default=None, help="auto | cpu | cuda")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument(
@@ -212,6 +214,7 @@ def run_server(args: argparse.Namespace) -> int:
             kv_transfer_config=cfg.kv_transfer_config,
             kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
+            activation_dtype=cfg.activation_dtype,
         )
 
     try:

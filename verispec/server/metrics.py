@@ -115,6 +115,15 @@ class ServerMetrics:
             "vllm:kv_cache_usage_perc", "KV-cache usage (fraction of sequence slots in use).", m, registry=r
         )
         self.kv_free = Gauge("verispec:kv_cache_free_slots", "Free KV-cache sequence slots.", m, registry=r)
+        self._add_histograms()
+        self.k = num_spec_tokens
+        if num_spec_tokens:
+            self._add_spec_counters()
+        self._last: dict[str, int] = {}
+        self._init_children()
+
+    def _add_histograms(self) -> None:
+        r, m = self.registry, ["model_name"]
         self.ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
@@ -136,25 +145,23 @@ class ServerMetrics:
             buckets=E2E_BUCKETS,
             registry=r,
         )
-        self.k = num_spec_tokens
-        if num_spec_tokens:
-            self.drafts = Counter(
-                "vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", m, registry=r
-            )
-            self.draft_tokens = Counter(
-                "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", m, registry=r
-            )
-            self.accepted = Counter(
-                "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", m, registry=r
-            )
-            self.per_pos = Counter(
-                "vllm:spec_decode_num_accepted_tokens_per_pos",
-                "Accepted tokens per draft position.",
-                m + ["position"],
-                registry=r,
-            )
-        self._last: dict[str, int] = {}
-        self._init_children()
+
+    def _add_spec_counters(self) -> None:
+        """vLLM's speculative-decoding counters (only when the server speculates)."""
+        r, m = self.registry, ["model_name"]
+        self.drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", m, registry=r)
+        self.draft_tokens = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", m, registry=r
+        )
+        self.accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", m, registry=r
+        )
+        self.per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            m + ["position"],
+            registry=r,
+        )
 
     def _init_children(self) -> None:
         """Create every labelled child up front so each series is exported (at 0) from the start."""

@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from verispec.spec.base import Proposal, Proposer
-from verispec.spec_config import SpeculativeConfig
+from verispec.spec.base import Proposal, Proposer, ProposerNeeds
+from verispec.spec_config import MTP_MODEL_TYPES, SpeculativeConfig, parse_json_config
 
-__all__ = ["Proposal", "Proposer", "SUPPORTED_METHODS", "build_proposer", "check_supported", "DraftContext"]
+__all__ = [
+    "DraftContext",
+    "Proposal",
+    "Proposer",
+    "ProposerNeeds",
+    "SUPPORTED_METHODS",
+    "build_proposer",
+    "check_kv_transfer",
+    "check_supported",
+    "draft_kv_share",
+    "resolve_speculative_config",
+]
 
 
 @dataclass
@@ -50,7 +62,8 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     runner = ModelRunner(draft.model, cache, ctx.device)
     keep = cfg.rejection_sample_method == "probabilistic"
     mask_token = parallel_drafting_token(draft.hf_config, dv) if cfg.parallel_drafting else None
-    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token)
+    sample = cfg.draft_sample_method != "greedy"
+    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token, sample)
 
 
 def parallel_drafting_token(hf: dict, vocab: int) -> int:
@@ -231,18 +244,30 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 MTP_ARCHITECTURES = ("MiMoForCausalLM",)
 
-_BUILDERS: dict[str, Callable[[SpeculativeConfig, DraftContext], Proposer]] = {
-    "ngram": _ngram,
-    "draft_model": _draft_model,
-    "suffix": _suffix,
-    "medusa": _medusa,
-    "mlp_speculator": _mlp_speculator,
-    "extract_hidden_states": _extract_hidden_states,
-    "eagle": _eagle,
-    "eagle3": _eagle3,
-    "mtp": _mtp,
+
+@dataclass(frozen=True)
+class _Method:
+    """A method's builder and what the engine must set aside for it before building."""
+
+    build: Callable[[SpeculativeConfig, DraftContext], Proposer]
+    # the share of the KV memory budget the drafter's own KV cache takes (a draft model: as large as the target's)
+    kv_cache_share: float = 0.0
+    # writes what it captures through a kv_transfer_config connector
+    kv_transfer: bool = False
+
+
+_METHODS: dict[str, _Method] = {
+    "ngram": _Method(_ngram),
+    "draft_model": _Method(_draft_model, kv_cache_share=0.5),
+    "suffix": _Method(_suffix),
+    "medusa": _Method(_medusa),
+    "mlp_speculator": _Method(_mlp_speculator),
+    "extract_hidden_states": _Method(_extract_hidden_states, kv_transfer=True),
+    "eagle": _Method(_eagle),
+    "eagle3": _Method(_eagle3),
+    "mtp": _Method(_mtp),
 }
-SUPPORTED_METHODS = tuple(_BUILDERS)
+SUPPORTED_METHODS = tuple(_METHODS)
 
 
 TREE_METHODS = ("eagle", "eagle3", "mtp")
@@ -298,4 +323,63 @@ def check_supported(cfg: SpeculativeConfig) -> None:
 
 
 def build_proposer(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    return _BUILDERS[cfg.method](cfg, ctx)
+    return _METHODS[cfg.method].build(cfg, ctx)
+
+
+def draft_kv_share(cfg: SpeculativeConfig | None) -> float:
+    """The share of the KV memory budget the drafter's own cache takes (0 without one)."""
+    return 0.0 if cfg is None else _METHODS[cfg.method].kv_cache_share
+
+
+def check_kv_transfer(cfg: SpeculativeConfig | None, kv_transfer_config: Mapping[str, Any] | None) -> None:
+    """A kv_transfer_config only with a method that writes through a connector."""
+    if kv_transfer_config is not None and (cfg is None or not _METHODS[cfg.method].kv_transfer):
+        names = [m for m, e in _METHODS.items() if e.kv_transfer]
+        raise ValueError(
+            f"kv_transfer_config is only supported with speculative_config method {', '.join(map(repr, names))} "
+            "(the hidden-states connector)"
+        )
+
+
+def _draft_hf_config(spec: Mapping[str, Any]) -> dict | None:
+    """Read the draft's config (method inference, n_predict) without loading its weights where possible."""
+    from verispec.loader.checkpoint import ALIASES, resolve_model_path
+    from verispec.loader.hf import read_hf_config
+
+    model = spec.get("model")
+    if not isinstance(model, str) or model in ("ngram", "[ngram]"):
+        return None
+    if model not in ALIASES and not Path(model).expanduser().exists():
+        raise ValueError(f"speculative_config.model {model!r} not found: pass an HF folder or a .gguf file")
+    path = resolve_model_path(model)
+    return read_hf_config(path) if path.is_dir() else None
+
+
+def resolve_speculative_config(
+    speculative_config: Mapping[str, Any] | str | None,
+    target_max_model_len: int,
+    target_hf_config: dict | None = None,
+) -> SpeculativeConfig | None:
+    """The user's speculative_config (a dict or a JSON string) validated and resolved as vLLM does, and checked
+    against what this build supports; ValueError naming the key otherwise."""
+    if speculative_config is None:
+        return None
+    if isinstance(speculative_config, str):
+        speculative_config = parse_json_config(speculative_config)
+    if not isinstance(speculative_config, Mapping):
+        raise ValueError("speculative_config must be a dict (or a JSON object string)")
+    if speculative_config.get("model"):
+        draft_hf = _draft_hf_config(speculative_config)
+    elif speculative_config.get("method") in ("mtp", *MTP_MODEL_TYPES):
+        # no model: an MTP method drafts with the target's own layers (its config gives n_predict), as in vLLM
+        draft_hf = target_hf_config
+    else:
+        draft_hf = None
+    spec = SpeculativeConfig.from_dict(
+        speculative_config,
+        target_max_model_len=target_max_model_len,
+        draft_hf_config=draft_hf,
+        supported_methods=SUPPORTED_METHODS,
+    )
+    check_supported(spec)
+    return spec

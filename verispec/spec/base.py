@@ -1,38 +1,53 @@
-"""The one protocol every speculative method implements; the engine never looks at a method's name."""
+"""The one contract every speculative method implements; the engine never looks at a method's name.
+
+A proposer declares what it needs from the engine in a `ProposerNeeds`; the engine reads that declaration, and the
+factory (spec/__init__.py) is the only place that maps a method name to a proposer.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from verispec.engine.model_runner import RunnerOutput
     from verispec.engine.request import Request
     from verispec.spec.tree import TokenTree
 
 
+@dataclass(frozen=True)
+class ProposerNeeds:
+    """What a proposer needs from the engine.
+
+    target_hidden: the target's states the proposer drafts from, handed over after every forward by
+    observe_hidden: "none"; "last", the state behind each request's newest token (Medusa, MLP speculator); "all",
+    the states of every position the forward committed (EAGLE: prompt chunks, accepted drafts).
+    aux_layers: target layers whose input streams the proposer reads instead of the final normed state (EAGLE-3,
+    extract_hidden_states); id i is the input of layer i.
+    observes_states: after every forward the engine calls observe_states with the aux_layers' states of every token
+    each request fed to the target in it (extract_hidden_states).
+    runs_forward: drafting runs a model forward of its own (draft model, EAGLE, heads), a cost the planner counts.
+    """
+
+    target_hidden: Literal["none", "last", "all"] = "none"
+    aux_layers: tuple[int, ...] = ()
+    observes_states: bool = False
+    runs_forward: bool = False
+
+
 @dataclass
 class Proposal:
-    token_ids: list[
-        list[int]
-    ]  # per request, 0..k_max[b] drafts (host lists: the runner builds inputs from them)
-    draft_probs: torch.Tensor | None = (
-        None  # [B, K, V] draft distribution for `probabilistic`; None = one-hot
-    )
-    tree: TokenTree | None = None  # token_ids[b] are then the tree's nodes in its (breadth-first) order
+    # per request 0..k_max[b] drafts (host lists: the runner builds inputs from them)
+    token_ids: list[list[int]]
+    # [B, K, V] draft distribution for `probabilistic`; None = one-hot at each draft
+    draft_probs: torch.Tensor | None = None
+    # a token tree: token_ids[b] are then the tree's nodes in its (breadth-first) order
+    tree: TokenTree | None = None
 
 
 class Proposer(Protocol):
-    aux_layers: tuple[int, ...]  # target layers whose hidden states the proposer needs (EAGLE-3), else ()
-    # The target's final normed hidden states the proposer drafts from, handed over after every forward by
-    # observe_hidden: "none"; "last", the state behind each request's newest token (Medusa, MLP speculator); "all",
-    # the states of every position the forward committed (EAGLE: prompt chunks, accepted drafts)
-    target_hidden: str
-    # True: after every forward the engine calls observe_states with the aux_layers' states of every token each
-    # request fed to the target in it (extract_hidden_states)
-    observes_states: bool
+    needs: ProposerNeeds
 
     def add_request(self, req: Request) -> None: ...
 
@@ -43,17 +58,13 @@ class Proposer(Protocol):
         ...
 
     def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
-        """Only called when target_hidden is not "none": hidden[b] [n_b, H], the rows of the positions ending at
-        reqs[b].num_computed (exclusive), in order; its last row produced the newest token."""
+        """Only called when needs.target_hidden is not "none": hidden[b] [n_b, H], the rows of the positions ending
+        at reqs[b].num_computed (exclusive), in order; its last row produced the newest token."""
         ...
 
     def observe_states(
         self, reqs: list[Request], token_ids: list[list[int]], states: list[torch.Tensor]
     ) -> None:
-        """Only called when observes_states: states[b] [len(token_ids[b]), len(aux_layers), H] (aux_layers order);
-        called before the step's tokens are committed, so a request that finishes in this step is still live."""
-        ...
-
-    def on_step_end(self, reqs: list[Request], target: RunnerOutput, num_accepted: list[int]) -> None:
-        """Called after verification; target holds logits/hidden states of every scored position."""
+        """Only called when needs.observes_states: states[b] [len(token_ids[b]), len(aux_layers), H] (aux_layers
+        order); called before the step's tokens are committed, so a request that finishes in this step is live."""
         ...

@@ -16,26 +16,22 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
-from verispec.layers import sampler as S
-from verispec.spec.base import Proposal
+from verispec.sample import logits as S
+from verispec.spec.base import Proposal, ProposerNeeds
 
 
 class DraftModelProposer:
-    aux_layers: tuple[int, ...] = ()
-    target_hidden = "none"
-    observes_states = False
+    needs = ProposerNeeds(runs_forward=True)
 
     def __init__(
         self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0,
-        mask_token: int | None = None,
+        mask_token: int | None = None, sample_drafts: bool = True,
     ):  # fmt: skip
-        """mask_token: parallel drafting's filler token (None: K sequential draft forwards)."""
-        self.runner, self.k, self.keep_probs, self.mask_token = (
-            runner,
-            num_speculative_tokens,
-            keep_probs,
-            mask_token,
-        )
+        """mask_token: parallel drafting's filler token (None: K sequential draft forwards). sample_drafts
+        (draft_sample_method 'probabilistic'): random requests draft samples of q; False ('greedy'): every request
+        drafts the argmax, and q is not kept (it is one-hot at the draft)."""
+        self.runner, self.k, self.mask_token = runner, num_speculative_tokens, mask_token
+        self.keep_probs, self.sample_drafts = keep_probs and sample_drafts, sample_drafts
         self.cache: KVCache = runner.cache
         self.vocab = runner.model.cfg.vocab_size
         self.slot: dict[str, int] = {}
@@ -78,7 +74,7 @@ class DraftModelProposer:
         logits = out.logits
         for i in range(k):
             q = S.logits_to_probs(logits, st)  # [B, V]
-            if st.all_greedy:
+            if st.all_greedy or not self.sample_drafts:
                 tok = S.greedy(logits)
             else:
                 gens = [r.generator for r in reqs]  # seeded requests draft reproducibly
@@ -107,7 +103,7 @@ class DraftModelProposer:
         )
         q = S.logits_to_probs(logits, st)  # [B * k, V]
         tok = S.greedy(logits)
-        if not st.all_greedy:
+        if not st.all_greedy and self.sample_drafts:
             gens = [r.generator for r in reqs]
             noise = S.draw_noise([k] * len(reqs), gens, self.vocab, logits.device, self.generator)
             tok = torch.where(st.is_greedy, tok, S.sample(q, noise))
@@ -120,6 +116,3 @@ class DraftModelProposer:
         m = self.runner.model
         hidden, _ = m(tok, positions, ctx, self.cache.kv)  # [B, hidden]
         return m.compute_logits(hidden)  # [B, V]
-
-    def on_step_end(self, reqs, target, num_accepted) -> None:
-        return None

@@ -17,14 +17,11 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
-from verispec.spec.base import Proposal
+from verispec.spec.base import Proposal, ProposerNeeds
 from verispec.spec.tree import TokenTree
 
 
 class EagleProposer:
-    target_hidden = "all"
-    observes_states = False
-
     def __init__(
         self,
         draft: torch.nn.Module,
@@ -35,7 +32,8 @@ class EagleProposer:
         """draft: models/eagle.py's EagleDraft, models/eagle3.py's Eagle3Draft or models/mtp.py's MTPLayer, bound to
         the target (embed, draft_ids, draft_topk); runner: the draft's cache and contexts; aux_layers: the target
         layers EAGLE-3 reads; tree: a token tree to draft (None: a chain)."""
-        self.draft, self.runner, self.aux_layers, self.tree = draft, runner, aux_layers, tree
+        self.draft, self.runner, self.tree = draft, runner, tree
+        self.needs = ProposerNeeds(target_hidden="all", aux_layers=aux_layers, runs_forward=True)
         self.cache: KVCache = runner.cache
         self.slot: dict[str, int] = {}
         self.computed: dict[
@@ -129,6 +127,3 @@ class EagleProposer:
             for n in range(1, m + 1):
                 heads[n], states[n] = head_in[:, n - 1], state[:, n - 1]
         return Proposal(tokens[:, 1:].tolist(), tree=tree)  # the step's one host sync
-
-    def on_step_end(self, reqs, target, num_accepted) -> None:
-        return None

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from verispec.engine.request import Request
-from verispec.spec.base import Proposal
+from verispec.spec.base import Proposal, ProposerNeeds
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
@@ -82,13 +82,12 @@ def hidden_states_folder(kv_transfer_config: Mapping[str, Any] | None) -> Path:
 
 
 class HiddenStatesExtractor:
-    target_hidden = "none"
-    observes_states = True
-
     def __init__(self, layer_ids: tuple[int, ...], folder: Path):
         self.layer_ids = layer_ids
-        self.aux_layers = tuple(sorted(set(layer_ids)))  # the order the model captures them in
-        self._columns = [self.aux_layers.index(i) for i in layer_ids]  # back to the requested order
+        # the order the model captures them in, and the way back to the requested order
+        captured = tuple(sorted(set(layer_ids)))
+        self._columns = [captured.index(i) for i in layer_ids]
+        self.needs = ProposerNeeds(aux_layers=captured, observes_states=True)
         self.folder = folder
         self.tokens: dict[str, list[int]] = {}
         self.states: dict[str, list[torch.Tensor]] = {}  # per request: [n, len(layer_ids), H] chunks
@@ -121,7 +120,4 @@ class HiddenStatesExtractor:
         return Proposal([[] for _ in reqs])  # nothing is speculated
 
     def observe_hidden(self, reqs, hidden) -> None:
-        return None
-
-    def on_step_end(self, reqs, target, num_accepted) -> None:
         return None

@@ -14,13 +14,11 @@ import torch
 from torch import nn
 
 from verispec.engine.request import Request
-from verispec.spec.base import Proposal
+from verispec.spec.base import Proposal, ProposerNeeds
 
 
 class HeadProposer:
-    aux_layers: tuple[int, ...] = ()
-    target_hidden = "last"
-    observes_states = False
+    needs = ProposerNeeds(target_hidden="last", runs_forward=True)
 
     def __init__(self, heads: nn.Module):
         self.heads = heads
@@ -47,6 +45,3 @@ class HeadProposer:
         last = torch.tensor([r.last_token_id for r in reqs], device=x.device)  # [B]
         ids = self.heads(x, last, k)  # [B, K]
         return Proposal([d[:c] for d, c in zip(ids.tolist(), k_max)])  # the step's one host sync
-
-    def on_step_end(self, reqs, target, num_accepted) -> None:
-        return None

@@ -35,8 +35,3 @@ def ngram_propose(context: np.ndarray, min_n: int, max_n: int, k: int) -> np.nda
     if best < 0:
         return context[:0].copy()
     return context[best + 1 : best + 1 + k].copy()
-
-
-def ngram_propose_batch(contexts: list[np.ndarray], min_n: int, max_n: int, k: int) -> list[np.ndarray]:
-    """``ngram_propose`` for each request's context."""
-    return [ngram_propose(c, min_n, max_n, k) for c in contexts]

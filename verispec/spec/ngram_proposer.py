@@ -5,14 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 from verispec.engine.request import Request
-from verispec.spec.base import Proposal
+from verispec.spec.base import Proposal, ProposerNeeds
 from verispec.spec.ngram import ngram_propose
 
 
 class NgramProposer:
-    aux_layers: tuple[int, ...] = ()
-    target_hidden = "none"
-    observes_states = False
+    needs = ProposerNeeds()
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
@@ -46,6 +44,3 @@ class NgramProposer:
             for r, k in zip(reqs, k_max)
         ]
         return Proposal(drafts)
-
-    def on_step_end(self, reqs, target, num_accepted) -> None:
-        return None

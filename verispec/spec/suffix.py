@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from verispec.engine.request import Request
-from verispec.spec.base import Proposal
+from verispec.spec.base import Proposal, ProposerNeeds
 from verispec.spec.suffix_tree import SuffixDecodingCache
 
 
 class SuffixProposer:
-    aux_layers: tuple[int, ...] = ()
-    target_hidden = "none"
-    observes_states = False
+    needs = ProposerNeeds()
 
     def __init__(
         self, max_tree_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float
@@ -47,6 +45,3 @@ class SuffixProposer:
                 continue
             drafts.append(self.cache.speculate(r.request_id, r.tail(self.depth), k).token_ids)
         return Proposal(drafts)
-
-    def on_step_end(self, reqs, target, num_accepted) -> None:
-        return None

@@ -76,9 +76,7 @@ class SamplingTensors:
             repetition_penalty=f32(repetition),
             is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
             all_greedy=all(greedy),
-            any_penalties=any(x != 0.0 for x in presence)
-            or any(x != 0.0 for x in frequency)
-            or any(x != 1.0 for x in repetition),
+            any_penalties=any(p.has_penalties for p in params),
             any_top_k=any(k < vocab_size for k in top_k),
             any_top_p=any(p < 1.0 for p in top_p),
             any_min_p=any(m > 0.0 for m in min_p),
@@ -246,24 +244,14 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int
     return Logprobs(token_logprob, top_ids, top_logprobs, token_rank)
 
 
-def sample_tokens(
-    logits: torch.Tensor,  # [N, V]
-    st: SamplingTensors,
-    noise: torch.Tensor | None,  # [N, V] ~ Exp(1); may be None when st.all_greedy
-    prompt_mask: torch.Tensor | None = None,  # [N, V] bool, needed when st.any_penalties
-    output_counts: torch.Tensor | None = None,  # [N, V] int, needed when st.any_penalties
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Plain decoding: penalties, then greedy rows argmax, random rows sample from logits_to_probs.
-
-    Returns (tokens [N] int64, probs [N, V] float32 or None when all rows are greedy)."""
-    if st.any_penalties:
-        assert prompt_mask is not None and output_counts is not None, (
-            "penalties need prompt_mask/output_counts"
-        )
-        logits = apply_penalties(logits, prompt_mask, output_counts, st)
-    argmax_tokens = greedy(logits)  # [N]
-    if st.all_greedy:
-        return argmax_tokens, None
-    assert noise is not None, "noise is required unless all rows are greedy"
-    probs = logits_to_probs(logits, st)  # [N, V]
-    return torch.where(st.is_greedy, argmax_tokens, sample(probs, noise)), probs
+def greedy_or_sample(
+    argmax: torch.Tensor,  # [N] int64
+    probs: torch.Tensor | None,  # [N, V] or None when every row is greedy
+    noise: torch.Tensor | None,  # [N, V] Exp(1), with probs
+    is_greedy: torch.Tensor | None,  # [N] bool, with probs
+) -> torch.Tensor:  # [N] int64
+    """Each row's token: its argmax where the row is greedy, else a sample of its probs. The one place that
+    mixes greedy and random rows of plain sampling."""
+    if probs is None:
+        return argmax
+    return torch.where(is_greedy, argmax, sample(probs, noise))

@@ -36,6 +36,7 @@ Options of ``probabilistic`` (vLLM Ascend's ``rejection_sampler_config``):
 No function here syncs with the host (.item(), .tolist(), data-dependent Python branches).
 """
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -244,6 +245,30 @@ def entropy_thresholds(
     return (-posterior_alpha * entropy).exp().clamp_max(posterior_threshold)
 
 
+@functools.lru_cache(maxsize=256)
+def synthetic_conditional_rate(acceptance_rate: float, num_drafts: int) -> float:
+    """The constant per-position conditional acceptance probability a for which a draft of ``num_drafts`` tokens
+    accepts ``acceptance_rate`` of them on average: (a + a^2 + ... + a^K) / K = r, solved by bisection.
+
+    Acceptance stops at the first rejection, so position i is reached and accepted with probability a^i (the
+    position-decaying schedule vLLM calibrates to synthetic_acceptance_rate). r itself per position would give
+    (r + ... + r^K) / K instead: 0.39 for K = 3, r = 0.6.
+    """
+    if not 0.0 <= acceptance_rate <= 1.0:
+        raise ValueError(f"synthetic_acceptance_rate must be in [0, 1], but got {acceptance_rate}")
+    if num_drafts <= 1 or acceptance_rate in (0.0, 1.0):
+        return acceptance_rate
+    lo, hi = 0.0, 1.0
+    # the mean is increasing in a; 60 halvings reach float precision
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid**i for i in range(1, num_drafts + 1)) / num_drafts < acceptance_rate:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def synthetic_verify(
     draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
     target_probs: torch.Tensor,  # [B, K+1, V]
@@ -251,16 +276,32 @@ def synthetic_verify(
     exp_noise: torch.Tensor,  # [B, K+1, V] Exp(1)
     acceptance_rate: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accept each draft independently with prob ``acceptance_rate``; stop at first rejection.
+    """Accept drafts with a position-decaying probability so that a row accepts ``acceptance_rate`` of its drafts
+    on average; stop at the first rejection.
 
-    NOT lossless: the output distribution is not the target's. For benchmarking the engine
-    at a controlled acceptance rate only. Recovered/bonus tokens are samples of p.
+    Each row is calibrated for its own draft count g (``synthetic_conditional_rate(r, g)``), so the mean of
+    accepted / drafted is r for proposers whose drafts vary in length too. NOT lossless: the output distribution
+    is not the target's. For benchmarking the engine at a controlled acceptance rate only. Recovered/bonus tokens
+    are samples of p.
     """
-    accept = uniform_samples < acceptance_rate  # [B, K]
+    K = draft_token_ids.shape[1]
+    table = [0.0] + [synthetic_conditional_rate(acceptance_rate, g) for g in range(1, K + 1)]
+    rates = torch.tensor(table, dtype=uniform_samples.dtype, device=uniform_samples.device)  # [K+1]
+    num_draft = (draft_token_ids >= 0).sum(dim=1)  # [B]
+    accept = uniform_samples < rates[num_draft][:, None]  # [B, K]
     return _assemble(draft_token_ids, accept, exponential_race(target_probs, exp_noise))
 
 
 # ---------------------------------------------------------------------------- dispatcher
+
+# method -> its rule for random rows, over (drafts, p, q, uniform, noise) plus the method's own options
+_RANDOM_RULES = {
+    "strict": lambda d, p, q, u, e, **_: strict_verify(d, p, e),
+    "probabilistic": lambda d, p, q, u, e, block, thresholds, **_: (
+        block_verify if block else probabilistic_verify
+    )(d, p, q, u, e, thresholds),
+    "synthetic": lambda d, p, q, u, e, rate, **_: synthetic_verify(d, p, u, e, rate),
+}
 
 
 def rejection_sample(
@@ -305,20 +346,20 @@ def rejection_sample(
 
     if target_probs is None:
         raise ValueError("random rows need target_probs")
-    if method == "strict":
-        rand = strict_verify(draft_token_ids, target_probs, exp_noise)
-    else:
-        if uniform_samples is None:
-            raise ValueError(f"method {method!r} needs uniform_samples")
-        if method == "probabilistic":
-            verify = block_verify if block else probabilistic_verify
-            rand = verify(draft_token_ids, target_probs, draft_probs, uniform_samples, exp_noise, thresholds)
-        else:
-            if synthetic_acceptance_rate is None:
-                raise ValueError("method 'synthetic' needs synthetic_acceptance_rate")
-            rand = synthetic_verify(
-                draft_token_ids, target_probs, uniform_samples, exp_noise, synthetic_acceptance_rate
-            )
+    if method != "strict" and uniform_samples is None:
+        raise ValueError(f"method {method!r} needs uniform_samples")
+    if method == "synthetic" and synthetic_acceptance_rate is None:
+        raise ValueError("method 'synthetic' needs synthetic_acceptance_rate")
+    rand = _RANDOM_RULES[method](
+        draft_token_ids,
+        target_probs,
+        draft_probs,
+        uniform_samples,
+        exp_noise,
+        block=block,
+        thresholds=thresholds,
+        rate=synthetic_acceptance_rate,
+    )
     if greedy is None:
         return rand
     out = torch.where(is_greedy[:, None], greedy[0], rand[0])  # [B, K+1]

@@ -1,0 +1,133 @@
+"""activation_dtype="int8": speculation still changes nothing (greedy equality for every speculative method against
+plain decoding in int8 mode), on a tiny GGUF target whose weights stay quantized (Q4_1 layers, Q8_0 head)."""
+
+from __future__ import annotations
+
+import pytest
+
+from verispec import LLM, SamplingParams
+from verispec.kernels.build import int8_isa
+
+pytestmark = pytest.mark.skipif(int8_isa() is None, reason="no int8 kernel (VNNI / AMX-INT8) on this CPU")
+
+BATCHES = (1, 4)
+SP = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+def _prompts(n: int, seed: int) -> list[dict]:
+    """Prompts with repeated spans, so n-gram and suffix drafts exist and get both accepted and rejected."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        motif = torch.randint(3, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+        noise = torch.randint(3, 300, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
+        out.append({"prompt_token_ids": noise + motif * 4 + noise[:3]})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_llama, tmp_path_factory) -> str:
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_gguf
+
+    return str(write_tiny_gguf(Path(tiny_llama), tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_gguf):
+    llm = LLM(tiny_gguf, max_model_len=256, max_num_seqs=4, activation_dtype="int8")
+    fmts = {m.qweight.fmt for m in llm.ckpt.model.modules() if getattr(m, "qweight", None) is not None}
+    assert fmts == {"q4v", "q8v"}, fmts
+    assert llm.ckpt.model.fused is not None
+    return {
+        b: [o.outputs[0].token_ids for o in llm.generate(_prompts(b, b), SP, use_tqdm=False)] for b in BATCHES
+    }
+
+
+def _configs(tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3) -> dict:
+    return {
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
+        "suffix": {"method": "suffix", "num_speculative_tokens": 3},
+        "draft_model": {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3},
+        "draft_model_self": {"method": "draft_model", "model": tiny_gguf, "num_speculative_tokens": 3},
+        "medusa": {"method": "medusa", "model": tiny_medusa, "num_speculative_tokens": 3},
+        "mlp_speculator": {
+            "method": "mlp_speculator",
+            "model": tiny_mlp_speculator,
+            "num_speculative_tokens": 3,
+        },
+        "eagle": {"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 3},
+        "eagle3": {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 3},
+    }
+
+
+@pytest.mark.parametrize(
+    "method",
+    ["ngram", "suffix", "draft_model", "draft_model_self", "medusa", "mlp_speculator", "eagle", "eagle3"],
+)
+def test_int8_greedy_equality(
+    tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3, reference, method
+):
+    cfg = _configs(tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3)[method]
+    llm = LLM(tiny_gguf, max_model_len=256, max_num_seqs=4, activation_dtype="int8", speculative_config=cfg)
+    for b in BATCHES:
+        outs = llm.generate(_prompts(b, b), SP, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == reference[b], f"{method} batch={b}"
+    spec = llm.engine.counters.spec
+    assert spec.num_draft_tokens > 0
+    if method == "draft_model_self":
+        assert spec.num_accepted_tokens > 0
+
+
+def test_int8_modules_equal_fused_layers(tiny_gguf, reference, monkeypatch):
+    """The PyTorch module path (VERISPEC_FUSED_LAYERS=0) calls the same int8 kernels: the same tokens."""
+    monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "0")
+    llm = LLM(tiny_gguf, max_model_len=256, max_num_seqs=4, activation_dtype="int8")
+    assert llm.ckpt.model.fused is None
+    for b in BATCHES:
+        outs = llm.generate(_prompts(b, b), SP, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == reference[b]
+
+
+def test_int8_errors(tiny_llama, tiny_gguf, monkeypatch):
+    with pytest.raises(ValueError, match=r"activation_dtype='bfloat16'.*float32, int8"):
+        LLM(tiny_gguf, activation_dtype="bfloat16")
+    # an HF float32 checkpoint keeps no quantized weight
+    with pytest.raises(ValueError, match="kept quantized"):
+        LLM(tiny_llama, activation_dtype="int8")
+    with pytest.raises(ValueError, match="kept quantized"):
+        LLM(tiny_gguf, activation_dtype="int8", keep_quantized=False)
+    # a CPU without VNNI / AMX-INT8
+    monkeypatch.setattr("verispec.kernels.build.int8_isa", lambda lib=None: None)
+    with pytest.raises(ValueError, match="AVX512-VNNI, AVX-VNNI or AMX-INT8"):
+        LLM(tiny_gguf, activation_dtype="int8")
+
+
+@pytest.mark.parametrize("command", ["generate", "bench", "serve"])
+def test_cli_rejects_an_unknown_activation_dtype(command, capsys):
+    from verispec.cli import build_parser
+
+    argv = [command, "--activation-dtype", "int4"] + (["-p", "hi"] if command == "generate" else [])
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(argv)
+    assert info.value.code == 2
+    assert "float32" in capsys.readouterr().err
+
+
+def test_serve_config_file_takes_activation_dtype(tmp_path):
+    from verispec.server.cli import load_config_file
+
+    path = tmp_path / "c.yaml"
+    path.write_text("activation-dtype: int8\n")
+    assert load_config_file(str(path)) == {"activation_dtype": "int8"}
+    path.write_text("activation_dtype: 8\n")
+    with pytest.raises(ValueError, match="activation_dtype must be a string"):
+        load_config_file(str(path))

@@ -1,0 +1,134 @@
+"""The engine's settings as one plain dataclass, with its command-line flags defined once.
+
+`LLM(...)`, `verispec generate`, `verispec bench` and `verispec serve` all build an `EngineArgs` and hand it to
+`build_engine` (engine/builder.py). Field names are vLLM's where vLLM has the setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from verispec.loader.checkpoint import ACTIVATION_DTYPES, DEFAULT_MODEL
+
+
+@dataclass
+class EngineArgs:
+    # model
+    model: str = DEFAULT_MODEL
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    skip_tokenizer_init: bool = False
+    # GGUF Q4_0 / Q4_1 / Q8_0 weights stay in their blocks on the CPU (native kernels, same float32 weight values,
+    # 4-6x fewer bytes per token); False dequantizes every weight to float32
+    keep_quantized: bool = True
+    # "float32" (transformers' numerics) or "int8": kept GGUF weights multiply int8-quantized activations
+    # (llama.cpp's numerics, faster; see loader/checkpoint.py)
+    activation_dtype: str = "float32"
+    seed: int = 0
+    # device: auto | cpu | cuda[:N]
+    device: str = "auto"
+    # cache: KV slots (concurrent sequences) and the memory they may take (None: a share of free memory)
+    max_num_seqs: int = 16
+    kv_cache_memory_bytes: int | None = None
+    # scheduler: prompt tokens per step, and most tokens one decode step may score (None: 32 on a CPU)
+    max_num_batched_tokens: int = 1024
+    spec_token_budget: int | None = None
+    # speculative decoding (vLLM's keys), and extract_hidden_states' connector
+    speculative_config: Mapping[str, Any] | str | None = None
+    kv_transfer_config: Mapping[str, Any] | str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """ValueError naming the setting for a value the engine cannot use."""
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.spec_token_budget is not None and (
+            not _is_int(self.spec_token_budget) or self.spec_token_budget < 1
+        ):
+            raise ValueError(f"spec_token_budget must be a positive integer, got {self.spec_token_budget!r}")
+        if self.activation_dtype not in ACTIVATION_DTYPES:
+            allowed = ", ".join(ACTIVATION_DTYPES)
+            raise ValueError(
+                f"activation_dtype={self.activation_dtype!r} is not supported; allowed: {allowed}"
+            )
+        if self.max_model_len is not None and (not _is_int(self.max_model_len) or self.max_model_len < 2):
+            raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, with_defaults: bool = True) -> None:
+        """The engine flags (vLLM's spelling). with_defaults=False leaves every default None so that a caller
+        merging a config file can tell which flags were given."""
+
+        def default(name: str) -> Any:
+            return _DEFAULTS[name] if with_defaults else None
+
+        parser.add_argument(
+            "model",
+            nargs="?",
+            default=default("model"),
+            help=f"HF folder, .gguf file or alias (default {DEFAULT_MODEL})",
+        )
+        parser.add_argument("--max-model-len", type=int, default=None)
+        parser.add_argument(
+            "--max-num-seqs",
+            type=int,
+            default=default("max_num_seqs"),
+            help="concurrent sequences (KV slots), default 16",
+        )
+        parser.add_argument(
+            "--max-num-batched-tokens",
+            type=int,
+            default=default("max_num_batched_tokens"),
+            help="prefill chunk budget, default 1024",
+        )
+        parser.add_argument("--dtype", default=default("dtype"), help="auto | float32 | float16 | bfloat16")
+        parser.add_argument(
+            "--activation-dtype",
+            default=default("activation_dtype"),
+            choices=("float32", "int8"),
+            help="float32 (default) | int8: llama.cpp's numerics on GGUF weights, faster",
+        )
+        parser.add_argument("--device", default=default("device"), help="auto | cpu | cuda")
+        parser.add_argument("--seed", type=int, default=default("seed"))
+        parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+        parser.add_argument(
+            "--speculative-config",
+            "-sc",
+            default=None,
+            help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+        )
+        parser.add_argument(
+            "--kv-transfer-config",
+            default=None,
+            help="JSON for method extract_hidden_states: kv_connector ExampleHiddenStatesConnector, "
+            "kv_connector_extra_config.shared_storage_path",
+        )
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, **overrides: Any) -> EngineArgs:
+        """The flags add_cli_args defined (None: not given, the default stays), then `overrides`."""
+        given = {
+            f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None
+        }
+        return cls(**(given | overrides))
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> EngineArgs:
+        """The engine settings among `values` (a merged config); other keys are ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_DEFAULTS = {f.name: f.default for f in fields(EngineArgs)}

@@ -1,0 +1,50 @@
+// The C interface of verispec's kernel library, declared once: every .c file includes it (the compiler checks each
+// definition against it) and verispec/kernels/build.py reads the prototypes below to set the ctypes argument and
+// return types (pointers -> c_void_p, int64_t -> c_int64, int32_t -> c_int32, int -> c_int, float -> c_float).
+// Keep one prototype per declaration, `;`-terminated; no macros in them.
+#ifndef VERISPEC_KERNELS_H
+#define VERISPEC_KERNELS_H
+#include <stdint.h>
+
+struct LayerDesc;
+struct ModelDims;
+
+// qgemm.c: y [M, N] = x [M, K] @ W^T, float32 activations, W in the q4 / q8 layouts of verispec/kernels/qweight.py.
+void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
+void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
+
+// qgemm_i8.c: the same product with int8 activations (isa: 1 AVX-VNNI, 2 AVX512-VNNI, 3 AMX-INT8; fmt: 0 q4v,
+// 1 q8v); qgemm_i8_isas: bit isa set for each variant this build holds; quantize_rows_i8: the activation
+// quantization alone (tests), M rows of K + 12 * K / 32 bytes; i8_amx_init: 1 if the OS grants the tile state.
+void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
+              int nthreads);
+int qgemm_i8_isas(void);
+void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nthreads);
+int i8_amx_init(void);
+
+// ops.c: fused decoder ops (shapes and strides documented there).
+void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
+                   const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
+                   const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
+                   int nthreads);
+void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, int64_t D, float eps, float *sum,
+                     float *out);
+void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads);
+void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, int64_t xh, int64_t xq,
+              const float *cos, const float *ssin);
+void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
+                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D);
+void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads);
+
+// layers.c: a run of decoder layers in one call.
+int64_t decoder_scratch_per_row(const struct ModelDims *m);
+void decoder_layers_f32(const struct LayerDesc *layers, int64_t n_layers, const struct ModelDims *m, float *h,
+                        int64_t S, int64_t Q, const int64_t *pack, int64_t N, const float *cos, const float *ssin,
+                        int64_t slot_lo, const int64_t *cache_pos, int64_t kv_len, const uint8_t *mask, int64_t ms,
+                        int64_t mq, float *scratch, int nthreads);
+
+// qgemm_amx.c, in the 'amx' build only (AMX-BF16 tiles, float32 activations; q4t / q8t weights).
+int amx_init(void);
+void qgemm_q4t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
+void qgemm_q8t(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
+#endif

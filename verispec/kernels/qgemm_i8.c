@@ -1,0 +1,331 @@
+// y[M, N] = x[M, K] @ W[N, K]^T with the activations quantized to int8 (activation_dtype="int8": llama.cpp's
+// numerics) and integer dot products: AVX-VNNI (256-bit vpdpbusd), AVX512-VNNI (512-bit) or AMX-INT8 (tdpbsud).
+// Every variant is compiled into every x86-64 build inside its own `#pragma GCC target` region; the caller picks one
+// by the CPU's flags (verispec/kernels/build.py: int8_isa).
+//
+// Activations: each row on its own, in blocks of 32: d = max|x| / 127, q = round-half-even(x * (1 / d)) in
+// -127..127 (q = 0 where d = 0), kept with d, d * sum(q) and 128 * sum(q). A row's quantization never looks at
+// another row.
+//
+// Weights (verispec/kernels/qweight.py makes them from q4 / q8 / q4t / q8t): output columns in groups of 16, group
+// g and block b at ((g * K/32) + b) * TB; inside, 8 rows of 64 bytes, row j holding for column n (bytes 4n..4n+3)
+// the weights k = 4j..4j+3 (the B-tile layout of AMX-INT8, and 16 columns of vpdpbusd at once):
+//   q4v (384 bytes): float d[16], float m[16], then 4 rows of 64 bytes whose low nibbles are rows 0-3 and high
+//       nibbles rows 4-7 (weight = d * q + m, q in 0..15);
+//   q8v (576 bytes): float d[16], then the 8 rows as uint8 q + 128 (weight = d * q, q in -128..127).
+// Per block: dot = sum(q_w * q_x) exactly in int32 (q8v: sum((q_w + 128) q_x) - 128 sum(q_x)), then per column
+//   acc = fma(float(dot), d_w * d_x, acc); q4v: acc = fma(m_w, d_x * sum(q_x), acc)
+// over the blocks in order. Every variant computes exactly that, so they are bitwise equal to each other, and a
+// row's result never depends on the other rows, the tile it falls in or the number of threads (plain and
+// speculative decoding stay identical).
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <immintrin.h>
+
+#include "kernels.h"
+
+#define QK 32
+#define GROUP 16
+#define TILE_M 8      // rows swept together over a thread's columns
+#define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
+enum { Q4V = 0, Q8V = 1 };
+enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3 };
+#define TB(F) ((F) == Q4V ? 384 : 576)
+
+// One quantized row: K int8, then float d [K/32], float d * sum(q) [K/32], int32 128 * sum(q) [K/32].
+#define ROW_BYTES(K) ((K) + 12 * ((K) / QK))
+#define XD(row, K) ((const float *)((row) + (K)))
+#define XSUM(row, K) ((const float *)((row) + (K)) + (K) / QK)
+#define XC(row, K) ((const int32_t *)((row) + (K)) + 2 * ((K) / QK))
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+// Row x [K] -> its int8 blocks (layout above). AVX2 only (every variant's CPU has it), one code for all.
+static void quantize_row(const float *x, int64_t K, uint8_t *out) {
+    const int64_t nb = K / QK;
+    float *d = (float *)(out + K), *s = d + nb;
+    int32_t *c = (int32_t *)(s + nb);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < nb; b++) {
+        __m256 v[4];
+        __m256 amax = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
+            amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+        }
+        __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+        m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        m = _mm_max_ss(m, _mm_movehdup_ps(m));
+        const float dd = _mm_cvtss_f32(m) / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
+        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+        const int32_t total = _mm_cvtsi128_si32(s4);
+        // packs interleave 128-bit lanes; the permutation puts the 32 bytes back in order
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i *)(out + b * QK), _mm256_permutevar8x32_epi32(p, order));
+        d[b] = dd;
+        s[b] = dd * (float)total;
+        c[b] = 128 * total;
+    }
+}
+#pragma GCC pop_options
+
+void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, out + m * ROW_BYTES(K));
+}
+
+// ---- AVX512-VNNI: 16 columns per zmm, up to 5 rows x 4 vectors per tile (32 registers) ----
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")
+#define PFX(name) avx512vnni_##name
+#define VW 16
+#define vi __m512i
+#define vf __m512
+#define VZERO_I() _mm512_setzero_si512()
+#define VSET1_I(v) _mm512_set1_epi32(v)
+#define VSET1_F(v) _mm512_set1_ps(v)
+#define VLOAD_I(p) _mm512_loadu_si512((const void *)(p))
+#define VLOAD_F(p) _mm512_loadu_ps(p)
+#define VSTORE_F(p, v) _mm512_storeu_ps(p, v)
+#define VAND(a, b) _mm512_and_si512(a, b)
+#define VSRL16(a, n) _mm512_srli_epi16(a, n)
+#define VDP(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+#define VCVT(a) _mm512_cvtepi32_ps(a)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define RMAX 5
+#define CMAX 4
+#define TILES(X, F) X(F, 1, 4) X(F, 2, 4) X(F, 3, 2) X(F, 4, 2) X(F, 5, 2)
+#include "qgemm_i8_vnni.h"
+#undef PFX
+#undef VW
+#undef vi
+#undef vf
+#undef VZERO_I
+#undef VSET1_I
+#undef VSET1_F
+#undef VLOAD_I
+#undef VLOAD_F
+#undef VSTORE_F
+#undef VAND
+#undef VSRL16
+#undef VDP
+#undef VCVT
+#undef VMUL
+#undef VFMA
+#undef RMAX
+#undef CMAX
+#undef TILES
+#pragma GCC pop_options
+
+// ---- AVX-VNNI (VEX, 256-bit, for CPUs without AVX-512): 8 columns per ymm, 16 registers ----
+#if defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
+#define HAVE_AVXVNNI 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avxvnni")
+#define PFX(name) avxvnni_##name
+#define VW 8
+#define vi __m256i
+#define vf __m256
+#define VZERO_I() _mm256_setzero_si256()
+#define VSET1_I(v) _mm256_set1_epi32(v)
+#define VSET1_F(v) _mm256_set1_ps(v)
+#define VLOAD_I(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VLOAD_F(p) _mm256_loadu_ps(p)
+#define VSTORE_F(p, v) _mm256_storeu_ps(p, v)
+#define VAND(a, b) _mm256_and_si256(a, b)
+#define VSRL16(a, n) _mm256_srli_epi16(a, n)
+#define VDP(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define VCVT(a) _mm256_cvtepi32_ps(a)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define RMAX 4
+#define CMAX 2
+#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
+#include "qgemm_i8_vnni.h"
+#pragma GCC pop_options
+#else
+#define HAVE_AVXVNNI 0
+#endif
+
+// ---- AMX-INT8: 16 rows x 16 columns x one 32-weight block per tile product ----
+#if defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
+#define HAVE_AMX_INT8 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define AMX_ROWS 16   // rows per A tile
+#define AMX_GROUPS 2  // column groups per item (a B and a C tile each)
+
+// Linux hands out the tile state only on request: 1 if this process may use AMX.
+int i8_amx_init(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) I8TileConfig;
+
+// Tile 0: A (rows x 32 int8: one block of each row); 1-2: B (8 rows of 16 columns x 4 bytes); 4-5: C (rows x 16
+// int32).
+static void i8_configure_tiles(int rows) {
+    I8TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    c.rows[0] = (uint8_t)rows, c.colsb[0] = 32;
+    for (int t = 1; t <= 2; t++) c.rows[t] = 8, c.colsb[t] = 64;
+    for (int t = 4; t <= 5; t++) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+// One q4v block's nibble rows -> its 8 x 64-byte B tile.
+static inline void amx_expand_q4(const uint8_t *blk, uint8_t *bt) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
+    for (int j = 0; j < 4; j++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(blk + 128 + 64 * j));
+        _mm512_store_si512((void *)(bt + 64 * j), _mm512_and_si512(v, lo4));
+        _mm512_store_si512((void *)(bt + 64 * (j + 4)), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+    }
+}
+
+static inline __attribute__((always_inline)) void amx_item(const int F, const uint8_t *xq, int64_t R, int64_t XS,
+                                                           int64_t K, const uint8_t *w, int ng, float *y,
+                                                           int64_t N) {
+    const int64_t nb = K / QK;
+    float acc[AMX_ROWS][AMX_GROUPS][GROUP] __attribute__((aligned(64)));
+    int32_t cbuf[AMX_GROUPS][AMX_ROWS][GROUP] __attribute__((aligned(64)));
+    uint8_t bt[AMX_GROUPS][8 * 64] __attribute__((aligned(64)));
+    for (int64_t r = 0; r < R; r++)
+        for (int j = 0; j < ng; j++) _mm512_store_ps(acc[r][j], _mm512_setzero_ps());
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk0 = w + b * TB(F), *blk1 = blk0 + nb * TB(F);
+        _tile_loadd(0, xq + b * QK, XS);
+        if (F == Q8V) {
+            _tile_loadd(1, blk0 + 64, 64);
+        } else {
+            amx_expand_q4(blk0, bt[0]);
+            _tile_loadd(1, bt[0], 64);
+        }
+        _tile_zero(4);
+        _tile_dpbsud(4, 0, 1);
+        if (ng == 2) {
+            if (F == Q8V) {
+                _tile_loadd(2, blk1 + 64, 64);
+            } else {
+                amx_expand_q4(blk1, bt[1]);
+                _tile_loadd(2, bt[1], 64);
+            }
+            _tile_zero(5);
+            _tile_dpbsud(5, 0, 2);
+        }
+        _tile_stored(4, cbuf[0], 64);
+        if (ng == 2) _tile_stored(5, cbuf[1], 64);
+        for (int j = 0; j < ng; j++) {
+            const float *d = (const float *)(j ? blk1 : blk0);
+            const __m512 dw = _mm512_loadu_ps(d), mw = F == Q4V ? _mm512_loadu_ps(d + GROUP) : dw;
+            for (int64_t r = 0; r < R; r++) {
+                const uint8_t *row = xq + r * XS;
+                __m512i dot = _mm512_load_si512((const void *)cbuf[j][r]);
+                if (F == Q8V) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(XC(row, K)[b]));
+                __m512 a = _mm512_load_ps(acc[r][j]);
+                a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(XD(row, K)[b])), a);
+                if (F == Q4V) a = _mm512_fmadd_ps(mw, _mm512_set1_ps(XSUM(row, K)[b]), a);
+                _mm512_store_ps(acc[r][j], a);
+            }
+        }
+    }
+    for (int64_t r = 0; r < R; r++)
+        for (int j = 0; j < ng; j++) _mm512_storeu_ps(y + r * N + j * GROUP, _mm512_load_ps(acc[r][j]));
+}
+
+static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                     float *y, int nthreads) {
+    const int64_t groups = N / GROUP, nb = K / QK, XS = ROW_BYTES(K);
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * XS);
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
+        int configured = 0;
+        for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+            const int64_t R = M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS;
+            if (R != configured) i8_configure_tiles((int)(configured = (int)R));
+            for (int64_t g = g0; g < g1; g += AMX_GROUPS) {
+                const int ng = g1 - g >= AMX_GROUPS ? AMX_GROUPS : 1;
+                const uint8_t *wg = w + g * nb * TB(F);
+                float *yg = y + m0 * N + g * GROUP;
+                if (F == Q4V)
+                    amx_item(Q4V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
+                else
+                    amx_item(Q8V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
+            }
+        }
+        if (configured) _tile_release();
+    }
+}
+#pragma GCC pop_options
+#else
+#define HAVE_AMX_INT8 0
+int i8_amx_init(void) { return 0; }
+#endif
+
+// Fewer rows than this run on AVX512-VNNI when AMX-INT8 is asked for (the same results: see the top).
+#define AMX_MIN_ROWS 9
+
+// The calling thread's scratch for the quantized rows, grown on demand and kept (no allocation per call).
+static uint8_t *i8_scratch(size_t bytes) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    if (bytes > cap) {
+        free(buf);
+        cap = (bytes + 4095) / 4096 * 4096;
+        buf = aligned_alloc(64, cap);
+    }
+    return buf;
+}
+
+int qgemm_i8_isas(void) {
+    return (HAVE_AVXVNNI << ISA_AVXVNNI) | (1 << ISA_AVX512VNNI) | (HAVE_AMX_INT8 << ISA_AMX);
+}
+
+void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
+              int nthreads) {
+    if (M <= 0) return;
+    uint8_t *xq = i8_scratch((size_t)(M * ROW_BYTES(K)) + 64);
+    if (isa == ISA_AMX && M < AMX_MIN_ROWS) isa = ISA_AVX512VNNI;
+#if HAVE_AMX_INT8
+    if (isa == ISA_AMX) {
+        if (fmt == Q4V)
+            amx_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
+        else
+            amx_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+        return;
+    }
+#endif
+#if HAVE_AVXVNNI
+    if (isa == ISA_AVXVNNI) {
+        if (fmt == Q4V)
+            avxvnni_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
+        else
+            avxvnni_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+        return;
+    }
+#endif
+    if (fmt == Q4V)
+        avx512vnni_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
+    else
+        avx512vnni_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+}

@@ -1,0 +1,130 @@
+// The VNNI body of qgemm_i8.c, included once per vector width inside that width's `#pragma GCC target` region.
+// The includer defines:
+//   PFX(name)   the variant's function names (avx512vnni_name / avxvnni_name)
+//   VW          output columns per vector: 16 (zmm) or 8 (ymm); a 16-column group is 16 / VW vectors
+//   vi, vf      integer / float vector types
+//   VZERO_I(), VSET1_I(v), VSET1_F(v), VLOAD_I(p), VLOAD_F(p), VSTORE_F(p, v), VAND(a, b), VSRL16(a, n),
+//   VDP(acc, u8, s8), VCVT(a), VMUL(a, b), VFMA(a, b, c)
+//   RMAX, CMAX  the largest register tile (rows x vectors) and TILES(X, F) the tile list for row counts 1..RMAX
+//
+// A tile of R rows x C vectors runs over all K / 32 blocks. Per block the int32 dot of each row with each column
+// is exact (VDP sums 4 byte products per lane, 8 of them cover the block); then, per lane and in this order,
+//   acc = fma(float(dot), d_w * d_x, acc)   and for q4v   acc = fma(m_w, d_x * sum(q_x), acc).
+// That per-column float sequence is the contract every int8 variant (this one at either width, and AMX-INT8)
+// follows, so all of them give bitwise the same y, whatever the tile or the number of rows.
+
+static inline vi PFX(bcast4)(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return VSET1_I(v);
+}
+
+// One R x C tile: rows x (XS bytes apart, qgemm_i8.c's row layout), vectors u0 .. u0 + C - 1 (VW columns each)
+// of w, results to y (row stride N).
+static inline __attribute__((always_inline)) void PFX(tile)(const int F, const int R, const int C,
+                                                            const uint8_t *x, int64_t XS, int64_t K,
+                                                            const uint8_t *w, int64_t u0, float *y, int64_t N) {
+    const int64_t nb = K / QK;
+    // wu[c]: vector c's column group at block 0, offset to its half (VW columns) of each 64-byte row
+    const uint8_t *wu[CMAX];
+    int64_t hu[CMAX];
+    for (int c = 0; c < C; c++) {
+        hu[c] = (u0 + c) % (GROUP / VW);
+        wu[c] = w + (u0 + c) / (GROUP / VW) * nb * TB(F);
+    }
+    vf acc[RMAX][CMAX];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) acc[r][c] = VSET1_F(0.0f);
+    for (int64_t b = 0; b < nb; b++) {
+        vi dot[RMAX][CMAX];
+        for (int r = 0; r < R; r++) {
+            const vi init = F == Q8V ? VSET1_I(-XC(x + r * XS, K)[b]) : VZERO_I();
+            for (int c = 0; c < C; c++) dot[r][c] = init;
+        }
+        const uint8_t *xb = x + b * QK;
+        if (F == Q4V) {
+            const vi lo4 = VSET1_I(0x0F0F0F0F);
+            for (int j = 0; j < 4; j++) {
+                vi lo[CMAX], hi[CMAX];
+                for (int c = 0; c < C; c++) {
+                    const vi v = VLOAD_I(wu[c] + b * TB(F) + 128 + 64 * j + hu[c] * VW * 4);
+                    lo[c] = VAND(v, lo4);
+                    hi[c] = VAND(VSRL16(v, 4), lo4);
+                }
+                for (int r = 0; r < R; r++) {
+                    const vi xl = PFX(bcast4)(xb + r * XS + 4 * j), xh = PFX(bcast4)(xb + r * XS + 16 + 4 * j);
+                    for (int c = 0; c < C; c++) {
+                        dot[r][c] = VDP(dot[r][c], lo[c], xl);
+                        dot[r][c] = VDP(dot[r][c], hi[c], xh);
+                    }
+                }
+            }
+        } else {
+            for (int j = 0; j < 8; j++) {
+                vi wv[CMAX];
+                for (int c = 0; c < C; c++) wv[c] = VLOAD_I(wu[c] + b * TB(F) + 64 + 64 * j + hu[c] * VW * 4);
+                for (int r = 0; r < R; r++) {
+                    const vi xv = PFX(bcast4)(xb + r * XS + 4 * j);
+                    for (int c = 0; c < C; c++) dot[r][c] = VDP(dot[r][c], wv[c], xv);
+                }
+            }
+        }
+        // the block's scales: float d [16] at its start, then (q4v) float m [16]; this vector's VW of them
+        vf dw[CMAX], mw[CMAX];
+        for (int c = 0; c < C; c++) {
+            const float *d = (const float *)(wu[c] + b * TB(F)) + hu[c] * VW;
+            dw[c] = VLOAD_F(d);
+            mw[c] = F == Q4V ? VLOAD_F(d + GROUP) : dw[c];
+        }
+        for (int r = 0; r < R; r++) {
+            const vf dx = VSET1_F(XD(x + r * XS, K)[b]), sx = VSET1_F(XSUM(x + r * XS, K)[b]);
+            for (int c = 0; c < C; c++) {
+                acc[r][c] = VFMA(VCVT(dot[r][c]), VMUL(dw[c], dx), acc[r][c]);
+                if (F == Q4V) acc[r][c] = VFMA(mw[c], sx, acc[r][c]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < C; c++) VSTORE_F(y + r * N + (u0 + c) * VW, acc[r][c]);
+}
+
+// Columns [u0 * VW, u1 * VW) of R rows: tiles of CT vectors, then single vectors.
+#define PFX_ROWS_CASE(F, R, CT)                                                                              \
+    case R:                                                                                                 \
+        for (; u + CT <= u1; u += CT) PFX(tile)(F, R, CT, x, XS, K, w, u, y, N);                            \
+        for (; u < u1; u++) PFX(tile)(F, R, 1, x, XS, K, w, u, y, N);                                       \
+        break;
+
+static inline __attribute__((always_inline)) void PFX(rows)(const int F, int64_t R, const uint8_t *x, int64_t XS,
+                                                            int64_t K, const uint8_t *w, int64_t u0, int64_t u1,
+                                                            float *y, int64_t N) {
+    int64_t u = u0;
+    switch (R) { TILES(PFX_ROWS_CASE, F) }
+}
+
+// y [M, N] = x [M, K] @ W^T: the threads quantize the rows into xq (M rows of ROW_BYTES(K)), then each takes a
+// contiguous share of the column groups and sweeps it TILE_M rows at a time (the share's weights stay in its caches).
+static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N,
+                      float *y, int nthreads) {
+    const int64_t groups = N / GROUP, per = GROUP / VW, XS = ROW_BYTES(K);
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * XS);
+        const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
+        for (int64_t m0 = 0; m0 < M; m0 += TILE_M) {
+            const int64_t m1 = M < m0 + TILE_M ? M : m0 + TILE_M;
+            for (int64_t g = g0; g < g1; g += COL_GROUPS) {
+                const int64_t ge = g + COL_GROUPS < g1 ? g + COL_GROUPS : g1;
+                for (int64_t r = m0, n; r < m1; r += n) {
+                    n = m1 - r <= RMAX ? m1 - r : RMAX - 1;
+                    if (F == Q4V)
+                        PFX(rows)(Q4V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
+                    else
+                        PFX(rows)(Q8V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,60 @@
+"""What the engine hands the sampler for one step: the drafts to verify and how to verify them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class VerifyRule:
+    """How the drafts of random (temperature > 0) rows are judged, chosen once from the speculative config.
+    Greedy rows always accept while draft == target argmax.
+
+    method: "strict" (the target's own sample at every position), "probabilistic" (Leviathan / Chen rejection
+    sampling against the draft probabilities) or "synthetic" (a fixed acceptance rate, for benchmarking).
+    block: Block Verify on steps with at least 3 drafts (probabilistic only).
+    entropy: (posterior_threshold, posterior_alpha) of Entropy Verify (probabilistic only; lossy by design).
+    """
+
+    method: str = "strict"
+    synthetic_acceptance_rate: float | None = None
+    block: bool = False
+    entropy: tuple[float, float] | None = None
+
+    @classmethod
+    def from_config(cls, spec) -> VerifyRule:
+        """The rule of a resolved SpeculativeConfig (None: plain decoding, strict)."""
+        if spec is None:
+            return cls()
+        entropy = (spec.posterior_threshold, spec.posterior_alpha) if spec.enable_entropy_verify else None
+        return cls(
+            spec.rejection_sample_method,
+            spec.synthetic_acceptance_rate,
+            bool(spec.enable_block_verify),
+            entropy,
+        )
+
+    @property
+    def draws_uniform(self) -> bool:
+        """Whether random rows need U[0, 1) acceptance samples (every rule but strict)."""
+        return self.method != "strict"
+
+
+@dataclass
+class SpecDecodeMetadata:
+    """The drafts of one step, one entry per request in batch order. Plain decoding: every list empty."""
+
+    # per request 0..K draft token ids
+    draft_token_ids: list[list[int]]
+    # [B, K, V] the drafter's distribution at each draft; None: one-hot at the draft (draft-free proposers)
+    draft_probs: torch.Tensor | None = None
+
+    @classmethod
+    def none(cls, batch: int) -> SpecDecodeMetadata:
+        return cls([[] for _ in range(batch)])
+
+    @property
+    def max_drafts(self) -> int:
+        return max((len(d) for d in self.draft_token_ids), default=0)

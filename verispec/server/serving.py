@@ -1,0 +1,95 @@
+"""What both OpenAI endpoints share: the served model's names and limits, the context-length rules, the fan-out
+of prompts x n into engine requests, and their submission."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verispec.engine.fanout import EngineRequest, fan_out
+from verispec.server import protocol as P
+from verispec.server.async_engine import AsyncEngine, EngineError, QueueFullError, RequestGroup
+from verispec.server.errors import APIError, bad_request
+from verispec.server.streaming import Prompts
+from verispec.tokenizer import Tokenizer
+
+
+@dataclass
+class ServingContext:
+    engine: AsyncEngine
+    tokenizer: Tokenizer | None
+    names: list[str]
+    max_model_len: int
+    # most engine requests (prompts x n) one HTTP request may ask for
+    max_children: int
+
+    @property
+    def model_name(self) -> str:
+        return self.names[0]
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.names:
+            raise APIError(404, f"The model `{name}` does not exist.", "model")
+
+    def resolve_max_tokens(self, requested: int | None, prompt_len: int) -> int | None:
+        """max_tokens, or what is left of the context if not given; 400 (vLLM's message) if it cannot fit."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{prompt_len} input tokens. Please reduce the length of the input messages.",
+                "prompt",
+            )
+        room = limit - prompt_len
+        if requested is None:
+            return room
+        # < 1 is rejected by SamplingParams with its own message
+        if requested >= 1 and requested > room:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{requested + prompt_len} tokens ({prompt_len} in the messages, {requested} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                "max_tokens",
+            )
+        return requested
+
+    def engine_requests(
+        self,
+        base: str,
+        prompts: Prompts,
+        req: P._SamplingFields,
+        max_tokens: int | None,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+    ) -> list[EngineRequest]:
+        """Every prompt's n engine requests (ids f"{base}-{i}" per prompt when several, then fanout's)."""
+        out = []
+        for i, (text, ids) in enumerate(prompts):
+            try:
+                sp = req.sampling_params(
+                    self.resolve_max_tokens(max_tokens, len(ids)), logprobs, prompt_logprobs
+                )
+            except ValueError as e:
+                raise bad_request(e) from None
+            rid = base if len(prompts) == 1 else f"{base}-{i}"
+            out += fan_out(rid, text, ids, sp)
+        if len(out) > self.max_children:
+            raise APIError(
+                400,
+                f"The request asks for {len(out)} sequences (prompts x n); at most {self.max_children} are "
+                "allowed.",
+                "n",
+            )
+        return out
+
+    async def submit(self, reqs: list[EngineRequest]) -> RequestGroup:
+        """Add the requests atomically; the engine validates each prompt (one rejected: none runs)."""
+        try:
+            return await self.engine.submit(reqs)
+        except QueueFullError as e:
+            raise APIError(503, str(e)) from None
+        except ValueError as e:
+            raise bad_request(e) from None
+        except EngineError as e:
+            raise APIError(e.status, str(e)) from None
