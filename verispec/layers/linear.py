@@ -34,7 +34,11 @@ class Dense(nn.Module):
     weight in row order ({"q": Hq*D, "k": Hkv*D, "v": Hkv*D}); `weight_loader` copies each into its slice."""
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, shards: dict[str | int, int] | None = None
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        shards: dict[str | int, int] | None = None,
     ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
