@@ -2,7 +2,8 @@
 
 GGUF weights in Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 stay in their blocks (`load_quantized`) and run through
 verispec/kernels (the same float32 weight values, 4-9x fewer bytes streamed per token), with float32 activations
-or, after `use_int8_activations`, activations quantized to int8 per row and 32-block (llama.cpp's numerics). Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
+or, after `use_int8_activations`, activations quantized to int8 per row and 32-block (llama.cpp's numerics).
+Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
 uses): for the 1-40 row products of decoding and verification it runs 1.2-2x faster than nn.Linear, and
 its result for a row does not depend on how many rows are in the batch (bitwise), which keeps plain
 decoding and speculative verification numerically identical. Elsewhere (CUDA, no MKL) it is x @ W^T.
@@ -16,9 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.kernels.qweight import QuantWeight
+from verispec.kernels.qweight import GROUP, QK, QuantWeight, kernels_available
 
 PACK_ROWS_HINT = 16
+
+ShardId = str | int | None
 
 
 def _mkl_packing_available() -> bool:
@@ -31,7 +34,7 @@ def _mkl_packing_available() -> bool:
 
 class Dense(nn.Module):
     """y = x W^T (+ b). A fused layer (qkv, gate_up) declares its shards: the rows of each separate checkpoint
-    weight in row order ({"q": Hq*D, "k": Hkv*D, "v": Hkv*D}); `weight_loader` copies each into its slice."""
+    weight, in row order ({"q": Hq*D, "k": Hkv*D, "v": Hkv*D}); `weight_loader` copies each into its rows."""
 
     def __init__(
         self,
@@ -46,28 +49,30 @@ class Dense(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.shards = dict(shards or {})
-        assert not self.shards or sum(self.shards.values()) == out_features, (self.shards, out_features)
+        if self.shards and sum(self.shards.values()) != out_features:
+            raise ValueError(f"shards {self.shards} do not add up to out_features={out_features}")
         self._packed: torch.Tensor | None = None
         self.qweight: QuantWeight | None = None
-        # quantized weight shards held until finish_loading fuses them
-        self._pending: dict[str | int | None, QuantWeight] = {}
+        # quantized weights (or shards) held by weight_loader until finish_loading
+        self._pending: dict[ShardId, QuantWeight] = {}
 
-    def shard_rows(self, shard_id: str | int | None) -> slice:
-        """The rows of shard `shard_id` (None: the whole layer)."""
+    def shard_rows(self, shard_id: ShardId) -> slice:
+        """The rows of shard `shard_id` in the weight (None: all of them)."""
+        if shard_id is None:
+            return slice(0, self.out_features)
         start = 0
         for sid, rows in self.shards.items():
             if sid == shard_id:
                 return slice(start, start + rows)
             start += rows
-        if shard_id is None:
-            return slice(0, self.out_features)
         raise KeyError(f"Dense has no shard {shard_id!r}; its shards: {list(self.shards)}")
 
     def weight_loader(
-        self, param: nn.Parameter, value: torch.Tensor | QuantWeight, shard_id: str | int | None = None
+        self, param: nn.Parameter, value: torch.Tensor | QuantWeight, shard_id: ShardId = None
     ) -> None:
-        """Copy `value` (the whole weight or bias, or one shard of it) into its rows of `param`. A quantized weight is
-        held for finish_loading where this layer can run on quantized blocks (CPU, float32, native kernels)."""
+        """Copy `value` (the whole weight or bias, or shard `shard_id` of it) into its rows of `param`; ValueError
+        "has shape .., expected .." if it does not fit. A quantized weight is held for finish_loading where this
+        layer runs on quantized blocks (CPU, float32, native kernels), else dequantized."""
         rows = self.shard_rows(shard_id)
         want = (rows.stop - rows.start, *param.shape[1:])
         if tuple(value.shape) != want:
@@ -81,45 +86,36 @@ class Dense(nn.Module):
             param[rows].copy_(value.to(param.dtype))
 
     def _runs_quantized(self) -> bool:
-        from verispec.kernels.qweight import kernels_available
-
         w = self.weight
         return w.device.type == "cpu" and w.dtype == torch.float32 and kernels_available()
 
     def finish_loading(self) -> None:
-        """After every shard is in: quantized shards become one quantized weight (their block rows stacked) when all
-        shards came quantized in one format, else they are dequantized into their rows; then the weight is packed."""
+        """Once every weight is in: the held quantized weight, or all shards quantized in one format, stacked into
+        one quantized weight (`load_quantized`); else each held shard dequantized into its rows and the float
+        weight packed."""
         parts, self._pending = self._pending, {}
-        if parts:
-            ids = list(self.shards) or [None]
-            fused = None
-            if len(parts) == len(ids):
-                fused = parts[None] if ids == [None] else QuantWeight.cat([parts[i] for i in ids])
-            if fused is not None:
-                return self.load_quantized(fused)
+        ids = list(self.shards) or [None]
+        fused = None
+        if all(i in parts for i in ids):
+            fused = parts[ids[0]] if len(ids) == 1 else QuantWeight.cat([parts[i] for i in ids])
+        if fused is not None:
+            self.load_quantized(fused)
+            return
+        with torch.no_grad():
             for shard_id, part in parts.items():
-                with torch.no_grad():
-                    self.weight[self.shard_rows(shard_id)].copy_(part.dequantize())
+                self.weight[self.shard_rows(shard_id)].copy_(part.dequantize())
         self.pack()
 
-    def load_quantized(self, weight: QuantWeight, bias: torch.Tensor | None = None, name: str = "") -> None:
-        """Keep `weight` in its quantized blocks (in the layout this CPU's kernels run fastest); the float32 parameter
-        is released."""
-        if tuple(weight.shape) != (self.out_features, self.in_features):
-            raise ValueError(
-                f"tensor '{name}' has shape {tuple(weight.shape)}, expected {(self.out_features, self.in_features)}"
-            )
+    def load_quantized(self, weight: QuantWeight) -> None:
+        """Keep `weight` [out, in] in its quantized blocks (in the layout this CPU's kernels run fastest); the
+        float32 parameter is released."""
+        assert tuple(weight.shape) == (self.out_features, self.in_features), weight.shape
         self.qweight, self._packed = weight.for_kernels(), None
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        if bias is not None:
-            with torch.no_grad():
-                self.bias.copy_(bias)
 
     def quantize_q8(self) -> bool:
         """Keep this layer's weights as Q8_0 blocks for the native kernels (a draft following a quantized target);
         False, unchanged, where the kernels or the shape do not allow it."""
-        from verispec.kernels.qweight import GROUP, QK, kernels_available
-
         w = self.weight
         if self.qweight is not None or w.device.type != "cpu" or not kernels_available():
             return False

@@ -44,7 +44,9 @@ def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str | 
     under their checkpoint names (`layers.0.self_attn.q_proj.weight` for a shard of `...qkv_proj.weight`).
 
     Errors name `source` and the tensor: "{source}: {what} weight 'x' is missing" for a draft head (`what`, e.g.
-    "EAGLE"), "{source}: checkpoint is missing tensor 'x'" for a target model (no `what`)."""
+    "EAGLE"), "{source}: checkpoint is missing tensor 'x'" for a target model (no `what`), and
+    "... 'x' has shape (a, b), expected (c, d)" for a tensor that does not fit."""
+    label = f"{what} weight" if what else "tensor"
     shards_of: dict[str, list[tuple[str, str | int]]] = {}
     for checkpoint_module, (fused, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
         shards_of.setdefault(fused, []).append((checkpoint_module, shard_id))
@@ -52,21 +54,22 @@ def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str | 
     for name, param in list(model.named_parameters()):
         module_name, _, leaf = name.rpartition(".")
         loader = getattr(modules[module_name], "weight_loader", default_weight_loader)
-        parent, _, last = module_name.rpartition(".")
-        for checkpoint_module, shard_id in shards_of.get(last, [(last, None)]):
+        parent, _, local = module_name.rpartition(".")
+        for checkpoint_module, shard_id in shards_of.get(local, [(local, None)]):
             key = ".".join(part for part in (parent, checkpoint_module, leaf) if part)
             value = tensors.get(key)
             if value is None:
-                raise ValueError(
-                    f"{source}: {what} weight {key!r} is missing"
-                    if what
-                    else f"{source}: checkpoint is missing tensor {key!r}"
+                missing = (
+                    f"{what} weight {key!r} is missing" if what else f"checkpoint is missing tensor {key!r}"
                 )
-            args = (param, value) if shard_id is None else (param, value, shard_id)
+                raise ValueError(f"{source}: {missing}")
             try:
-                loader(*args)
+                if shard_id is None:
+                    loader(param, value)
+                else:
+                    loader(param, value, shard_id)
             except ValueError as e:
-                raise ValueError(f"{source}: {f'{what} weight' if what else 'tensor'} {key!r} {e}") from None
+                raise ValueError(f"{source}: {label} {key!r} {e}") from None
     for module in model.modules():
         finish = getattr(module, "finish_loading", None)
         if finish is not None:
