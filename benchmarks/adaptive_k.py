@@ -28,13 +28,19 @@ from verispec.workloads import WORKLOADS, build_workload
 
 
 def cpu_model() -> str:
+    """The CPU's model name and the vector extensions that decide kernel speed (AVX2, AVX-512, VNNI, AMX)."""
+    name, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    return f"{name} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
 
 
 def _ints(text: str) -> list[int]:
