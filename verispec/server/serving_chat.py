@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import Request
@@ -18,7 +19,8 @@ _lp = P.json_logprob
 async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionRequest, request: Request):
     ctx.check_model(req.model)
     logprobs = _logprobs(req)
-    prompts = [chat_prompt(ctx, req)]
+    # rendered and tokenized off the event loop: /health and other requests keep being answered meanwhile
+    prompts = [await asyncio.to_thread(chat_prompt, ctx, req)]
     rid = P.random_id("chatcmpl")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     group = await ctx.submit(ctx.engine_requests(rid, prompts, req, max_tokens, logprobs))
@@ -92,6 +94,10 @@ def chat_prompt(ctx: ServingContext, req: P.ChatCompletionRequest) -> tuple[str,
         raise APIError(400, "chat completions need a tokenizer")
     try:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    except ValueError as e:
+        raise bad_request(e) from None
+    ctx.check_text_length(sum(len(m["content"].encode()) for m in messages), "messages")
+    try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
     except ValueError as e:
         raise bad_request(e) from None
