@@ -22,6 +22,8 @@ from verispec import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-test-key"
+# the plain server's --max-request-body-bytes (set in its YAML file)
+BODY_LIMIT = 1 << 20
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 FIXED_K_NGRAM = NGRAM | {"enable_adaptive_verification": False}
 PROMPTS = [
@@ -120,7 +122,7 @@ def servers(ckpt, tmp_path_factory):
     plain_cfg = d / "plain.yaml"
     plain_cfg.write_text(
         f"model: {ckpt}\nserved-model-name: tiny\nmax_model_len: 256\nmax-num-seqs: 4\n"
-        f"api-key: {API_KEY}\ndisable-uvicorn-access-log: true\n"
+        f"api-key: {API_KEY}\ndisable-uvicorn-access-log: true\nmax-request-body-bytes: {BODY_LIMIT}\n"
     )
     spec_cfg = d / "spec.yaml"  # nested mapping for the speculative config
     spec_cfg.write_text(
@@ -551,6 +553,34 @@ ERROR_CASES = [
     ),
     ("/v1/no-such-route", {}, 404, "not found"),
 ]
+# hostile input: (path, body, message part, the param the error names)
+HOSTILE = [
+    ("/v1/completions", {"model": "tiny", "prompt": "a\ud800b"}, "lone UTF-16 surrogate", "prompt"),
+    (
+        "/v1/completions",
+        {"model": "tiny", "prompt": ["ok", "\udfff"]},
+        "prompt[1] is not valid Unicode",
+        "prompt",
+    ),
+    (
+        "/v1/completions",
+        {"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": True}},
+        "stream_options can only be set when stream is true",
+        "stream_options",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "hacker", "content": "hi"}]},
+        "unknown role 'hacker'",
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+        "content[0]['text'] is not valid Unicode",
+        "messages",
+    ),
+]
 MSG = [{"role": "user", "content": "hi"}]
 UNSUPPORTED = [  # fields that would change the output: a 400 naming them, never silently ignored
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
@@ -660,6 +690,76 @@ def test_error_cases(plain, path, body, status, needle):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["code"] == status
     assert needle in err["message"]
+
+
+def test_hostile_input_names_the_field_without_traceback(plain):
+    """Lone surrogates (escaped or as raw UTF-8 bytes), stream_options without stream, an unknown chat role: a
+    400 naming the field, and no traceback in the server log."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    for path, body, needle, param in HOSTILE:
+        r = httpx.post(f"{plain.url}{path}", content=json.dumps(body), headers=headers, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert needle in r.json()["error"]["message"]
+    raw = [
+        ("/v1/completions", b'{"model": "tiny", "prompt": "x\xed\xa0\x80y"}', "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xed\xb0\x80"}]}', "messages"),
+    ]
+    for path, body, param in raw:
+        r = httpx.post(f"{plain.url}{path}", content=body, headers=headers, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "surrogate" in r.json()["error"]["message"]
+    # invalid UTF-8 (not a surrogate): still a 400, never a 500
+    r = httpx.post(f"{plain.url}/v1/completions", content=b'{"prompt": "\xff"}', headers=headers, timeout=30)
+    assert r.status_code == 400
+    assert "Traceback" not in plain.log.read_text()
+
+
+def test_body_limit_and_context_length_checked_before_parsing(plain):
+    """A 20 MB body is refused with 413 in OpenAI's error JSON at once (Content-Length or chunked), a prompt
+    that cannot fit the context is refused before it is tokenized, and /health answers all along."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    huge = b'{"model": "tiny", "prompt": "' + b"a" * 20_000_000 + b'"}'
+    health, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t = time.monotonic()
+            code = httpx.get(f"{plain.url}/health", timeout=10).status_code
+            health.append((code, time.monotonic() - t))
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        t = time.monotonic()
+        r = httpx.post(f"{plain.url}/v1/completions", content=huge, headers=headers, timeout=60)
+        took = time.monotonic() - t
+        assert r.status_code == 413 and r.json()["error"]["code"] == 413, r.text
+        assert str(BODY_LIMIT) in r.json()["error"]["message"]
+        # well under a second alone; generous here (2 shared cores)
+        assert took < 5, took
+
+        def chunks():
+            for _ in range(20):
+                yield b"a" * 1_000_000
+
+        r = httpx.post(f"{plain.url}/v1/completions", content=chunks(), headers=headers, timeout=60)
+        assert r.status_code == 413 and "--max-request-body-bytes" in r.json()["error"]["message"]
+        # under the body limit, but more bytes than 256 tokens can hold: refused before tokenizing
+        body = {"model": "tiny", "prompt": "word " * 200_000}
+        r = httpx.post(f"{plain.url}/v1/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert "maximum context length is 256 tokens" in r.json()["error"]["message"]
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "word " * 200_000}]}
+        r = httpx.post(f"{plain.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        poller.join()
+    assert health and all(code == 200 for code, _ in health), health
+    r = plain.client().completions.create(model="tiny", prompt="still alive", max_tokens=3)
+    assert r.usage.completion_tokens <= 3
 
 
 def test_errors_through_openai_client(plain):
