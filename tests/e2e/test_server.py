@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -760,6 +761,58 @@ def test_body_limit_and_context_length_checked_before_parsing(plain):
     assert health and all(code == 200 for code, _ in health), health
     r = plain.client().completions.create(model="tiny", prompt="still alive", max_tokens=3)
     assert r.usage.completion_tokens <= 3
+
+
+def test_sigterm_drains_then_ends_the_rest(ckpt, tmp_path):
+    """SIGTERM: new requests get 503 at once; a request that finishes within --shutdown-timeout completes; the
+    rest end properly (a stream with an error event and [DONE], a plain request with OpenAI's error JSON); the
+    process exits with no traceback in its log."""
+    args = [ckpt, "--max-model-len", "512", "--shutdown-timeout", "3", "--disable-uvicorn-access-log"]
+    srv = Server(args, tmp_path / "drain.log").wait_ready()
+    url, results, lines = srv.url, {}, []
+    long_body = {"prompt": "count", "max_tokens": 480, "ignore_eos": True, "temperature": 0}
+
+    def post(name: str, body: dict) -> None:
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+        results[name] = (r.status_code, r.json())
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST", f"{url}/v1/completions", json=long_body | {"stream": True}, timeout=120
+        ) as r:
+            lines.extend(x for x in r.iter_lines() if x)
+
+    threads = [
+        threading.Thread(target=stream),
+        threading.Thread(target=post, args=("long", long_body)),
+        threading.Thread(target=post, args=("short", long_body | {"max_tokens": 4})),
+    ]
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(lines) >= 2, 60, "the stream's first tokens")
+        srv.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        wait_for(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 503, 10, "draining /health")
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
+        for t in threads:
+            t.join(60)
+        srv.proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        srv.stop()
+    status, body = results["short"]
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length", body
+    status, body = results["long"]
+    assert status == 503 and body["error"]["code"] == 503 and "shut down" in body["error"]["message"], body
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][len("data: ") :])
+    assert last["error"]["code"] == 503, lines[-3:]
+    # the long requests ran into the 3 s timeout; everything ended soon after it
+    assert 2.5 < took < 20, took
+    log = (tmp_path / "drain.log").read_text()
+    assert "Traceback" not in log and "ending 2 requests" in log, log[-3000:]
 
 
 def test_errors_through_openai_client(plain):
