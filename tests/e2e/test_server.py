@@ -129,7 +129,7 @@ def servers(ckpt, tmp_path_factory):
     spec_cfg.write_text(
         "served_model_name: [tiny, tiny-alias]\nmax-model-len: 256\nmax-num-seqs: 2\n"
         "max-queue: 1\nspeculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n"
-        "  prompt_lookup_max: 3\n"
+        "  prompt_lookup_max: 3\nper-request-spec-decode-metrics: detailed\n"
     )
     plain = Server(["--config", str(plain_cfg), "--max-num-seqs", "8"], d / "plain.log")
     spec = Server([ckpt, "--config", str(spec_cfg)], d / "spec.log")
@@ -815,6 +815,50 @@ def test_sigterm_drains_then_ends_the_rest(ckpt, tmp_path):
     assert "Traceback" not in log and "ending 2 requests" in log, log[-3000:]
 
 
+def check_spec_metrics(m: dict, completion_tokens: int) -> None:
+    """The figures of one response's speculation agree with each other and with its tokens."""
+    assert m["num_spec_tokens"] == 3 and m["num_spec_steps"] == sum(m["acceptance_histogram"])
+    assert (
+        m["num_accepted_draft_tokens"] == sum(m["per_step_accepted"]) == sum(m["num_accepted_tokens_per_pos"])
+    )
+    assert m["num_draft_tokens"] == sum(m["num_draft_tokens_per_pos"])
+    steps, drafted = max(m["num_spec_steps"], 1), max(m["num_draft_tokens"], 1)
+    assert m["mean_acceptance_length"] == pytest.approx(1 + m["num_accepted_draft_tokens"] / steps)
+    assert m["draft_acceptance_rate"] == pytest.approx(m["num_accepted_draft_tokens"] / drafted)
+    acc = m["num_accepted_tokens_per_pos"]
+    assert acc == sorted(acc, reverse=True) and len(m["acceptance_rate_per_pos"]) == 3
+    # every verify step emits its accepted drafts and one token of the target's (the last may be cut short)
+    assert m["num_spec_steps"] + m["num_accepted_draft_tokens"] <= completion_tokens + 3
+
+
+def test_per_request_spec_decode_metrics(spec, plain):
+    """--per-request-spec-decode-metrics detailed (vLLM's flag): each response's `metrics.speculative_decoding`,
+    also on the last chunk of a stream; absent on a server without the flag."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{spec.url}/v1/completions", json=body, timeout=60).json()
+    m = r["metrics"]["speculative_decoding"]
+    check_spec_metrics(m, r["usage"]["completion_tokens"])
+    # the repeated phrase is drafted from and accepted
+    assert m["num_spec_steps"] > 0 and m["num_accepted_draft_tokens"] > 0
+    r2 = httpx.post(f"{spec.url}/v1/completions", json=body | {"n": 2, "seed": 1}, timeout=60).json()
+    check_spec_metrics(r2["metrics"]["speculative_decoding"], r2["usage"]["completion_tokens"])
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 30}
+    r = httpx.post(f"{spec.url}/v1/chat/completions", json=chat | {"temperature": 0}, timeout=60).json()
+    check_spec_metrics(r["metrics"]["speculative_decoding"], r["usage"]["completion_tokens"])
+    for path, req in (("/v1/completions", body), ("/v1/chat/completions", chat)):
+        for opts in ({"include_usage": True}, None):
+            extra = {"stream": True} | ({"stream_options": opts} if opts else {})
+            with httpx.stream("POST", f"{spec.url}{path}", json=req | extra, timeout=60) as resp:
+                chunks = [json.loads(x[6:]) for x in resp.iter_lines() if x.startswith("data: {")]
+            assert all(c["metrics"] is None for c in chunks[:-1])
+            m = chunks[-1]["metrics"]["speculative_decoding"]
+            n = sum(len(c["choices"]) for c in chunks)
+            check_spec_metrics(m, chunks[-1]["usage"]["completion_tokens"] if opts else n)
+    r = httpx.post(f"{plain.url}/v1/completions", json=body, headers=headers, timeout=60).json()
+    assert r["metrics"] is None
+
+
 def test_errors_through_openai_client(plain):
     client = plain.client()
     with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
@@ -927,6 +971,8 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
         ["m", "-sc", "{not json"],
         ["m", "--config", str(bad)],
         [str(tmp_path / "missing-model")],
+        ["m", "--per-request-spec-decode-metrics", "summary"],
+        ["m", "--shutdown-timeout", "-1"],
     ]
     procs = [
         subprocess.Popen(

@@ -38,6 +38,7 @@ def build_app(
     max_queue: int = 256,
     model_path: str | None = None,
     max_request_body_bytes: int = 4 << 20,
+    spec_metrics: str = "none",
 ) -> FastAPI:
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
     spec = llm.speculative_config
@@ -45,7 +46,9 @@ def build_app(
         names[0], spec.num_speculative_tokens if spec else 0, llm.engine.stats().num_kv_slots
     )
     engine = AsyncEngine(llm, metrics, max_queue)
-    ctx = ServingContext(engine, llm.tokenizer, names, llm.max_model_len, max_queue + engine.num_slots)
+    ctx = ServingContext(
+        engine, llm.tokenizer, names, llm.max_model_len, max_queue + engine.num_slots, spec_metrics
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -31,12 +31,14 @@ class ServeConfig:
     max_queue: int = 256
     max_request_body_bytes: int = 4 << 20
     shutdown_timeout: float = 30.0
+    per_request_spec_decode_metrics: str = "none"
     uvicorn_log_level: str = "info"
     disable_uvicorn_access_log: bool = False
     engine: EngineArgs = field(default_factory=EngineArgs)
 
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+SPEC_METRICS_LEVELS = ("none", "summary", "detailed")
 # what a --config file may set: every engine setting and every server option, by name
 _OPTIONS = {f.name: f for f in (*fields(EngineArgs), *fields(ServeConfig)) if f.name != "engine"}
 
@@ -73,6 +75,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="on SIGTERM, seconds running requests may take to finish before they are ended (default 30)",
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics",
+        default=None,
+        choices=SPEC_METRICS_LEVELS,
+        help="add each request's speculative-decoding figures to its response (vLLM's flag; default none)",
     )
     p.add_argument("--uvicorn-log-level", default=None, choices=_LOG_LEVELS)
     p.add_argument("--disable-uvicorn-access-log", action="store_true", default=None)
@@ -150,6 +158,15 @@ def resolve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(f"--max-request-body-bytes must be >= 1, got {cfg.max_request_body_bytes}")
     if not cfg.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {cfg.shutdown_timeout}")
+    if cfg.per_request_spec_decode_metrics not in SPEC_METRICS_LEVELS:
+        raise ValueError(
+            f"per-request-spec-decode-metrics must be one of {', '.join(SPEC_METRICS_LEVELS)}, got "
+            f"{cfg.per_request_spec_decode_metrics!r}"
+        )
+    if cfg.per_request_spec_decode_metrics != "none" and not cfg.engine.speculative_config:
+        raise ValueError(
+            "--per-request-spec-decode-metrics needs speculative decoding (--speculative-config)"
+        )
     if cfg.uvicorn_log_level not in _LOG_LEVELS:
         raise ValueError(
             f"uvicorn-log-level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.uvicorn_log_level!r}"
@@ -185,6 +202,7 @@ def run_server(args: argparse.Namespace) -> int:
         max_queue=cfg.max_queue,
         model_path=cfg.engine.model,
         max_request_body_bytes=cfg.max_request_body_bytes,
+        spec_metrics=cfg.per_request_spec_decode_metrics,
     )
     shown = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "api_key"}
     logging.getLogger("verispec.server").info("verispec serve config: %s", shown)

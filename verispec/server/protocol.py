@@ -310,6 +310,8 @@ class CompletionResponse(BaseModel):
     kv_transfer_params: dict | None = (
         None  # vLLM's extension: extract_hidden_states' {"hidden_states_path": ...}
     )
+    # vLLM's extension (--per-request-spec-decode-metrics): {"speculative_decoding": {...}}
+    metrics: dict | None = None
 
 
 class TopLogprob(BaseModel):
@@ -348,6 +350,8 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
     kv_transfer_params: dict | None = None  # vLLM's extension (first choice's request, as vLLM reports it)
+    # vLLM's extension (--per-request-spec-decode-metrics): {"speculative_decoding": {...}}
+    metrics: dict | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -370,6 +374,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    # on the last chunk (--per-request-spec-decode-metrics)
+    metrics: dict | None = None
 
 
 class ModelCard(BaseModel):

@@ -28,7 +28,9 @@ async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionReque
     top = req.top_logprobs or 0
     if not req.stream:
         finals = await collect(request, ctx.engine, group)
-        return _response(rid, created, name, prompts, finals, top if logprobs is not None else None)
+        resp = _response(rid, created, name, prompts, finals, top if logprobs is not None else None)
+        resp.metrics = ctx.response_metrics(finals)
+        return resp
 
     def choice(i, text, entries, offset, final):
         return P.ChatStreamChoice(
@@ -39,8 +41,10 @@ async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionReque
             stop_reason=final.stop_reason if final else None,
         )
 
-    def chunk(choices, u):
-        return P.ChatCompletionChunk(id=rid, created=created, model=name, choices=choices, usage=u)
+    def chunk(choices, u, metrics=None):
+        return P.ChatCompletionChunk(
+            id=rid, created=created, model=name, choices=choices, usage=u, metrics=metrics
+        )
 
     async def events():
         # vLLM sends the role first, one chunk per choice
@@ -48,7 +52,7 @@ async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionReque
             yield sse(
                 chunk([P.ChatStreamChoice(index=i, delta=P.DeltaMessage(role="assistant", content=""))], None)
             )
-        async for event in stream_events(group, req, prompts, logprobs, choice, chunk):
+        async for event in stream_events(group, req, prompts, logprobs, choice, chunk, ctx.response_metrics):
             yield event
 
     return sse_response(request, ctx.engine, group, events())

@@ -44,6 +44,7 @@ async def create_completion(ctx: ServingContext, req: P.CompletionRequest, reque
             choices=choices,
             usage=usage(prompts, [None if echo_only else f.outputs[0] for f in finals]),
             kv_transfer_params=finals[0].kv_transfer_params,
+            metrics=ctx.response_metrics(finals),
         )
 
     def choice(i, text, entries, offset, final):
@@ -56,10 +57,12 @@ async def create_completion(ctx: ServingContext, req: P.CompletionRequest, reque
             stop_reason=final.stop_reason if final else None,
         )
 
-    def chunk(choices, u):
-        return P.CompletionResponse(id=rid, created=created, model=name, choices=choices, usage=u)
+    def chunk(choices, u, metrics=None):
+        return P.CompletionResponse(
+            id=rid, created=created, model=name, choices=choices, usage=u, metrics=metrics
+        )
 
-    events = stream_events(group, req, prompts, logprobs, choice, chunk)
+    events = stream_events(group, req, prompts, logprobs, choice, chunk, ctx.response_metrics)
     return sse_response(request, ctx.engine, group, events)
 
 
