@@ -50,7 +50,7 @@ def test_rows_as_costly_as_a_step_are_not_verified(tiny_llama, plain_outputs):
     assert llm.engine.planner.mean_chosen_k < 0.2
 
 
-@pytest.mark.row_cost(0.03)
+@pytest.mark.row_cost(0.001)
 def test_planned_lengths_keep_the_target_law(tiny_llama, tiny_draft):
     """Sampled requests with the planner choosing lengths: the first verified token follows the target's law."""
     cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 2}

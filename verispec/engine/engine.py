@@ -14,7 +14,7 @@ from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
 from verispec.engine.stop import commit_tokens, logprob_entry
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
-from verispec.outputs import CompletionOutput, RequestOutput
+from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_position_constraints, set_token_constraints
 from verispec.sample.logits import make_generator
@@ -332,6 +332,7 @@ class LLMEngine:
             if d:
                 r.num_draft_tokens += len(d)
                 r.num_accepted_tokens += n
+                r.spec_steps.append((len(d), n))
                 if stats is not None:
                     stats.observe_draft(len(d), n)
                 if planner is not None:
@@ -409,6 +410,7 @@ class LLMEngine:
             r.num_computed += 1 + len(path)
             r.num_draft_tokens += n - 1
             r.num_accepted_tokens += len(path)
+            r.spec_steps.append((tree.max_depth, len(path)))
             stats.observe_draft(n - 1, len(path), tree.max_depth)
             hidden_rows.append([i * n] + [i * n + j for j in path])
         self.counters.spec.add(stats)
@@ -488,4 +490,10 @@ class LLMEngine:
             r.num_accepted_tokens,
             prompt_logprobs=r.prompt_logprobs,
             kv_transfer_params=r.kv_transfer_params,
+            spec_decode_metrics=self._spec_metrics(r) if r.finished and self.proposer is not None else None,
+        )
+
+    def _spec_metrics(self, r: Request) -> SpecDecodeMetrics:
+        return SpecDecodeMetrics.from_steps(
+            r.spec_steps, self.opts.num_speculative_tokens, r.num_draft_tokens
         )

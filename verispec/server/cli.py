@@ -29,12 +29,16 @@ class ServeConfig:
     api_key: str | None = None
     served_model_name: list[str] | None = None
     max_queue: int = 256
+    max_request_body_bytes: int = 4 << 20
+    shutdown_timeout: float = 30.0
+    per_request_spec_decode_metrics: str = "none"
     uvicorn_log_level: str = "info"
     disable_uvicorn_access_log: bool = False
     engine: EngineArgs = field(default_factory=EngineArgs)
 
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+SPEC_METRICS_LEVELS = ("none", "summary", "detailed")
 # what a --config file may set: every engine setting and every server option, by name
 _OPTIONS = {f.name: f for f in (*fields(EngineArgs), *fields(ServeConfig)) if f.name != "engine"}
 
@@ -60,6 +64,24 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="waiting requests allowed beyond the KV slots before answering 503 (default 256)",
     )
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=None,
+        help="larger request bodies are refused with 413 before they are read (default 4 MiB)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=None,
+        help="on SIGTERM, seconds running requests may take to finish before they are ended (default 30)",
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics",
+        default=None,
+        choices=SPEC_METRICS_LEVELS,
+        help="add each request's speculative-decoding figures to its response (vLLM's flag; default none)",
+    )
     p.add_argument("--uvicorn-log-level", default=None, choices=_LOG_LEVELS)
     p.add_argument("--disable-uvicorn-access-log", action="store_true", default=None)
 
@@ -72,6 +94,8 @@ def _check_value(key: str, value: Any, where: str) -> Any:
     kind = str(_OPTIONS[key].type).split(" | ")[0]
     if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"{where}: {key} must be an integer, got {value!r}")
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{where}: {key} must be a number, got {value!r}")
     if kind == "str" and not isinstance(value, str):
         raise ValueError(f"{where}: {key} must be a string, got {value!r}")
     if kind == "bool" and not isinstance(value, bool):
@@ -130,6 +154,19 @@ def resolve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(f"--port must be in [0, 65535], got {cfg.port}")
     if cfg.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {cfg.max_queue}")
+    if cfg.max_request_body_bytes < 1:
+        raise ValueError(f"--max-request-body-bytes must be >= 1, got {cfg.max_request_body_bytes}")
+    if not cfg.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {cfg.shutdown_timeout}")
+    if cfg.per_request_spec_decode_metrics not in SPEC_METRICS_LEVELS:
+        raise ValueError(
+            f"per-request-spec-decode-metrics must be one of {', '.join(SPEC_METRICS_LEVELS)}, got "
+            f"{cfg.per_request_spec_decode_metrics!r}"
+        )
+    if cfg.per_request_spec_decode_metrics != "none" and not cfg.engine.speculative_config:
+        raise ValueError(
+            "--per-request-spec-decode-metrics needs speculative decoding (--speculative-config)"
+        )
     if cfg.uvicorn_log_level not in _LOG_LEVELS:
         raise ValueError(
             f"uvicorn-log-level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.uvicorn_log_level!r}"
@@ -148,6 +185,7 @@ def run_server(args: argparse.Namespace) -> int:
     from verispec.llm import LLM
     from verispec.server.app import build_app
     from verispec.server.async_engine import on_engine_thread
+    from verispec.server.shutdown import DrainingServer
 
     def load() -> LLM:
         return LLM(**vars(cfg.engine))
@@ -157,10 +195,18 @@ def run_server(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ValueError(f"cannot load model {cfg.engine.model!r}: {e}") from None
     names = cfg.served_model_name or [cfg.engine.model]
-    app = build_app(llm, names, api_key=cfg.api_key, max_queue=cfg.max_queue, model_path=cfg.engine.model)
+    app = build_app(
+        llm,
+        names,
+        api_key=cfg.api_key,
+        max_queue=cfg.max_queue,
+        model_path=cfg.engine.model,
+        max_request_body_bytes=cfg.max_request_body_bytes,
+        spec_metrics=cfg.per_request_spec_decode_metrics,
+    )
     shown = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "api_key"}
     logging.getLogger("verispec.server").info("verispec serve config: %s", shown)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=cfg.host,
         port=cfg.port,
@@ -168,6 +214,7 @@ def run_server(args: argparse.Namespace) -> int:
         access_log=not cfg.disable_uvicorn_access_log,
         timeout_graceful_shutdown=10,
     )
+    DrainingServer(config, cfg.shutdown_timeout).run()
     return 0
 
 
