@@ -124,9 +124,3 @@ def test_bad_arguments_exit_2_with_one_line(capsys, tiny_llama, args, needle):
     else:
         rc, _, err = _audit(capsys, tiny_llama, *args)
     assert rc == 2 and needle in err and err.count("\n") == 1, err
-
-
-def test_version(capsys):
-    with pytest.raises(SystemExit) as e:
-        cli.main(["--version"])
-    assert e.value.code == 0 and capsys.readouterr().out.startswith("verispec ")
