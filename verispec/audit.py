@@ -160,9 +160,12 @@ def second_token_test(
 # ---------------------------------------------------------------------------- prompts
 
 
-def read_prompts(path: str, tokenizer) -> list[str]:
-    """One prompt per line. A line starting with `{` or `[` is JSON: `{"prompt": "..."}`, `{"messages": [...]}`
-    or a list of chat messages; messages go through the model's chat template. Blank lines are skipped."""
+def read_prompts(path: str, tokenizer) -> list[list[int]]:
+    """One prompt per line, encoded. A line starting with `{` or `[` is JSON: `{"prompt": "..."}`,
+    `{"messages": [...]}` or a list of chat messages; messages go through the model's chat template (special tokens
+    come from the template). Blank lines are skipped."""
+    if tokenizer is None:
+        raise ValueError("the model has no tokenizer (tokenizer.json): text prompts cannot be encoded")
     text = Path(path).read_text(encoding="utf-8") if Path(path).is_file() else None
     if text is None:
         raise ValueError(f"--prompts {path!r}: no such file")
@@ -171,7 +174,7 @@ def read_prompts(path: str, tokenizer) -> list[str]:
         if not line.strip():
             continue
         if line.lstrip()[:1] not in "{[":
-            prompts.append(line)
+            prompts.append(tokenizer.encode(line))
             continue
         try:
             item = json.loads(line)
@@ -179,11 +182,10 @@ def read_prompts(path: str, tokenizer) -> list[str]:
             raise ValueError(f"--prompts {path}:{n}: invalid JSON ({e.msg})") from None
         messages = item.get("messages") if isinstance(item, Mapping) else item
         if isinstance(item, Mapping) and isinstance(item.get("prompt"), str):
-            prompts.append(item["prompt"])
-        elif isinstance(messages, list) and all(isinstance(m, Mapping) for m in messages):
-            if tokenizer is None:
-                raise ValueError(f"--prompts {path}:{n}: chat messages need a tokenizer")
-            prompts.append(tokenizer.apply_chat_template(list(messages)))
+            prompts.append(tokenizer.encode(item["prompt"]))
+        elif isinstance(messages, list) and messages and all(isinstance(m, Mapping) for m in messages):
+            text = tokenizer.apply_chat_template(list(messages))
+            prompts.append(tokenizer.encode(text, add_special_tokens=False))
         else:
             raise ValueError(
                 f"--prompts {path}:{n}: expected a text line, {{'prompt': str}} or chat messages"
@@ -204,7 +206,7 @@ def lossy_reason(spec: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _encode(llm, prompts: list[str]) -> list[list[int]]:
+def _encode(llm, prompts: tuple[str, ...]) -> list[list[int]]:
     if llm.tokenizer is None:
         raise ValueError("the model has no tokenizer (tokenizer.json): text prompts cannot be encoded")
     return [llm.tokenizer.encode(p) for p in prompts]
@@ -287,14 +289,15 @@ def sampled_check(
 
 def run_audit(
     args: EngineArgs,
-    prompts: list[str] | None = None,
+    prompts: str | None = None,
     samples: int = 400,
     temperature: float = 1.0,
     top_p: float = 1.0,
     max_tokens: int = 32,
     progress: bool = False,
 ) -> list[AuditRow]:
-    """Every check of the audit on `args` (which must have a speculative_config); ValueError for a bad setting."""
+    """Every check of the audit on `args` (which must have a speculative_config), on the prompts of the file
+    `prompts` (`read_prompts`) or the built-in ones; ValueError for a bad setting."""
     from verispec import LLM
 
     spec = args.speculative_config
@@ -305,12 +308,7 @@ def run_audit(
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"--temperature must be >= 0 and --top-p in (0, 1], got {temperature} and {top_p}")
     plain = LLM(**vars(replace(args, speculative_config=None)))
-    texts = (
-        read_prompts(prompts, plain.tokenizer)
-        if isinstance(prompts, str)
-        else list(prompts or DEFAULT_PROMPTS)
-    )
-    ids = _encode(plain, texts)
+    ids = read_prompts(prompts, plain.tokenizer) if prompts is not None else _encode(plain, DEFAULT_PROMPTS)
     lossy = lossy_reason(spec)
     rows = []
     planner_on = spec.get("enable_adaptive_verification", True)
@@ -324,7 +322,7 @@ def run_audit(
     # with every draft verified, a drafter that drafts nothing leaves the audit without evidence
     rows.append(replace(row, verdict="FAIL") if row.verdict == "warn" else row)
     if samples > 0 and temperature > 0:
-        sampled_ids = ids[: len(SAMPLED_PROMPTS)] if prompts else _encode(plain, list(SAMPLED_PROMPTS))
+        sampled_ids = ids[: len(SAMPLED_PROMPTS)] if prompts else _encode(plain, SAMPLED_PROMPTS)
         rows.append(sampled_check(plain, llm, sampled_ids, samples, temperature, top_p, lossy, progress))
     return rows
 

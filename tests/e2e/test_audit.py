@@ -98,13 +98,19 @@ def test_lossy_configs_are_reported_as_lossy(capsys, tiny_llama, tiny_draft, ext
 
 
 def test_prompts_file(capsys, tmp_path, tiny_llama, tiny_draft):
-    f = tmp_path / "p.txt"
-    f.write_text('one two three one two three\n\n{"prompt": "a b a b a b"}\n')
+    """Text lines, {"prompt": ...} and chat messages (a list, or {"messages": [...]}) through the chat template."""
+    chat = [{"role": "user", "content": "say a b a b"}]
+    f = tmp_path / "p.jsonl"
+    lines = ["one two three one two three", "", json.dumps({"prompt": "a b a b a b"}), json.dumps(chat)]
+    f.write_text("\n".join([*lines, json.dumps({"messages": chat})]) + "\n")
     rc, out, err = _audit(
         capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft), "--prompts", str(f), "--samples", "0"
     )
     assert rc == 0, (out, err)
-    assert "2 prompts x 32 tokens identical" in out
+    assert "4 prompts x 32 tokens identical" in out
+    f.write_text('one\n{"prompt": 3}\n')
+    rc, _, err = _audit(capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft), "--prompts", str(f))
+    assert rc == 2 and f"{f}:2: expected a text line" in err and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(
