@@ -16,7 +16,7 @@ import pytest
 
 from verispec.engine.args import EngineArgs
 
-COMMANDS = ("generate", "bench", "serve")
+COMMANDS = ("generate", "bench", "audit", "serve")
 SPEC = {"method": "ngram", "num_speculative_tokens": 2}
 KV = {"kv_connector": "ExampleHiddenStatesConnector"}
 # every engine setting away from its default, as flags
@@ -115,6 +115,21 @@ def test_generate_with_speculation_matches_plain(tiny_llama):
     )
     assert plain.returncode == spec.returncode == 0, spec.stderr
     assert plain.stdout == spec.stdout
+    # one summary line on stderr
+    assert re.search(r"^12 tokens in [\d.]+ s, [\d.]+ tok/s, speculation off$", plain.stderr, re.M), (
+        plain.stderr
+    )
+    summary = (
+        r"^12 tokens in [\d.]+ s, [\d.]+ tok/s, drafted \d+ / accepted \d+, mean acceptance length [\d.]+$"
+    )
+    assert re.search(summary, spec.stderr, re.M), spec.stderr
+
+
+def test_version():
+    from verispec import __version__
+
+    r = _run("--version")
+    assert r.returncode == 0 and r.stdout == f"verispec {__version__}\n"
 
 
 def _bad_inputs(tmp: Path, tiny: str) -> list[tuple[list[str], str]]:

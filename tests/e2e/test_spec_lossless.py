@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
+from verispec.audit import chi2_pvalue, second_token_law
 from verispec.metrics import Counter, Vector
 
 BATCHES = (1, 4, 16)
@@ -196,40 +197,6 @@ def test_vllm_spec_decode_example_reads_the_metrics(tiny_llama):
 # ------------------------------------------------------------------ distribution
 
 
-def _target_probs(llm: LLM, prompt: list[int], first: list[int], top_p: float) -> torch.Tensor:
-    """Exact P(second token) = sum_t1 p(t1) p(t2 | t1), from the target's own logits. -> [V]."""
-    from verispec.engine.model_runner import RowInput
-    from verispec.sample import logits as S
-
-    runner = llm.engine.runner
-    v = runner.model.cfg.vocab_size
-    st = S.SamplingTensors.from_params([SamplingParams(temperature=1.0, top_p=top_p)], "cpu", v)
-    out = runner.run([RowInput(0, 0, prompt, logits_from=len(prompt) - 1)])
-    p1 = S.logits_to_probs(out.logits, st)[0]  # [V]
-    support = p1.nonzero().flatten().tolist()
-    rows = [RowInput(i, 0, prompt + [t], logits_from=len(prompt)) for i, t in enumerate(support)]
-    p2 = torch.zeros(v)
-    for start in range(0, len(rows), 16):  # 16 cache slots
-        chunk = [RowInput(j, 0, r.token_ids, r.logits_from) for j, r in enumerate(rows[start : start + 16])]
-        logits = runner.run(chunk).logits
-        stc = S.SamplingTensors.from_params(
-            [SamplingParams(temperature=1.0, top_p=top_p)] * len(chunk), "cpu", v
-        )
-        p2 += (p1[support[start : start + 16]][:, None] * S.logits_to_probs(logits, stc)).sum(0)
-    return p2
-
-
-def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
-    expected = probs * n
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum(0, keepdim=True)]).double()
-    exp = torch.cat([expected[big], expected[~big].sum(0, keepdim=True)]).double()
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
-
-
 def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000) -> None:
     """n sampled 3-token generations of one prompt: the second output token (the first one speculation produced) must
     follow the target's exact marginal, and the same test must reject a half-uniform mixture (its power)."""
@@ -238,10 +205,10 @@ def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000) -> Non
     outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
     v = llm.engine.runner.model.cfg.vocab_size
     counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
-    p2 = _target_probs(llm, prompt, [], top_p)
-    assert _chi2_pvalue(counts, p2, n) > 1e-4
+    p2 = second_token_law(llm, prompt, SamplingParams(temperature=1.0, top_p=top_p))
+    assert chi2_pvalue(counts, p2) > 1e-4
     uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
-    assert _chi2_pvalue(counts, uniform_mix / uniform_mix.sum(), n) < 1e-4
+    assert chi2_pvalue(counts, uniform_mix / uniform_mix.sum()) < 1e-4
 
 
 @pytest.mark.parametrize(
