@@ -17,6 +17,7 @@ from pathlib import Path
 
 import llama_cpp_peer
 import torch
+from adaptive_k import cpu_model, variants
 
 from verispec.bench import BenchResult, print_table, time_llm
 from verispec.loader.checkpoint import resolve_model_path
@@ -82,6 +83,13 @@ def main() -> None:
     ap.add_argument("--peer-lookup", type=int, default=4, help="drafts per step of the peers' prompt lookup")
     ap.add_argument("--peer-ngram", type=int, default=2, help="llama.cpp prompt lookup's max_ngram_size")
     ap.add_argument(
+        "--fixed-k",
+        default=None,
+        help="e.g. 1,2,4,8: each config runs with the goodput planner and then with each fixed K "
+        "(benchmarks/adaptive_k.py sweeps workloads, batch sizes and temperatures the same way)",
+    )
+    ap.add_argument("--temperature", type=float, default=0.0, help="sampled runs are seeded; 0 = greedy")
+    ap.add_argument(
         "--activation-dtype", default="float32", choices=("float32", "int8"), help="verispec's rows"
     )
     ap.add_argument("--output", default=None)
@@ -95,13 +103,18 @@ def main() -> None:
             or ['{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}']
         )
     ]
+    if args.fixed_k:
+        fixed = [int(k) for k in args.fixed_k.split(",") if k.strip()]
+        specs = [config for spec in specs for _, config in variants(spec, fixed)]
     kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
     plain = LLM(args.model, **kw)
     tok = plain.tokenizer
     convs = build_workload(args.workload, args.num_prompts)
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     prompts = prompts * args.rounds
-    sp = SamplingParams(temperature=0, max_tokens=args.max_tokens)
+    sp = SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None
+    )
     base, base_outs = time_llm(plain, prompts, sp, "verispec plain")
     ref = [o.outputs[0].token_ids for o in base_outs]
     rows, identical = [base], {}
@@ -109,6 +122,9 @@ def main() -> None:
     for spec in specs:
         llm = LLM(args.model, speculative_config=spec, **kw)
         label = "verispec " + spec.get("method", str(spec.get("model")))
+        if "enable_adaptive_verification" in spec:
+            adaptive = spec["enable_adaptive_verification"]
+            label += " planner" if adaptive else f" K={spec.get('num_speculative_tokens')}"
         res, outs = time_llm(llm, prompts, sp, label)
         rows.append(res)
         identical[label] = sum(o.outputs[0].token_ids == r for o, r in zip(outs, ref))
@@ -144,8 +160,9 @@ def main() -> None:
         else:
             print("llama.cpp peer skipped: llama-cpp-python is not installed (benchmarks/llama_cpp_peer.py)")
     print(
-        f"model={args.model} workload={args.workload} prompts={len(prompts)} batch={args.batch_size} "
-        f"max_tokens={args.max_tokens} threads={torch.get_num_threads()}"
+        f"CPU: {cpu_model()}\nmodel={args.model} workload={args.workload} prompts={len(prompts)} "
+        f"batch={args.batch_size} max_tokens={args.max_tokens} temperature={args.temperature} "
+        f"threads={torch.get_num_threads()}"
     )
     print_table(rows, base)
     print(

@@ -5,8 +5,34 @@ from __future__ import annotations
 import pytest
 
 from tests.tiny_models import write_tiny_checkpoint
+from verispec.engine import builder
+from verispec.engine.step_cost import StepCostModel
+from verispec.spec.planner import DraftPlanner
 
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+
+class FrozenStepCost(StepCostModel):
+    """A step cost that ignores measured timings: a test decides what a verified row costs."""
+
+    def __init__(self, row_cost: float):
+        super().__init__({1: 1.0, 1024: 1.0 + 1023 * row_cost})
+
+    def observe(self, rows: int, seconds: float) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def planner_step_cost(request, monkeypatch):
+    """The planner's step cost in tests: timing-free, so what it verifies does not depend on the machine's load. By
+    default a verified row is free and the planner verifies every draft (the choices of a fixed K, with the
+    planner's code running), and so is drafting; `@pytest.mark.row_cost(c)` sets another row cost, `row_cost(None)` profiles for real."""
+    marker = request.node.get_closest_marker("row_cost")
+    row_cost = marker.args[0] if marker else 0.0
+    if row_cost is not None:
+        monkeypatch.setattr(builder, "load_or_profile", lambda *a, **k: (FrozenStepCost(row_cost), True))
+        # drafting counts as free too
+        monkeypatch.setattr(DraftPlanner, "observe_draft_time", lambda self, k, seconds: None)
 
 
 @pytest.fixture(scope="session")
@@ -121,6 +147,14 @@ def tiny_eagle3(tiny_llama, tmp_path_factory) -> str:
     from tests.tiny_models import write_tiny_eagle3
 
     return str(write_tiny_eagle3(tmp_path_factory.mktemp("eagle3") / "e", Path(tiny_llama), draft_vocab=200))
+
+
+@pytest.fixture(scope="session")
+def tiny_mimo(tmp_path_factory) -> str:
+    """A random seeded MiMo target with one MTP layer (method 'mtp' drafts with it)."""
+    from tests.tiny_models import write_tiny_mimo
+
+    return str(write_tiny_mimo(tmp_path_factory.mktemp("mimo") / "m"))
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 
 from verispec.engine.args import EngineArgs
 from verispec.sampling_params import SamplingParams
-from verispec.spec_config import parse_json_config
 from verispec.workloads import build_workload
 
 
@@ -27,7 +26,10 @@ class BenchResult:
     decode_tok_per_s: float = 0.0  # tokens from decode steps / time in decode steps (prefill excluded)
 
 
-def time_llm(llm, prompts: list[list[int]], sp: SamplingParams, label: str) -> tuple[BenchResult, list]:
+def time_llm(
+    llm, prompts: list[list[int]], sp: SamplingParams, label: str, progress: bool = False
+) -> tuple[BenchResult, list]:
+    """One timed run of every prompt; `progress` draws a tqdm bar on stderr (one update per finished prompt)."""
     llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
     before = llm.engine.counters.spec
     base = (
@@ -43,7 +45,7 @@ def time_llm(llm, prompts: list[list[int]], sp: SamplingParams, label: str) -> t
     c = llm.engine.counters
     c0 = (c.prefill_seconds, c.decode_seconds, c.decode_tokens)
     t = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=progress)
     dt = time.perf_counter() - t
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     res = BenchResult(label, dt, n, n / dt)
@@ -88,6 +90,7 @@ def run_bench(
     max_tokens: int,
     output: str | None,
     temperature: float = 0.0,
+    progress: bool = True,
 ) -> dict:
     """The workload's prompts decoded plainly, then with engine.speculative_config (ngram K=4 when none is given),
     at batch_size concurrent requests; a table on stdout and, with output, JSON."""
@@ -95,8 +98,6 @@ def run_bench(
     from verispec.spec import resolve_speculative_config
 
     spec = engine.speculative_config
-    if isinstance(spec, str):
-        spec = parse_json_config(spec)
     if spec is None:
         spec = {
             "method": "ngram",
@@ -123,10 +124,10 @@ def run_bench(
     tok = plain.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0 if temperature else None)
-    base, base_outs = time_llm(plain, prompts, sp, "plain")
+    base, base_outs = time_llm(plain, prompts, sp, "plain", progress)
     del plain
     fast = LLM(**kw, speculative_config=spec)
-    res, outs = time_llm(fast, prompts, sp, f"{spec.get('method', spec.get('model'))}")
+    res, outs = time_llm(fast, prompts, sp, f"{spec.get('method', spec.get('model'))}", progress)
     same = sum(a.outputs[0].token_ids == b.outputs[0].token_ids for a, b in zip(outs, base_outs))
     print(
         f"model={model} workload={workload} prompts={num_prompts} batch={batch_size} max_tokens={max_tokens} "

@@ -1,9 +1,10 @@
-"""`verispec generate | bench | serve`. User errors: one line on stderr and exit code 2, never a traceback."""
+"""`verispec generate | bench | audit | serve`. User errors: one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from verispec.engine.args import EngineArgs
 
@@ -35,19 +36,55 @@ def cmd_generate(args: argparse.Namespace) -> int:
     engine = llm.engine
     engine.add_request("cli", text, ids, sp)
     printed = 0
+    start, tokens = time.perf_counter(), 0
     while engine.has_unfinished():
         # stream tokens as they are produced (several per step when speculating)
         for out in engine.step():
+            tokens = len(out.outputs[0].token_ids)
             new = out.outputs[0].text[printed:]
             if new:
                 sys.stdout.write(new)
                 sys.stdout.flush()
                 printed += len(new)
     sys.stdout.write("\n")
-    if engine.spec_log is not None:
-        line = engine.spec_log.maybe_log(force=True)
-        if line:
-            print(line, file=sys.stderr)
+    sys.stdout.flush()
+    print(_summary(tokens, time.perf_counter() - start, engine), file=sys.stderr)
+    return 0
+
+
+def _summary(tokens: int, seconds: float, engine) -> str:
+    """One line: tokens, tok/s (prefill included), and what speculation drafted and accepted."""
+    line = f"{tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tok/s"
+    if engine.proposer is None:
+        return line + ", speculation off"
+    s = engine.counters.spec
+    return (
+        f"{line}, drafted {s.num_draft_tokens} / accepted {s.num_accepted_tokens}, "
+        f"mean acceptance length {s.mean_acceptance_length:.2f}"
+    )
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from verispec.audit import ALPHA, format_table, run_audit
+
+    engine = EngineArgs.from_cli_args(args)
+    rows = run_audit(
+        engine,
+        args.prompts,
+        args.samples,
+        args.temperature,
+        args.top_p,
+        args.max_tokens,
+        progress=not args.quiet,
+    )
+    print(format_table(rows))
+    failed = next((r for r in rows if r.failed), None)
+    if failed is not None:
+        print(f"verispec audit: FAIL ({failed.check}, {failed.setting}): {failed.detail}", file=sys.stderr)
+        return 1
+    lossy = any(r.verdict == "lossy by design" for r in rows)
+    tail = "; the sampled law is lossy by design" if lossy else f" (sampled test at alpha {ALPHA:g})"
+    print(f"verispec audit: pass{tail}", file=sys.stderr)
     return 0
 
 
@@ -68,7 +105,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from verispec import __version__
+
     parser = _Parser(prog="verispec", description="Speculative-decoding LLM engine configured like vLLM")
+    parser.add_argument("--version", action="version", version=f"verispec {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     g = sub.add_parser("generate", help="generate a completion and stream it to stdout")
     EngineArgs.add_cli_args(g)
@@ -87,6 +127,25 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--output", default=None, help="write JSON results here")
     b.set_defaults(func=cmd_bench)
+    a = sub.add_parser(
+        "audit",
+        help="check that speculation is lossless on this model and configuration",
+        description="Greedy equality with and without speculation, and a chi-square test of the sampled law. "
+        "Exit 0: pass; 1: a check failed (the first differing prompt and position are named); 2: bad arguments.",
+    )
+    EngineArgs.add_cli_args(a)
+    a.add_argument(
+        "--prompts",
+        default=None,
+        help='file, one prompt per line; a line starting with { or [ is JSON: {"prompt": ...}, '
+        '{"messages": [...]} or a list of chat messages (chat template applied). Default: built-in prompts',
+    )
+    a.add_argument("--samples", type=int, default=400, help="sampled generations per prompt (0: greedy only)")
+    a.add_argument("--temperature", type=float, default=1.0, help="of the sampled test (0: greedy only)")
+    a.add_argument("--top-p", type=float, default=1.0)
+    a.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt")
+    a.add_argument("--quiet", action="store_true", help="no progress bars")
+    a.set_defaults(func=cmd_audit)
     try:
         from verispec.server.cli import add_serve_args, run_server
     except ImportError:  # server extras missing

@@ -96,6 +96,8 @@ class SpecDecodingLogging:
 
     def __init__(self, num_spec_tokens: int, interval_s: float = 10.0):
         self.k, self.interval = num_spec_tokens, interval_s
+        # more text for the line (the planner's figures), or None
+        self.extra = None
         self._reset(time.monotonic())
 
     def _reset(self, now: float) -> None:
@@ -112,7 +114,7 @@ class SpecDecodingLogging:
         if self.window.num_drafts == 0:
             self._reset(now)
             return None
-        line = format_spec_log(self.window, now - self.since)
+        line = format_spec_log(self.window, now - self.since) + (self.extra() if self.extra else "")
         logger.info(line)
         self._reset(now)
         return line
@@ -172,6 +174,10 @@ class EngineCounters:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     decode_tokens: int = 0
+    # the goodput planner's mean chosen draft length and the measured cost of a verified row relative to a plain
+    # step (None when it is off)
+    mean_chosen_k: float | None = None
+    verified_row_cost: float | None = None
 
     def to_metrics(self, num_running: int, num_waiting: int) -> list[Metric]:
         out: list[Metric] = [
@@ -191,5 +197,10 @@ class EngineCounters:
                 Vector(
                     "vllm:spec_decode_num_accepted_tokens_per_pos", {}, list(s.num_accepted_tokens_per_pos)
                 ),
+            ]
+        if self.mean_chosen_k is not None:
+            out += [
+                Gauge("verispec:spec_decode_mean_chosen_k", {}, self.mean_chosen_k),
+                Gauge("verispec:spec_decode_verified_row_cost", {}, self.verified_row_cost or 0.0),
             ]
         return out

@@ -84,6 +84,13 @@ _TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "str": ("a str", lambda v: isinstance(v, str)),
     "tree": ("a str or a list of tuples of ints", lambda v: isinstance(v, (str, list, tuple))),
     "mapping": ("a mapping", lambda v: isinstance(v, Mapping)),
+    "schedule": (
+        "a list of [start_bs, end_bs, num_speculative_tokens] int triples",
+        lambda v: (
+            isinstance(v, (list, tuple))
+            and all(isinstance(t, (list, tuple)) and len(t) == 3 and all(_is_int(x) for x in t) for t in v)
+        ),
+    ),
 }
 
 
@@ -101,6 +108,12 @@ class SpeculativeConfig:
     code_revision: str | None = None
     enforce_eager: bool | None = None
     disable_by_batch_size: int | None = None
+    # vLLM's fixed schedule: [[start_bs, end_bs, K], ...], K drafts at batch sizes start_bs..end_bs (0: none);
+    # stored as a tuple of tuples
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
+    # the goodput planner (spec/planner.py) picks each step's draft lengths, num_speculative_tokens being the cap;
+    # on by default in verispec (false: every step drafts the fixed K, as vLLM)
+    enable_adaptive_verification: bool = True
     disable_padded_drafter_batch: bool = False
     disable_logprobs: bool = True
     prompt_lookup_min: int | None = None  # resolved: 0 for non-ngram methods, as in vLLM
@@ -171,15 +184,17 @@ class SpeculativeConfig:
         return out
 
 
-def parse_json_config(text: str, name: str = "speculative_config") -> dict[str, Any]:
-    """A config given as a JSON string (``--speculative-config``) -> dict, or a clear ValueError naming `name`."""
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{name} is not valid JSON: {e}") from None
-    if not isinstance(config, dict):
+def parse_json_config(config: str | Mapping[str, Any], name: str = "speculative_config") -> dict[str, Any]:
+    """A config given as a JSON string (``--speculative-config``) or a mapping (a dict, a YAML file's value) ->
+    dict, or a clear ValueError naming `name`. Every command and `LLM(...)` parse these configs here."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{name} is not valid JSON: {e}") from None
+    if not isinstance(config, Mapping):
         raise ValueError(f"{name} must be a mapping (JSON object), got {type(config).__name__}")
-    return config
+    return dict(config)
 
 
 def _user_key_types() -> dict[str, tuple[str, bool]]:
@@ -187,7 +202,11 @@ def _user_key_types() -> dict[str, tuple[str, bool]]:
     fields = dataclasses.fields(SpeculativeConfig)
     types = {f.name: (str(f.type).split(" | ")[0], f.default is None) for f in fields}
     del types[_AUX_LAYERS_KEY]
-    return types | {"speculative_token_tree": ("tree", True), "draft_model_config": ("mapping", True)}
+    return types | {
+        "speculative_token_tree": ("tree", True),
+        "draft_model_config": ("mapping", True),
+        "num_speculative_tokens_per_batch_size": ("schedule", True),
+    }
 
 
 _KEY_TYPES = _user_key_types()
@@ -470,12 +489,39 @@ def _check_ranges(values: dict[str, Any]) -> None:
             "Expect the batch size threshold of disabling speculative decoding is > 1, "
             f"but got {disable_by_batch_size=}"
         )
+    values["num_speculative_tokens_per_batch_size"] = _check_schedule(
+        values["num_speculative_tokens_per_batch_size"], values["num_speculative_tokens"]
+    )
     if values["parallel_drafting"] and values["method"] not in PARALLEL_DRAFTING_METHODS:
         raise ValueError(
             f"parallel_drafting is only compatible with EAGLE and draft-model methods "
             f"({', '.join(PARALLEL_DRAFTING_METHODS)}), got method '{values['method']}'"
         )
     _check_rejection_sampling(values)
+
+
+def _check_schedule(
+    schedule: Any, num_speculative_tokens: int | None
+) -> tuple[tuple[int, int, int], ...] | None:
+    """num_speculative_tokens_per_batch_size: ranges of batch sizes (1 <= start_bs <= end_bs, not overlapping),
+    each with a K in [0, num_speculative_tokens]."""
+    if schedule is None:
+        return None
+    key = "num_speculative_tokens_per_batch_size"
+    cap = num_speculative_tokens or 0
+    out = tuple(tuple(t) for t in schedule)
+    for start, end, k in out:
+        if not 1 <= start <= end:
+            raise ValueError(f"{key}: each range needs 1 <= start_bs <= end_bs, got [{start}, {end}, {k}]")
+        if not 0 <= k <= cap:
+            raise ValueError(
+                f"{key}: K must be in [0, num_speculative_tokens={cap}], got [{start}, {end}, {k}]"
+            )
+    ranges = sorted(out)
+    for (s0, e0, _), (s1, e1, _) in zip(ranges, ranges[1:]):
+        if s1 <= e0:
+            raise ValueError(f"{key}: ranges [{s0}, {e0}] and [{s1}, {e1}] overlap")
+    return out
 
 
 def _resolve_rejection_alias(values: dict[str, Any], user: Mapping[str, Any]) -> None:

@@ -1,8 +1,12 @@
-"""`verispec generate` / `bench`: streaming output, and one-line errors with exit code 2 for bad input."""
+"""`verispec generate` / `bench` / `serve`: the engine flags they share, streaming output, and one-line errors with
+exit code 2 for bad input."""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -10,11 +14,82 @@ from pathlib import Path
 
 import pytest
 
+from verispec.engine.args import EngineArgs
+
+COMMANDS = ("generate", "bench", "audit", "serve")
+SPEC = {"method": "ngram", "num_speculative_tokens": 2}
+KV = {"kv_connector": "ExampleHiddenStatesConnector"}
+# every engine setting away from its default, as flags
+ENGINE_ARGV = [
+    *"m --tokenizer tok --skip-tokenizer-init --max-model-len 64 --max-num-seqs 3".split(),
+    *"--max-num-batched-tokens 77 --dtype float16 --activation-dtype int8 --no-keep-quantized".split(),
+    *"--device cpu --seed 5 --kv-cache-memory-bytes 12345 --spec-token-budget 9".split(),
+    *["-sc", json.dumps(SPEC), "--kv-transfer-config", json.dumps(KV)],
+]
+
 
 def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "verispec", *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+def _help_flags(argv: list[str], capsys) -> set[str]:
+    from verispec.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "--help"])
+    return set(re.findall(r"(?<![\w-])--?[a-z][\w-]*", capsys.readouterr().out))
+
+
+def test_generate_bench_serve_share_every_engine_flag(capsys):
+    """One definition (EngineArgs.add_cli_args): each subcommand's help lists every engine flag."""
+    alone = argparse.ArgumentParser(prog="x")
+    EngineArgs.add_cli_args(alone)
+    with pytest.raises(SystemExit):
+        alone.parse_args(["--help"])
+    engine_flags = set(re.findall(r"(?<![\w-])--?[a-z][\w-]*", capsys.readouterr().out)) - {"-h", "--help"}
+    named = {"--activation-dtype", "--max-num-batched-tokens", "--kv-cache-memory-bytes", "--tokenizer"}
+    assert named | {"--keep-quantized", "--no-keep-quantized", "--speculative-config", "-sc"} <= engine_flags
+    for command in COMMANDS:
+        argv = [command] + (["-p", "x"] if command == "generate" else [])
+        assert engine_flags <= _help_flags(argv, capsys), command
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_engine_setting_is_a_flag_of_every_subcommand(command):
+    from verispec.cli import build_parser
+    from verispec.server.cli import resolve_config
+
+    argv = [command, *ENGINE_ARGV] + (["-p", "x"] if command == "generate" else [])
+    args = build_parser().parse_args(argv)
+    engine = resolve_config(args).engine if command == "serve" else EngineArgs.from_cli_args(args)
+    default = EngineArgs()
+    for f in dataclasses.fields(EngineArgs):
+        assert getattr(engine, f.name) != getattr(default, f.name), f"{command}: no flag sets {f.name}"
+    assert (engine.speculative_config, engine.kv_transfer_config) == (SPEC, KV)
+    assert (engine.max_num_batched_tokens, engine.keep_quantized, engine.tokenizer) == (77, False, "tok")
+
+
+def test_serve_config_file_sets_every_engine_setting_as_its_flag_does(tmp_path):
+    """A YAML key per EngineArgs field (dash form) gives the EngineArgs the flags give."""
+    import yaml
+
+    from verispec.cli import build_parser
+    from verispec.server.cli import resolve_config
+
+    flags = resolve_config(build_parser().parse_args(["serve", *ENGINE_ARGV])).engine
+    path = tmp_path / "c.yaml"
+    values = {f.name.replace("_", "-"): getattr(flags, f.name) for f in dataclasses.fields(EngineArgs)}
+    path.write_text(yaml.safe_dump(values))
+    assert resolve_config(build_parser().parse_args(["serve", "--config", str(path)])).engine == flags
+    # a flag wins over the file
+    args = build_parser().parse_args(["serve", "--config", str(path), "--max-num-seqs", "9", "other"])
+    assert (resolve_config(args).engine.max_num_seqs, resolve_config(args).engine.model) == (9, "other")
+    # a key that is neither an engine setting nor a server option: named, with the allowed ones
+    path.write_text("max-num-seq: 3\n")
+    with pytest.raises(ValueError, match=r"unknown option 'max-num-seq'; allowed .*max_num_seqs.*, port, "):
+        resolve_config(build_parser().parse_args(["serve", "--config", str(path)]))
 
 
 def test_generate_streams_text(tiny_llama):
@@ -40,6 +115,21 @@ def test_generate_with_speculation_matches_plain(tiny_llama):
     )
     assert plain.returncode == spec.returncode == 0, spec.stderr
     assert plain.stdout == spec.stdout
+    # one summary line on stderr
+    assert re.search(r"^12 tokens in [\d.]+ s, [\d.]+ tok/s, speculation off$", plain.stderr, re.M), (
+        plain.stderr
+    )
+    summary = (
+        r"^12 tokens in [\d.]+ s, [\d.]+ tok/s, drafted \d+ / accepted \d+, mean acceptance length [\d.]+$"
+    )
+    assert re.search(summary, spec.stderr, re.M), spec.stderr
+
+
+def test_version():
+    from verispec import __version__
+
+    r = _run("--version")
+    assert r.returncode == 0 and r.stdout == f"verispec {__version__}\n"
 
 
 def _bad_inputs(tmp: Path, tiny: str) -> list[tuple[list[str], str]]:

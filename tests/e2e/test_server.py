@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +23,10 @@ from verispec import LLM, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "sk-test-key"
+# the plain server's --max-request-body-bytes (set in its YAML file)
+BODY_LIMIT = 1 << 20
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+FIXED_K_NGRAM = NGRAM | {"enable_adaptive_verification": False}
 PROMPTS = [
     "def add(a, b):\n    return a + b\n",
     "The quick brown fox jumps over the lazy dog. The quick brown fox",
@@ -119,13 +123,13 @@ def servers(ckpt, tmp_path_factory):
     plain_cfg = d / "plain.yaml"
     plain_cfg.write_text(
         f"model: {ckpt}\nserved-model-name: tiny\nmax_model_len: 256\nmax-num-seqs: 4\n"
-        f"api-key: {API_KEY}\ndisable-uvicorn-access-log: true\n"
+        f"api-key: {API_KEY}\ndisable-uvicorn-access-log: true\nmax-request-body-bytes: {BODY_LIMIT}\n"
     )
     spec_cfg = d / "spec.yaml"  # nested mapping for the speculative config
     spec_cfg.write_text(
         "served_model_name: [tiny, tiny-alias]\nmax-model-len: 256\nmax-num-seqs: 2\n"
         "max-queue: 1\nspeculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n"
-        "  prompt_lookup_max: 3\n"
+        "  prompt_lookup_max: 3\nper-request-spec-decode-metrics: detailed\n"
     )
     plain = Server(["--config", str(plain_cfg), "--max-num-seqs", "8"], d / "plain.log")
     spec = Server([ckpt, "--config", str(spec_cfg)], d / "spec.log")
@@ -550,6 +554,34 @@ ERROR_CASES = [
     ),
     ("/v1/no-such-route", {}, 404, "not found"),
 ]
+# hostile input: (path, body, message part, the param the error names)
+HOSTILE = [
+    ("/v1/completions", {"model": "tiny", "prompt": "a\ud800b"}, "lone UTF-16 surrogate", "prompt"),
+    (
+        "/v1/completions",
+        {"model": "tiny", "prompt": ["ok", "\udfff"]},
+        "prompt[1] is not valid Unicode",
+        "prompt",
+    ),
+    (
+        "/v1/completions",
+        {"model": "tiny", "prompt": "hi", "stream_options": {"include_usage": True}},
+        "stream_options can only be set when stream is true",
+        "stream_options",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "hacker", "content": "hi"}]},
+        "unknown role 'hacker'",
+        "messages",
+    ),
+    (
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]},
+        "content[0]['text'] is not valid Unicode",
+        "messages",
+    ),
+]
 MSG = [{"role": "user", "content": "hi"}]
 UNSUPPORTED = [  # fields that would change the output: a 400 naming them, never silently ignored
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
@@ -661,6 +693,181 @@ def test_error_cases(plain, path, body, status, needle):
     assert needle in err["message"]
 
 
+def test_hostile_input_names_the_field_without_traceback(plain):
+    """Lone surrogates (escaped or as raw UTF-8 bytes), stream_options without stream, an unknown chat role: a
+    400 naming the field, and no traceback in the server log."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    for path, body, needle, param in HOSTILE:
+        r = httpx.post(f"{plain.url}{path}", content=json.dumps(body), headers=headers, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert needle in r.json()["error"]["message"]
+    raw = [
+        ("/v1/completions", b'{"model": "tiny", "prompt": "x\xed\xa0\x80y"}', "prompt"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\xed\xb0\x80"}]}', "messages"),
+    ]
+    for path, body, param in raw:
+        r = httpx.post(f"{plain.url}{path}", content=body, headers=headers, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert "surrogate" in r.json()["error"]["message"]
+    # invalid UTF-8 (not a surrogate): still a 400, never a 500
+    r = httpx.post(f"{plain.url}/v1/completions", content=b'{"prompt": "\xff"}', headers=headers, timeout=30)
+    assert r.status_code == 400
+    assert "Traceback" not in plain.log.read_text()
+
+
+def test_body_limit_and_context_length_checked_before_parsing(plain):
+    """A 20 MB body is refused with 413 in OpenAI's error JSON at once (Content-Length or chunked), a prompt
+    that cannot fit the context is refused before it is tokenized, and /health answers all along."""
+    headers = {"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"}
+    huge = b'{"model": "tiny", "prompt": "' + b"a" * 20_000_000 + b'"}'
+    health, stop = [], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            t = time.monotonic()
+            code = httpx.get(f"{plain.url}/health", timeout=10).status_code
+            health.append((code, time.monotonic() - t))
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        t = time.monotonic()
+        r = httpx.post(f"{plain.url}/v1/completions", content=huge, headers=headers, timeout=60)
+        took = time.monotonic() - t
+        assert r.status_code == 413 and r.json()["error"]["code"] == 413, r.text
+        assert str(BODY_LIMIT) in r.json()["error"]["message"]
+        # well under a second alone; generous here (2 shared cores)
+        assert took < 5, took
+
+        def chunks():
+            for _ in range(20):
+                yield b"a" * 1_000_000
+
+        r = httpx.post(f"{plain.url}/v1/completions", content=chunks(), headers=headers, timeout=60)
+        assert r.status_code == 413 and "--max-request-body-bytes" in r.json()["error"]["message"]
+        # under the body limit, but more bytes than 256 tokens can hold: refused before tokenizing
+        body = {"model": "tiny", "prompt": "word " * 200_000}
+        r = httpx.post(f"{plain.url}/v1/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+        assert "maximum context length is 256 tokens" in r.json()["error"]["message"]
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "word " * 200_000}]}
+        r = httpx.post(f"{plain.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        poller.join()
+    assert health and all(code == 200 for code, _ in health), health
+    r = plain.client().completions.create(model="tiny", prompt="still alive", max_tokens=3)
+    assert r.usage.completion_tokens <= 3
+
+
+def test_sigterm_drains_then_ends_the_rest(ckpt, tmp_path):
+    """SIGTERM: new requests get 503 at once; a request that finishes within --shutdown-timeout completes; the
+    rest end properly (a stream with an error event and [DONE], a plain request with OpenAI's error JSON); the
+    process exits with no traceback in its log."""
+    args = [ckpt, "--max-model-len", "512", "--shutdown-timeout", "1", "--disable-uvicorn-access-log"]
+    srv = Server(args, tmp_path / "drain.log").wait_ready()
+    url, results, lines = srv.url, {}, []
+    # 8 sequences of 480 tokens with logprobs each: far more than the 1 s drain allows on any machine
+    long_body = {
+        "prompt": "count",
+        "max_tokens": 480,
+        "ignore_eos": True,
+        "temperature": 0,
+        "n": 8,
+        "logprobs": 5,
+    }
+
+    def post(name: str, body: dict) -> None:
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+        results[name] = (r.status_code, r.json())
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST", f"{url}/v1/completions", json=long_body | {"stream": True}, timeout=120
+        ) as r:
+            lines.extend(x for x in r.iter_lines() if x)
+
+    threads = [
+        threading.Thread(target=stream),
+        threading.Thread(target=post, args=("long", long_body)),
+        threading.Thread(target=post, args=("short", long_body | {"max_tokens": 4, "n": 1})),
+    ]
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(lines) >= 2, 60, "the stream's first tokens")
+        srv.proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        wait_for(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 503, 10, "draining /health")
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        # a request already admitted before the signal still runs
+        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"], r.text
+        for t in threads:
+            t.join(60)
+        srv.proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        srv.stop()
+    status, body = results["short"]
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length", body
+    status, body = results["long"]
+    assert status == 503 and body["error"]["code"] == 503 and "shut down" in body["error"]["message"], body
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][len("data: ") :])
+    assert last["error"]["code"] == 503, lines[-3:]
+    # the long requests ran into the 1 s timeout; everything ended soon after it
+    assert 0.8 < took < 20, took
+    log = (tmp_path / "drain.log").read_text()
+    assert "Traceback" not in log and "ending 16 requests" in log, log[-3000:]
+
+
+def check_spec_metrics(m: dict, completion_tokens: int) -> None:
+    """The figures of one response's speculation agree with each other and with its tokens."""
+    assert m["num_spec_tokens"] == 3 and m["num_spec_steps"] == sum(m["acceptance_histogram"])
+    assert (
+        m["num_accepted_draft_tokens"] == sum(m["per_step_accepted"]) == sum(m["num_accepted_tokens_per_pos"])
+    )
+    assert m["num_draft_tokens"] == sum(m["num_draft_tokens_per_pos"])
+    steps, drafted = max(m["num_spec_steps"], 1), max(m["num_draft_tokens"], 1)
+    assert m["mean_acceptance_length"] == pytest.approx(1 + m["num_accepted_draft_tokens"] / steps)
+    assert m["draft_acceptance_rate"] == pytest.approx(m["num_accepted_draft_tokens"] / drafted)
+    acc = m["num_accepted_tokens_per_pos"]
+    assert acc == sorted(acc, reverse=True) and len(m["acceptance_rate_per_pos"]) == 3
+    # every verify step emits its accepted drafts and one token of the target's (the last may be cut short)
+    assert m["num_spec_steps"] + m["num_accepted_draft_tokens"] <= completion_tokens + 3
+
+
+def test_per_request_spec_decode_metrics(spec, plain):
+    """--per-request-spec-decode-metrics detailed (vLLM's flag): each response's `metrics.speculative_decoding`,
+    also on the last chunk of a stream; absent on a server without the flag."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    r = httpx.post(f"{spec.url}/v1/completions", json=body, timeout=60).json()
+    m = r["metrics"]["speculative_decoding"]
+    check_spec_metrics(m, r["usage"]["completion_tokens"])
+    # the repeated phrase is drafted from and accepted
+    assert m["num_spec_steps"] > 0 and m["num_accepted_draft_tokens"] > 0
+    r2 = httpx.post(f"{spec.url}/v1/completions", json=body | {"n": 2, "seed": 1}, timeout=60).json()
+    check_spec_metrics(r2["metrics"]["speculative_decoding"], r2["usage"]["completion_tokens"])
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 30}
+    r = httpx.post(f"{spec.url}/v1/chat/completions", json=chat | {"temperature": 0}, timeout=60).json()
+    check_spec_metrics(r["metrics"]["speculative_decoding"], r["usage"]["completion_tokens"])
+    for path, req in (("/v1/completions", body), ("/v1/chat/completions", chat)):
+        for opts in ({"include_usage": True}, None):
+            extra = {"stream": True} | ({"stream_options": opts} if opts else {})
+            with httpx.stream("POST", f"{spec.url}{path}", json=req | extra, timeout=60) as resp:
+                chunks = [json.loads(x[6:]) for x in resp.iter_lines() if x.startswith("data: {")]
+            assert all(c["metrics"] is None for c in chunks[:-1])
+            m = chunks[-1]["metrics"]["speculative_decoding"]
+            n = sum(len(c["choices"]) for c in chunks)
+            check_spec_metrics(m, chunks[-1]["usage"]["completion_tokens"] if opts else n)
+    r = httpx.post(f"{plain.url}/v1/completions", json=body, headers=headers, timeout=60).json()
+    assert r["metrics"] is None
+
+
 def test_errors_through_openai_client(plain):
     client = plain.client()
     with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1"):
@@ -739,13 +946,15 @@ def test_cli_config_resolution(tmp_path, monkeypatch):
     p = argparse.ArgumentParser()
     add_serve_args(p)
     cfg = resolve_config(p.parse_args(["m", "--config", str(cfg_file), "--port", "9002"]))
-    assert (cfg.model, cfg.port, cfg.max_num_seqs, cfg.served_model_name) == ("m", 9002, 3, ["a"])
-    assert cfg.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+    assert (cfg.engine.model, cfg.engine.max_num_seqs) == ("m", 3)
+    assert (cfg.port, cfg.served_model_name) == (9002, ["a"])
+    assert cfg.engine.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
     assert cfg.api_key == "from-env" and cfg.host == "127.0.0.1"
     cfg = resolve_config(
         p.parse_args(["--config", str(cfg_file), "-sc", json.dumps(NGRAM), "--api-key", "k"])
     )
-    assert cfg.speculative_config == NGRAM and cfg.api_key == "k" and cfg.model == "smollm2-135m-instruct"
+    assert cfg.engine.speculative_config == NGRAM and cfg.api_key == "k"
+    assert cfg.engine.model == "smollm2-135m-instruct"
     bad = tmp_path / "bad.yaml"
     for text, needle in [
         ("max_num_seq: 3\n", "unknown option"),
@@ -771,6 +980,8 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
         ["m", "-sc", "{not json"],
         ["m", "--config", str(bad)],
         [str(tmp_path / "missing-model")],
+        ["m", "--per-request-spec-decode-metrics", "summary"],
+        ["m", "--shutdown-timeout", "-1"],
     ]
     procs = [
         subprocess.Popen(
@@ -808,7 +1019,16 @@ def test_spec_decode_log_line_in_server_log(spec):
 def test_smollm2_chat_with_and_without_speculation(smollm2_gguf_file, tmp_path):
     """The real model: the ngram-speculating server's greedy chat equals offline decoding without speculation."""
     server = Server(
-        ["smollm2-135m-instruct", "--max-model-len", "512", "--max-num-seqs", "2", "-sc", json.dumps(NGRAM)],
+        # fixed K: the server process profiles its step cost for real, and this test needs drafts to run
+        [
+            "smollm2-135m-instruct",
+            "--max-model-len",
+            "512",
+            "--max-num-seqs",
+            "2",
+            "-sc",
+            json.dumps(FIXED_K_NGRAM),
+        ],
         tmp_path / "smollm2.log",
     )
     result: dict = {}

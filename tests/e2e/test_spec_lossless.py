@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from verispec import LLM, SamplingParams
+from verispec.audit import chi2_pvalue, second_token_law
 from verispec.metrics import Counter, Vector
 
 BATCHES = (1, 4, 16)
@@ -196,40 +197,6 @@ def test_vllm_spec_decode_example_reads_the_metrics(tiny_llama):
 # ------------------------------------------------------------------ distribution
 
 
-def _target_probs(llm: LLM, prompt: list[int], first: list[int], top_p: float) -> torch.Tensor:
-    """Exact P(second token) = sum_t1 p(t1) p(t2 | t1), from the target's own logits. -> [V]."""
-    from verispec.engine.model_runner import RowInput
-    from verispec.sample import logits as S
-
-    runner = llm.engine.runner
-    v = runner.model.cfg.vocab_size
-    st = S.SamplingTensors.from_params([SamplingParams(temperature=1.0, top_p=top_p)], "cpu", v)
-    out = runner.run([RowInput(0, 0, prompt, logits_from=len(prompt) - 1)])
-    p1 = S.logits_to_probs(out.logits, st)[0]  # [V]
-    support = p1.nonzero().flatten().tolist()
-    rows = [RowInput(i, 0, prompt + [t], logits_from=len(prompt)) for i, t in enumerate(support)]
-    p2 = torch.zeros(v)
-    for start in range(0, len(rows), 16):  # 16 cache slots
-        chunk = [RowInput(j, 0, r.token_ids, r.logits_from) for j, r in enumerate(rows[start : start + 16])]
-        logits = runner.run(chunk).logits
-        stc = S.SamplingTensors.from_params(
-            [SamplingParams(temperature=1.0, top_p=top_p)] * len(chunk), "cpu", v
-        )
-        p2 += (p1[support[start : start + 16]][:, None] * S.logits_to_probs(logits, stc)).sum(0)
-    return p2
-
-
-def _chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor, n: int) -> float:
-    expected = probs * n
-    big = expected >= 5
-    obs = torch.cat([counts[big], counts[~big].sum(0, keepdim=True)]).double()
-    exp = torch.cat([expected[big], expected[~big].sum(0, keepdim=True)]).double()
-    keep = exp > 0
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    df = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2.0, dtype=torch.float64), stat / 2))
-
-
 def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000) -> None:
     """n sampled 3-token generations of one prompt: the second output token (the first one speculation produced) must
     follow the target's exact marginal, and the same test must reject a half-uniform mixture (its power)."""
@@ -238,10 +205,10 @@ def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000) -> Non
     outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
     v = llm.engine.runner.model.cfg.vocab_size
     counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
-    p2 = _target_probs(llm, prompt, [], top_p)
-    assert _chi2_pvalue(counts, p2, n) > 1e-4
+    p2 = second_token_law(llm, prompt, SamplingParams(temperature=1.0, top_p=top_p))
+    assert chi2_pvalue(counts, p2) > 1e-4
     uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
-    assert _chi2_pvalue(counts, uniform_mix / uniform_mix.sum(), n) < 1e-4
+    assert chi2_pvalue(counts, uniform_mix / uniform_mix.sum()) < 1e-4
 
 
 @pytest.mark.parametrize(
@@ -499,13 +466,6 @@ def test_eagle3_config_errors(tiny_llama, tmp_path):
         )
 
 
-@pytest.fixture(scope="module")
-def tiny_mimo(tmp_path_factory) -> str:
-    from tests.tiny_models import write_tiny_mimo
-
-    return str(write_tiny_mimo(tmp_path_factory.mktemp("mimo") / "m"))
-
-
 @pytest.mark.parametrize("k", [None, 3])  # None: num_speculative_tokens from num_nextn_predict_layers (1)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_mtp_greedy_equality(tiny_mimo, k, batch):
@@ -623,6 +583,36 @@ def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_throu
         assert stats.num_draft_tokens > 5 * stats.num_drafts and moves  # and some non-first branches won
     else:  # mostly chains: 8 trees of 10 rows exceed the step budget (steps with fewer running requests need not)
         assert stats.num_draft_tokens < 3 * stats.num_drafts
+
+
+@pytest.mark.parametrize("tree", [None, TREE])
+def test_request_output_spec_decode_metrics_add_up_to_the_engine_counters(
+    tiny_llama, pass_through_eagle, tree
+):
+    """RequestOutput.spec_decode_metrics (per request, per position) of a chain or a tree sum to the engine's
+    spec-decode counters; a plain engine reports none."""
+    spec = {"method": "eagle", "model": pass_through_eagle, "num_speculative_tokens": 2}
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=16,
+        speculative_config=spec | {"speculative_token_tree": tree},
+    )
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outs = llm.generate(_prompts(3, seed=7) + [{"prompt_token_ids": [5, 6, 7]}], sp, use_tqdm=False)
+    ms = [o.spec_decode_metrics for o in outs]
+    for o, m in zip(outs, ms):
+        assert (m.num_draft_tokens, m.num_accepted_tokens) == (o.num_draft_tokens, o.num_accepted_tokens)
+        assert sum(m.acceptance_histogram) == m.num_spec_steps == len(m.per_step_accepted)
+        assert all(a <= d for a, d in zip(m.num_accepted_tokens_per_pos, m.num_draft_tokens_per_pos))
+    stats = llm.engine.counters.spec
+    assert sum(m.num_spec_steps for m in ms) == stats.num_drafts > 0
+    for name in ("num_draft_tokens_per_pos", "num_accepted_tokens_per_pos"):
+        assert [sum(col) for col in zip(*(getattr(m, name) for m in ms))] == getattr(stats, name)
+    plain = LLM(tiny_llama, max_model_len=256)
+    assert (
+        plain.generate([{"prompt_token_ids": [5, 6, 7]}], sp, use_tqdm=False)[0].spec_decode_metrics is None
+    )
 
 
 def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_through_eagle):

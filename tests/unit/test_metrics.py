@@ -77,3 +77,33 @@ def test_impossible_observations_are_errors(drafted, accepted, positions, match)
     with pytest.raises(ValueError, match=match):
         s.observe_draft(drafted, accepted, positions)
     assert s.num_drafts == 0 and s.num_accepted_tokens_per_pos == [0] * 4
+
+
+def test_planner_gauges_only_when_it_plans():
+    spec = SpecDecodingStats(3)
+    names = {m.name for m in EngineCounters(num_spec_tokens=3, spec=spec).to_metrics(0, 0)}
+    assert not any(n.startswith("verispec:spec_decode") for n in names)
+    c = EngineCounters(num_spec_tokens=3, spec=spec, mean_chosen_k=1.5, verified_row_cost=0.2)
+    by_name = {m.name: m for m in c.to_metrics(0, 0)}
+    assert by_name["verispec:spec_decode_mean_chosen_k"] == Gauge(
+        "verispec:spec_decode_mean_chosen_k", {}, 1.5
+    )
+    assert by_name["verispec:spec_decode_verified_row_cost"].value == 0.2
+
+
+def test_server_exports_the_planner_gauges():
+    from prometheus_client import generate_latest
+
+    from verispec.server.metrics import ServerMetrics
+
+    m = ServerMetrics("tiny", num_spec_tokens=3, num_kv_slots=4)
+    c = EngineCounters(num_spec_tokens=3, spec=SpecDecodingStats(3))
+    m.sync_counters(c)
+    text = generate_latest(m.registry).decode()
+    # nothing planned yet: no planner series
+    assert 'verispec:spec_decode_mean_chosen_k{model_name="tiny"}' not in text
+    c.mean_chosen_k, c.verified_row_cost = 2.25, 0.125
+    m.sync_counters(c)
+    text = generate_latest(m.registry).decode()
+    assert 'verispec:spec_decode_mean_chosen_k{model_name="tiny"} 2.25' in text
+    assert 'verispec:spec_decode_verified_row_cost{model_name="tiny"} 0.125' in text

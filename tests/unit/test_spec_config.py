@@ -40,7 +40,7 @@ def test_every_reference_key_is_accepted():
         "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
         "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "enforce_eager",
         "enable_block_verify", "enable_entropy_verify", "posterior_threshold", "posterior_alpha",
-        "draft_model_config",
+        "draft_model_config", "num_speculative_tokens_per_batch_size", "enable_adaptive_verification",
     }  # fmt: skip
     assert ALLOWED_KEYS == expected
     fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
@@ -500,3 +500,38 @@ def test_to_dict_round_trips(config, kwargs):
     assert json.loads(json.dumps(out)) == out
     assert make(out, **kwargs) == cfg
     assert out["method"] == cfg.method and out["num_speculative_tokens"] == cfg.num_speculative_tokens
+
+
+def test_adaptive_verification_defaults_on_and_takes_a_bool():
+    assert make({"method": "ngram", "num_speculative_tokens": 3}).enable_adaptive_verification is True
+    cfg = make({"method": "ngram", "num_speculative_tokens": 3, "enable_adaptive_verification": False})
+    assert cfg.enable_adaptive_verification is False
+    with pytest.raises(ValueError, match="'enable_adaptive_verification' must be a bool"):
+        make({"method": "ngram", "num_speculative_tokens": 3, "enable_adaptive_verification": "yes"})
+
+
+@pytest.mark.parametrize(
+    "schedule, message",
+    [
+        ([[1, 4, 5]], r"K must be in \[0, num_speculative_tokens=4\]"),
+        ([[3, 2, 1]], "1 <= start_bs <= end_bs"),
+        ([[0, 2, 1]], "1 <= start_bs <= end_bs"),
+        ([[1, 4, 2], [4, 8, 1]], "overlap"),
+        ([[1, 4]], "list of \\[start_bs, end_bs, num_speculative_tokens\\] int triples"),
+        ("1-4:2", "list of"),
+    ],
+)
+def test_per_batch_size_schedule_is_validated(schedule, message):
+    cfg = {"method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": schedule}
+    with pytest.raises(ValueError, match=message):
+        make(cfg)
+
+
+def test_per_batch_size_schedule_round_trips():
+    schedule = [[1, 4, 4], [5, 64, 1], [65, 1024, 0]]
+    cfg = make(
+        {"method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": schedule}
+    )
+    assert cfg.num_speculative_tokens_per_batch_size == ((1, 4, 4), (5, 64, 1), (65, 1024, 0))
+    again = make(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg

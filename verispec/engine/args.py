@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from verispec.loader.checkpoint import ACTIVATION_DTYPES, DEFAULT_MODEL
+from verispec.spec_config import parse_json_config
 
 
 @dataclass
@@ -42,6 +43,11 @@ class EngineArgs:
     kv_transfer_config: Mapping[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
+        # JSON strings (--speculative-config) become dicts here, so that every command parses them in one place
+        for name in ("speculative_config", "kv_transfer_config"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, parse_json_config(value, name))
         self.validate()
 
     def validate(self) -> None:
@@ -76,6 +82,15 @@ class EngineArgs:
             default=default("model"),
             help=f"HF folder, .gguf file or alias (default {DEFAULT_MODEL})",
         )
+        parser.add_argument(
+            "--tokenizer", default=None, help="folder with the tokenizer.json to use (default: the model's)"
+        )
+        parser.add_argument(
+            "--skip-tokenizer-init",
+            action="store_true",
+            default=default("skip_tokenizer_init"),
+            help="load no tokenizer (prompts must be token ids)",
+        )
         parser.add_argument("--max-model-len", type=int, default=None)
         parser.add_argument(
             "--max-num-seqs",
@@ -96,9 +111,27 @@ class EngineArgs:
             choices=("float32", "int8"),
             help="float32 (default) | int8: llama.cpp's numerics on GGUF weights, faster",
         )
+        parser.add_argument(
+            "--keep-quantized",
+            action=argparse.BooleanOptionalAction,
+            default=default("keep_quantized"),
+            help="keep GGUF Q4_0 / Q4_1 / Q8_0 weights in their blocks on the CPU (default); "
+            "--no-keep-quantized dequantizes them to float32",
+        )
         parser.add_argument("--device", default=default("device"), help="auto | cpu | cuda")
         parser.add_argument("--seed", type=int, default=default("seed"))
-        parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+        parser.add_argument(
+            "--kv-cache-memory-bytes",
+            type=int,
+            default=None,
+            help="bytes the KV cache may take (default: a share of free memory)",
+        )
+        parser.add_argument(
+            "--spec-token-budget",
+            type=int,
+            default=None,
+            help="most tokens one decode step may score (default 32 on a CPU, 2048 on a GPU)",
+        )
         parser.add_argument(
             "--speculative-config",
             "-sc",

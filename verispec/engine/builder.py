@@ -11,6 +11,7 @@ from verispec.engine.args import EngineArgs
 from verispec.engine.engine import EngineOptions, LLMEngine
 from verispec.engine.kv_cache import KVCache, plan_cache
 from verispec.engine.model_runner import ModelRunner
+from verispec.engine.step_cost import load_or_profile, model_fingerprint, profile_points
 from verispec.loader.checkpoint import load_checkpoint
 from verispec.sample.metadata import VerifyRule
 from verispec.spec import (
@@ -20,7 +21,7 @@ from verispec.spec import (
     draft_kv_share,
     resolve_speculative_config,
 )
-from verispec.spec_config import parse_json_config
+from verispec.spec.planner import DraftPlanner
 
 
 def pick_device(device: str) -> torch.device:
@@ -63,8 +64,6 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         args.speculative_config, args.max_model_len or cfg.max_position_embeddings, ckpt.hf_config
     )
     kv_transfer = args.kv_transfer_config
-    if isinstance(kv_transfer, str):
-        kv_transfer = parse_json_config(kv_transfer, "kv_transfer_config")
     check_kv_transfer(spec, kv_transfer)
     lookahead = spec.num_lookahead_slots if spec else 0
     # a drafter with its own KV cache (a draft model) takes its share of the budget
@@ -87,6 +86,35 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         spec_token_budget=args.spec_token_budget or (32 if device.type == "cpu" else 2048),
         draft_max_model_len=spec.max_model_len if spec else None,
     )
-    engine = LLMEngine(runner, ckpt.tokenizer, opts, proposer, ckpt.eos_token_ids, args.seed)
+    if spec is not None:
+        opts.spec_schedule = spec.num_speculative_tokens_per_batch_size
+    planner = None
+    if spec is not None and spec.enable_adaptive_verification:
+        # an explicit spec_token_budget still bounds a step; otherwise the cost model does
+        max_rows = args.spec_token_budget or args.max_num_batched_tokens
+        planner = build_planner(args, ckpt, runner, spec, proposer, max_rows)
+    engine = LLMEngine(runner, ckpt.tokenizer, opts, proposer, ckpt.eos_token_ids, args.seed, planner)
     engine.checkpoint, engine.speculative_config = ckpt, spec
     return engine
+
+
+def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, max_rows: int) -> DraftPlanner:
+    """The goodput planner with this model's step-cost profile (cached per model / device / kernel build)."""
+    from verispec.kernels.build import kernel_isa
+
+    k = spec.num_lookahead_slots
+    top = min(max_rows, args.max_num_seqs * (k + 1))
+    try:
+        isa = kernel_isa()
+    except ValueError:
+        isa = None
+    key = (
+        model_fingerprint(ckpt.source),
+        str(runner.device),
+        isa,
+        args.activation_dtype,
+        args.dtype,
+        args.keep_quantized,
+    )
+    cost, _ = load_or_profile(runner, 0, profile_points(k, top), key)
+    return DraftPlanner(spec.num_speculative_tokens, cost, proposer.needs.runs_forward, max_rows)

@@ -14,13 +14,14 @@ from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
 from verispec.engine.stop import commit_tokens, logprob_entry
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
-from verispec.outputs import CompletionOutput, RequestOutput
+from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_position_constraints, set_token_constraints
 from verispec.sample.logits import make_generator
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
 from verispec.sample.step import sample_step
 from verispec.spec.base import Proposal, Proposer, ProposerNeeds
+from verispec.spec.planner import DraftPlanner, schedule_cap
 from verispec.spec.tree import TokenTree, tree_accept
 
 
@@ -36,6 +37,8 @@ class EngineOptions:
     # forward compute-bound (on a CPU from ~32 rows), so at large batch each request gets fewer drafts.
     spec_token_budget: int = 32
     draft_max_model_len: int | None = None  # speculative_config.max_model_len: no drafts past this length
+    # num_speculative_tokens_per_batch_size: [(start_bs, end_bs, K), ...], K by decode batch size
+    spec_schedule: tuple[tuple[int, int, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,12 @@ class LLMEngine:
         proposer: Proposer | None,
         eos_token_ids: tuple[int, ...],
         seed: int = 0,
+        planner: DraftPlanner | None = None,
     ):
+        """planner: the goodput planner choosing each step's draft lengths (None: fixed K, fit to
+        spec_token_budget)."""
         self.runner, self.tokenizer, self.opts, self.proposer = runner, tokenizer, opts, proposer
+        self.planner = planner if proposer is not None else None
         self.cache: KVCache = runner.cache
         self.eos_token_ids = eos_token_ids
         self.device = runner.device
@@ -83,6 +90,8 @@ class LLMEngine:
         k = opts.num_speculative_tokens if proposer is not None else 0
         self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
+        if self.spec_log is not None and self.planner is not None:
+            self.spec_log.extra = self._planner_log
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -278,45 +287,74 @@ class LLMEngine:
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
         drafts = [[] for _ in reqs]
-        draft_probs = None
+        draft_probs = confidence = None
         spec = [r for r in reqs if r.speculate]
+        planner = self.planner
         if spec and self.proposer is not None:
-            caps = [self._draft_cap(r) for r in spec]
-            prop = self.proposer.propose(spec, caps)
+            k_step = schedule_cap(self.opts.spec_schedule, len(reqs), self.opts.num_speculative_tokens)
+            caps = [self._draft_cap(r, k_step) for r in spec]
+            ids = [r.request_id for r in spec]
+            ask = caps if planner is None else planner.ask(ids, caps, len(reqs))
+            t = time.perf_counter()
+            prop = self.proposer.propose(spec, ask)
+            draft_seconds = time.perf_counter() - t
             if prop.tree is not None:
                 if self._tree_step_ok(reqs, spec, caps, prop.tree):
                     return self._decode_tree(reqs, prop)
                 chain = prop.tree.chain  # this step verifies the tree's top-1 path as a chain
                 prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids])
-            kept = fit_budget(
-                [d[:c] for d, c in zip(prop.token_ids, caps)], self.opts.spec_token_budget - len(reqs)
-            )
+            asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
+            if planner is None:
+                kept = fit_budget(asked, self.opts.spec_token_budget - len(reqs))
+            else:
+                planner.observe_draft_time(max(ask, default=0), draft_seconds)
+                lengths = planner.choose(ids, asked, prop.confidence, len(reqs), draft_seconds)
+                kept = [d[:n] for d, n in zip(asked, lengths)]
+                if prop.confidence is not None:
+                    by_id = dict(zip(ids, prop.confidence))
+                    confidence = [by_id.get(r.request_id) for r in reqs]
             by_id = {r.request_id: d for r, d in zip(spec, kept)}
             drafts = [by_id.get(r.request_id, []) for r in reqs]
             if prop.draft_probs is not None:
                 draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
+        t = time.perf_counter()
         out, states = self._forward(reqs, rows)
         step = sample_step(
             reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify, self.generator
         )
+        if planner is not None:
+            # step.num_accepted is on the host: the step's work is done
+            planner.step_cost.observe(sum(len(row.token_ids) for row in rows), time.perf_counter() - t)
         stats = SpecDecodingStats(self.opts.num_speculative_tokens) if self.proposer else None
-        for r, d, n in zip(reqs, drafts, step.num_accepted):
+        for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
             r.num_computed += 1 + n  # roll back the rejected drafts: O(1)
             if d:
                 r.num_draft_tokens += len(d)
                 r.num_accepted_tokens += n
+                r.spec_steps.append((len(d), n))
                 if stats is not None:
                     stats.observe_draft(len(d), n)
+                if planner is not None:
+                    planner.observe(r.request_id, len(d), n, confidence[b] if confidence else None)
         if stats is not None:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
+        if planner is not None:
+            self.counters.mean_chosen_k = planner.mean_chosen_k
+            self.counters.verified_row_cost = planner.verified_row_cost()
         self._commit(reqs, step.tokens, step)
         if self.proposer is not None and self.proposer.needs.target_hidden != "none":
             starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
             rows_of = [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
             self._observe_hidden(reqs, out.hidden if states is None else states, rows_of)
         return reqs
+
+    def _planner_log(self) -> str:
+        p = self.planner
+        return (
+            f", Planner: mean chosen K {p.mean_chosen_k:.2f}, verified row cost {p.verified_row_cost():.2f}"
+        )
 
     def _tree_step_ok(
         self, reqs: list[Request], spec: list[Request], caps: list[int], tree: TokenTree
@@ -372,6 +410,7 @@ class LLMEngine:
             r.num_computed += 1 + len(path)
             r.num_draft_tokens += n - 1
             r.num_accepted_tokens += len(path)
+            r.spec_steps.append((tree.max_depth, len(path)))
             stats.observe_draft(n - 1, len(path), tree.max_depth)
             hidden_rows.append([i * n] + [i * n + j for j in path])
         self.counters.spec.add(stats)
@@ -391,10 +430,10 @@ class LLMEngine:
                 full[b, : len(drafts[b])] = probs[idx[r.request_id], : len(drafts[b])]
         return full
 
-    def _draft_cap(self, r: Request) -> int:
+    def _draft_cap(self, r: Request, k: int) -> int:
         left_tokens = (r.params.max_tokens or 1 << 30) - len(r.output_token_ids) - 1
         left_ctx = min(self.opts.max_model_len, self.opts.draft_max_model_len or 1 << 30) - r.num_tokens - 1
-        return max(0, min(self.opts.num_speculative_tokens, left_tokens, left_ctx))
+        return max(0, min(k, left_tokens, left_ctx))
 
     # ------------------------------------------------------------------ commit
     def _commit(self, reqs: list[Request], tokens: list[list[int]], step) -> None:
@@ -418,6 +457,8 @@ class LLMEngine:
         req.status = Status.FINISHED
         if self.proposer is not None:
             self.proposer.remove_request(req, aborted)
+        if self.planner is not None:
+            self.planner.remove(req.request_id)
         if aborted:
             self.counters.requests_aborted += 1
         else:
@@ -449,4 +490,10 @@ class LLMEngine:
             r.num_accepted_tokens,
             prompt_logprobs=r.prompt_logprobs,
             kv_transfer_params=r.kv_transfer_params,
+            spec_decode_metrics=self._spec_metrics(r) if r.finished and self.proposer is not None else None,
+        )
+
+    def _spec_metrics(self, r: Request) -> SpecDecodeMetrics:
+        return SpecDecodeMetrics.from_steps(
+            r.spec_steps, self.opts.num_speculative_tokens, r.num_draft_tokens
         )

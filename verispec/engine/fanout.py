@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from verispec.outputs import RequestOutput
+from verispec.outputs import RequestOutput, SpecDecodeMetrics
 from verispec.sampling_params import SamplingParams
 
 
@@ -62,4 +62,11 @@ def merge(outs: list[RequestOutput]) -> RequestOutput:
         sum(o.num_draft_tokens for o in outs),
         sum(o.num_accepted_tokens for o in outs),
         prompt_logprobs=first.prompt_logprobs,
+        spec_decode_metrics=combine_spec_metrics(outs),
     )
+
+
+def combine_spec_metrics(outs: list[RequestOutput]) -> SpecDecodeMetrics | None:
+    """The speculation of several outputs as one (None when none of them speculated)."""
+    parts = [o.spec_decode_metrics for o in outs if o.spec_decode_metrics is not None]
+    return SpecDecodeMetrics.combine(parts) if parts else None

@@ -44,6 +44,8 @@ class Request:
     stop_reason: int | str | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # (draft depth, accepted) per verify step: the request's SpecDecodeMetrics
+    spec_steps: list[tuple[int, int]] = field(default_factory=list)
     kv_transfer_params: dict | None = (
         None  # set by a proposer when the request finishes (extract_hidden_states)
     )

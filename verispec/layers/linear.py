@@ -2,10 +2,14 @@
 
 GGUF weights in Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 / Q6_K stay in their blocks (`load_quantized`) and run through
 verispec/kernels (the same float32 weight values, 4-9x fewer bytes streamed per token), with float32 activations
-or, after `use_int8_activations`, activations quantized to int8 per row and 32-block (llama.cpp's numerics). Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
+or, after `use_int8_activations`, activations quantized to int8 per row and 32-block (llama.cpp's numerics).
+Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
 uses): for the 1-40 row products of decoding and verification it runs 1.2-2x faster than nn.Linear, and
 its result for a row does not depend on how many rows are in the batch (bitwise), which keeps plain
 decoding and speculative verification numerically identical. Elsewhere (CUDA, no MKL) it is x @ W^T.
+
+A fused layer (qkv, gate_up) declares its shards and loads each checkpoint weight into its rows
+(`weight_loader`, called by verispec/loader/weights.py:load_weights).
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.kernels.qweight import QuantWeight
+from verispec.kernels.qweight import GROUP, QK, QuantWeight, kernels_available
 
 PACK_ROWS_HINT = 16
+
+ShardId = str | int | None
 
 
 def _mkl_packing_available() -> bool:
@@ -27,43 +33,89 @@ def _mkl_packing_available() -> bool:
 
 
 class Dense(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    """y = x W^T (+ b). A fused layer (qkv, gate_up) declares its shards: the rows of each separate checkpoint
+    weight, in row order ({"q": Hq*D, "k": Hkv*D, "v": Hkv*D}); `weight_loader` copies each into its rows."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        shards: dict[str | int, int] | None = None,
+    ):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))  # HF layout [out, in]
+        # HF layout [out, in]
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.shards = dict(shards or {})
+        if self.shards and sum(self.shards.values()) != out_features:
+            raise ValueError(f"shards {self.shards} do not add up to out_features={out_features}")
         self._packed: torch.Tensor | None = None
         self.qweight: QuantWeight | None = None
+        # quantized weights (or shards) held by weight_loader until finish_loading
+        self._pending: dict[ShardId, QuantWeight] = {}
 
-    def load(self, weight: torch.Tensor, bias: torch.Tensor | None = None, name: str = "") -> None:
-        if tuple(weight.shape) != tuple(self.weight.shape):
-            raise ValueError(
-                f"tensor '{name}' has shape {tuple(weight.shape)}, expected {tuple(self.weight.shape)}"
-            )
+    def shard_rows(self, shard_id: ShardId) -> slice:
+        """The rows of shard `shard_id` in the weight (None: all of them)."""
+        if shard_id is None:
+            return slice(0, self.out_features)
+        start = 0
+        for sid, rows in self.shards.items():
+            if sid == shard_id:
+                return slice(start, start + rows)
+            start += rows
+        raise KeyError(f"Dense has no shard {shard_id!r}; its shards: {list(self.shards)}")
+
+    def weight_loader(
+        self, param: nn.Parameter, value: torch.Tensor | QuantWeight, shard_id: ShardId = None
+    ) -> None:
+        """Copy `value` (the whole weight or bias, or shard `shard_id` of it) into its rows of `param`; ValueError
+        "has shape .., expected .." if it does not fit. A quantized weight is held for finish_loading where this
+        layer runs on quantized blocks (CPU, float32, native kernels), else dequantized."""
+        rows = self.shard_rows(shard_id)
+        want = (rows.stop - rows.start, *param.shape[1:])
+        if tuple(value.shape) != want:
+            raise ValueError(f"has shape {tuple(value.shape)}, expected {want}")
+        if isinstance(value, QuantWeight):
+            if param is self.weight and self._runs_quantized():
+                self._pending[shard_id] = value
+                return
+            value = value.dequantize()
         with torch.no_grad():
-            self.weight.copy_(weight)
-            if bias is not None:
-                self.bias.copy_(bias)
+            param[rows].copy_(value.to(param.dtype))
+
+    def _runs_quantized(self) -> bool:
+        w = self.weight
+        return w.device.type == "cpu" and w.dtype == torch.float32 and kernels_available()
+
+    def finish_loading(self) -> None:
+        """Once every weight is in: the held quantized weight, or all shards quantized in one format, stacked into
+        one quantized weight (`load_quantized`); else each held shard dequantized into its rows and the float
+        weight packed."""
+        parts, self._pending = self._pending, {}
+        ids = list(self.shards) or [None]
+        fused = None
+        if all(i in parts for i in ids):
+            fused = parts[ids[0]] if len(ids) == 1 else QuantWeight.cat([parts[i] for i in ids])
+        if fused is not None:
+            self.load_quantized(fused)
+            return
+        with torch.no_grad():
+            for shard_id, part in parts.items():
+                self.weight[self.shard_rows(shard_id)].copy_(part.dequantize())
         self.pack()
 
-    def load_quantized(self, weight: QuantWeight, bias: torch.Tensor | None = None, name: str = "") -> None:
-        """Keep `weight` in its quantized blocks (in the layout this CPU's kernels run fastest); the float32 parameter
-        is released."""
-        if tuple(weight.shape) != (self.out_features, self.in_features):
-            raise ValueError(
-                f"tensor '{name}' has shape {tuple(weight.shape)}, expected {(self.out_features, self.in_features)}"
-            )
+    def load_quantized(self, weight: QuantWeight) -> None:
+        """Keep `weight` [out, in] in its quantized blocks (in the layout this CPU's kernels run fastest); the
+        float32 parameter is released."""
+        assert tuple(weight.shape) == (self.out_features, self.in_features), weight.shape
         self.qweight, self._packed = weight.for_kernels(), None
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
-        if bias is not None:
-            with torch.no_grad():
-                self.bias.copy_(bias)
 
     def quantize_q8(self) -> bool:
         """Keep this layer's weights as Q8_0 blocks for the native kernels (a draft following a quantized target);
         False, unchanged, where the kernels or the shape do not allow it."""
-        from verispec.kernels.qweight import GROUP, QK, kernels_available
-
         w = self.weight
         if self.qweight is not None or w.device.type != "cpu" or not kernels_available():
             return False
@@ -91,16 +143,19 @@ class Dense(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:
-            y = self.qweight.matmul(x.reshape(-1, self.in_features))  # [M, out]
+            # [M, out]
+            y = self.qweight.matmul(x.reshape(-1, self.in_features))
             if self.bias is not None:
                 y += self.bias
             return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
         if self._packed is None:
             return nn.functional.linear(x, self.weight, self.bias)
-        if x.dim() == 2:  # the decoder's packed [N, hidden] activations: no reshapes on the hot path
+        # the decoder's packed [N, hidden] activations: no reshapes on the hot path
+        if x.dim() == 2:
             return torch.ops.mkl._mkl_linear(x, self._packed, self.weight, self.bias, x.shape[0])
-        x2 = x.reshape(-1, self.in_features)  # [M, in]
-        y = torch.ops.mkl._mkl_linear(x2, self._packed, self.weight, self.bias, x2.shape[0])  # [M, out]
+        # [M, in] -> [M, out]
+        x2 = x.reshape(-1, self.in_features)
+        y = torch.ops.mkl._mkl_linear(x2, self._packed, self.weight, self.bias, x2.shape[0])
         return y.view(*x.shape[:-1], self.out_features)
 
 

@@ -68,23 +68,6 @@ def load_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def load_module_weights(
-    module: torch.nn.Module, tensors: dict[str, torch.Tensor], folder: Path, what: str
-) -> None:
-    """Copy tensors[name] into every parameter of `module` (draft heads: names as in the checkpoint); ValueError
-    naming a missing or misshapen weight."""
-    for name, param in module.named_parameters():
-        value = tensors.get(name)
-        if value is None:
-            raise ValueError(f"{folder}: {what} weight {name!r} is missing")
-        if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(
-                f"{folder}: {what} weight {name!r} has shape {tuple(value.shape)}, expected {tuple(param.shape)}"
-            )
-        with torch.no_grad():
-            param.copy_(value.to(torch.float32))
-
-
 def check_token_ids(
     t: torch.Tensor, name: str, length: int, vocab: int, folder: Path, offsets: bool = False
 ) -> None:

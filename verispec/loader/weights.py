@@ -1,99 +1,100 @@
-"""Map HF-named tensors (from safetensors or a dequantised GGUF) onto DecoderLM's fused modules."""
+"""One weight loader for the target model and every draft head (nano-vllm's utils/loader.py).
+
+Checkpoints store q/k/v and gate/up as separate weights; the models keep them fused (`qkv_proj`, `gate_up_proj`).
+A model's `packed_modules_mapping` says which checkpoint module is which shard of which fused module
+({"q_proj": ("qkv_proj", "q"), ...}). `load_weights` walks the model's parameters, looks each one (or each of its
+shards) up in the checkpoint under the model's own name, and hands it to the owning module's
+`weight_loader(param, value[, shard_id])` (a fused Dense copies a shard into its rows), or copies it whole. Modules
+with a `finish_loading()` run it once everything is in (Dense: fuse quantized shards, pack for MKL). A missing or
+misshapen weight fails with one ValueError naming it; checkpoint tensors no parameter reads are ignored (a draft's
+copy of the target's embedding, say).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
 import torch
+from torch import nn
 
-from verispec.kernels.qweight import QuantWeight, kernels_available
-from verispec.models.decoder import DecoderLM
+from verispec.kernels.qweight import QuantWeight
 
-Tensor = (
-    torch.Tensor | QuantWeight
-)  # a GGUF loaded with keep_quantized=True gives QuantWeights for projections
+if TYPE_CHECKING:
+    from verispec.models.decoder import DecoderLM
 
-
-def _dense(value: Tensor) -> torch.Tensor:
-    return value.dequantize() if isinstance(value, QuantWeight) else value
-
-
-def _cat_rows(parts: list[Tensor]) -> Tensor:
-    """Stack the rows of several weights (fused qkv / gate_up); quantized stays quantized when formats agree."""
-    if all(isinstance(p, QuantWeight) for p in parts):
-        fused = QuantWeight.cat(parts)
-        if fused is not None:
-            return fused
-    return torch.cat([_dense(p) for p in parts], dim=0)
+# A GGUF loaded with keep_quantized=True gives QuantWeights for its 2-D projections.
+Tensor = torch.Tensor | QuantWeight
+M = TypeVar("M", bound=nn.Module)
 
 
-def _take(tensors: dict[str, Tensor], name: str, source: str) -> Tensor:
-    if name not in tensors:
-        raise ValueError(f"{source}: checkpoint is missing tensor '{name}'")
-    return tensors[name]
+def default_weight_loader(param: nn.Parameter, value: Tensor) -> None:
+    """Copy `value` (dequantized if quantized) into `param`, cast to its dtype."""
+    if isinstance(value, QuantWeight):
+        value = value.dequantize()
+    if tuple(value.shape) != tuple(param.shape):
+        raise ValueError(f"has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
+    with torch.no_grad():
+        param.copy_(value.to(param.dtype))
 
 
-def load_decoder_weights(model: DecoderLM, tensors: dict[str, Tensor], source: str) -> None:
-    """Copy weights into `model` (float32 or the model's dtype). Raises ValueError on missing/misshaped tensors."""
-    cfg = model.cfg
+def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str | Path, what: str = "") -> None:
+    """Fill every parameter of `model` from `tensors`, keyed by the model's parameter names with packed modules
+    under their checkpoint names (`layers.0.self_attn.q_proj.weight` for a shard of `...qkv_proj.weight`).
+
+    Errors name `source` and the tensor: "{source}: {what} weight 'x' is missing" for a draft head (`what`, e.g.
+    "EAGLE"), "{source}: checkpoint is missing tensor 'x'" for a target model (no `what`), and
+    "... 'x' has shape (a, b), expected (c, d)" for a tensor that does not fit."""
+    label = f"{what} weight" if what else "tensor"
+    shards_of: dict[str, list[tuple[str, str | int]]] = {}
+    for checkpoint_module, (fused, shard_id) in getattr(model, "packed_modules_mapping", {}).items():
+        shards_of.setdefault(fused, []).append((checkpoint_module, shard_id))
+    modules = dict(model.named_modules())
+    for name, param in list(model.named_parameters()):
+        module_name, _, leaf = name.rpartition(".")
+        loader = getattr(modules[module_name], "weight_loader", default_weight_loader)
+        parent, _, local = module_name.rpartition(".")
+        for checkpoint_module, shard_id in shards_of.get(local, [(local, None)]):
+            key = ".".join(part for part in (parent, checkpoint_module, leaf) if part)
+            value = tensors.get(key)
+            if value is None:
+                missing = (
+                    f"{what} weight {key!r} is missing" if what else f"checkpoint is missing tensor {key!r}"
+                )
+                raise ValueError(f"{source}: {missing}")
+            try:
+                if shard_id is None:
+                    loader(param, value)
+                else:
+                    loader(param, value, shard_id)
+            except ValueError as e:
+                raise ValueError(f"{source}: {label} {key!r} {e}") from None
+    for module in model.modules():
+        finish = getattr(module, "finish_loading", None)
+        if finish is not None:
+            finish()
+
+
+def load_draft(
+    model: M, tensors: Mapping[str, Tensor], folder: Path, what: str, device: torch.device, dtype: torch.dtype
+) -> M:
+    """A draft head's weights loaded on the CPU in float32 (load_weights), then the head moved to `device` / `dtype`
+    in eval mode."""
+    load_weights(model, tensors, folder, what)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def load_decoder_weights(model: DecoderLM, tensors: Mapping[str, Tensor], source: str) -> None:
+    """A target checkpoint's weights (safetensors, or a GGUF with HF names) into `model`: its names without the
+    `model.` (or `model.language_model.`) prefix, and with tied embeddings the LM head read from the embedding
+    (the head keeps its own packed or quantized copy). Raises ValueError on missing / misshapen tensors."""
     prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
     if any(k.startswith("model.language_model.") for k in tensors):
         prefix = "model.language_model."
-    gemma = cfg.is_gemma
-
-    def get(name: str) -> Tensor:
-        return _take(tensors, prefix + name, source)
-
-    def put(param: torch.nn.Parameter, value: Tensor, name: str, norm: bool = False) -> None:
-        value = _dense(value)
-        if norm and gemma:
-            value = value.float() + 1.0  # Gemma multiplies by (1 + w)
-        if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(
-                f"{source}: tensor '{name}' has shape {tuple(value.shape)}, expected {tuple(param.shape)}"
-            )
-        with torch.no_grad():
-            param.copy_(value.to(param.dtype))
-
-    cpu_f32 = (
-        model.embed_tokens.weight.device.type == "cpu" and model.embed_tokens.weight.dtype == torch.float32
-    )
-    quantized_ok = cpu_f32 and kernels_available()
-
-    def dense(module, weight: Tensor, bias: torch.Tensor | None, name: str) -> None:
-        try:
-            if isinstance(weight, QuantWeight) and quantized_ok:
-                return module.load_quantized(weight, bias, name)
-            weight = _dense(weight)
-            module.load(
-                weight.to(module.weight.dtype), None if bias is None else bias.to(module.weight.dtype), name
-            )
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from None
-
-    put(model.embed_tokens.weight, get("embed_tokens.weight"), "embed_tokens.weight")
-    put(model.norm.weight, get("norm.weight"), "norm.weight", norm=True)
-    # tied: the head keeps its own packed (or quantized) copy of the embeddings; untied: its own tensor, required
-    head = get("embed_tokens.weight") if cfg.tie_word_embeddings else _take(tensors, "lm_head.weight", source)
-    dense(model.lm_head, head, None, "lm_head.weight")
-    for i, layer in enumerate(model.layers):
-        p = f"layers.{i}."
-        at = layer.self_attn
-        qkv = _cat_rows([get(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-        bias = torch.cat([get(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if cfg.attention_bias else None
-        dense(at.qkv_proj, qkv, bias, p + "self_attn.qkv_proj")
-        dense(at.o_proj, get(p + "self_attn.o_proj.weight"), None, p + "self_attn.o_proj.weight")
-        if cfg.qk_norm:
-            put(at.q_norm.weight, get(p + "self_attn.q_norm.weight"), p + "q_norm", norm=True)
-            put(at.k_norm.weight, get(p + "self_attn.k_norm.weight"), p + "k_norm", norm=True)
-        gate_up = _cat_rows([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])
-        dense(layer.mlp.gate_up_proj, gate_up, None, p + "mlp.gate_up_proj")
-        dense(layer.mlp.down_proj, get(p + "mlp.down_proj.weight"), None, p + "mlp.down_proj.weight")
-        put(layer.input_layernorm.weight, get(p + "input_layernorm.weight"), p + "input_layernorm", norm=True)
-        put(
-            layer.post_attention_layernorm.weight,
-            get(p + "post_attention_layernorm.weight"),
-            p + "post_attention_layernorm",
-            norm=True,
-        )
-        if layer.sandwich:
-            for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm"):
-                put(getattr(layer, n).weight, get(p + n + ".weight"), p + n, norm=True)
+    named = {k.removeprefix(prefix): v for k, v in tensors.items()}
+    if model.cfg.tie_word_embeddings:
+        named.pop("lm_head.weight", None)
+        if "embed_tokens.weight" in named:
+            named["lm_head.weight"] = named["embed_tokens.weight"]
+    load_weights(model, named, source)

@@ -17,9 +17,20 @@ from verispec.layers.attention import AttnContext, attention, write_kv
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
+from verispec.loader.weights import default_weight_loader
 
 # Submodules are called through .forward(): nn.Module.__call__ costs a few microseconds of hook bookkeeping per
 # call, ~300 times per decode step, and nothing here uses hooks.
+
+# Checkpoint module -> (fused module, shard): how HF checkpoints' separate projections load into the fused ones of
+# these blocks (loader/weights.py). Every model built from these blocks declares it (EAGLE, EAGLE-3, MTP too).
+PACKED_MODULES = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 class Attention(nn.Module):
@@ -27,8 +38,9 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg, self.sliding = cfg, sliding
         self.hq, self.hkv, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        out = (self.hq + 2 * self.hkv) * self.d
-        self.qkv_proj = Dense(cfg.hidden_size, out, bias=cfg.attention_bias)
+        q, kv = self.hq * self.d, self.hkv * self.d
+        shards = {"q": q, "k": kv, "v": kv}
+        self.qkv_proj = Dense(cfg.hidden_size, q + 2 * kv, bias=cfg.attention_bias, shards=shards)
         self.o_proj = Dense(self.hq * self.d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -38,18 +50,23 @@ class Attention(nn.Module):
     def forward(self, x, rope, ctx: AttnContext, kv_cache) -> torch.Tensor:
         """x [N, hidden] packed tokens -> [N, hidden]; attention itself runs on the padded [S, Q] layout."""
         hq, hkv = self.hq, self.hkv
-        qkv = ctx.to_padded(self.qkv_proj.forward(x))  # [S, Q, (Hq+2Hkv)*D]
+        # [S, Q, (Hq+2Hkv)*D]
+        qkv = ctx.to_padded(self.qkv_proj.forward(x))
         s, nq = qkv.shape[0], qkv.shape[1]
-        qkv = qkv.view(s, nq, hq + 2 * hkv, self.d).transpose(1, 2)  # [S, Hq+2Hkv, Q, D]
+        # [S, Hq+2Hkv, Q, D]
+        qkv = qkv.view(s, nq, hq + 2 * hkv, self.d).transpose(1, 2)
         qk = qkv[:, : hq + hkv]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm.forward(qk[:, :hq]), self.k_norm.forward(qk[:, hq:])), dim=1)
         if self.q_norm is not None or not ops.rope_(qk, *rope):
-            qkv[:, : hq + hkv] = apply_rope(qk, *rope)  # RoPE on q and k together, in place
-        kv = write_kv(kv_cache, ctx, qkv[:, hq:])  # one cache write for K and V: [S, 2Hkv, T, D]
+            # RoPE on q and k together, in place
+            qkv[:, : hq + hkv] = apply_rope(qk, *rope)
+        # one cache write for K and V: [S, 2Hkv, T, D]
+        kv = write_kv(kv_cache, ctx, qkv[:, hq:])
         mask = ctx.sliding_mask if self.sliding else ctx.mask
         args = (qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping)
-        o = ops.attention(*args)  # [S, Q, Hq*D], or None where the fused kernel does not apply
+        # [S, Q, Hq*D], or None where the fused kernel does not apply
+        o = ops.attention(*args)
         if o is None:
             o = attention(*args).transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))
@@ -59,7 +76,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.inter = cfg.intermediate_size
-        self.gate_up_proj = Dense(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        inter = cfg.intermediate_size
+        self.gate_up_proj = Dense(cfg.hidden_size, 2 * inter, bias=False, shards={0: inter, 1: inter})
         self.down_proj = Dense(cfg.intermediate_size, cfg.hidden_size, bias=False)
         self.gelu = cfg.hidden_act.startswith("gelu")
 
@@ -98,8 +116,15 @@ class DecoderLayer(nn.Module):
         return h + self.mlp.forward(normed)
 
 
+def gemma_norm_loader(param: nn.Parameter, value: torch.Tensor) -> None:
+    """Gemma's norms multiply by (1 + w): the 1 is folded into the weight as it loads."""
+    default_weight_loader(param, value.float() + 1.0)
+
+
 class DecoderLM(nn.Module):
     """forward(input_ids [N] packed, positions [S, Q], ctx, kv) -> final normed hidden [N, hidden]."""
+
+    packed_modules_mapping = PACKED_MODULES
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -111,7 +136,8 @@ class DecoderLM(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.fused = None  # FusedLayers once the weights are loaded, if the model qualifies (fuse_layers)
+        # FusedLayers once the weights are loaded, if the model qualifies (fuse_layers)
+        self.fused = None
         self.embed_scale = cfg.hidden_size**0.5 if cfg.is_gemma else 1.0
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
         self.register_buffer(
@@ -119,6 +145,10 @@ class DecoderLM(nn.Module):
         )
         local = cfg.rope_local_theta or cfg.rope_theta
         self.register_buffer("inv_freq_local", rope_inv_freq(cfg.head_dim, local), persistent=False)
+        if cfg.is_gemma:
+            for module in self.modules():
+                if isinstance(module, RMSNorm):
+                    module.weight_loader = gemma_norm_loader
 
     def fuse_layers(self) -> str | None:
         """Run the layers through one C call where possible (kernels/fused_layers.py); returns why not, or None."""
@@ -134,10 +164,13 @@ class DecoderLM(nn.Module):
 
     def forward(
         self,
-        input_ids: torch.Tensor,  # [N] packed new tokens of all rows
-        positions: torch.Tensor,  # [S, Q] RoPE positions
+        # [N] packed new tokens of all rows
+        input_ids: torch.Tensor,
+        # [S, Q] RoPE positions
+        positions: torch.Tensor,
         ctx: AttnContext,
-        kv: list[torch.Tensor],  # per layer [slots, 2*Hkv, T, D]
+        # per layer [slots, 2*Hkv, T, D]
+        kv: list[torch.Tensor],
         aux_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """Returns (final normed hidden [N, hidden], residual-stream inputs of the aux layers, each [N, hidden]).

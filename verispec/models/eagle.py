@@ -26,10 +26,14 @@ from verispec.layers.attention import AttnContext
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
 from verispec.loader.hf import load_hf_tensors, read_hf_config, require_weights
-from verispec.models.decoder import DecoderLayer
+from verispec.loader.weights import load_draft
+from verispec.models.decoder import PACKED_MODULES, DecoderLayer
 
-SPECULATORS_NAMES = {"fusion_fc.weight": "fc.weight", "fusion_fc.bias": "fc.bias",
-                     "pre_lm_head_layernorm.weight": "hidden_states_layernorm.weight"}  # fmt: skip
+SPECULATORS_NAMES = {
+    "fusion_fc.weight": "fc.weight",
+    "fusion_fc.bias": "fc.bias",
+    "pre_lm_head_layernorm.weight": "hidden_states_layernorm.weight",
+}
 
 
 class TargetHeadDraft(nn.Module):
@@ -52,13 +56,16 @@ class TargetHeadDraft(nn.Module):
 
 
 class EagleDraft(TargetHeadDraft):
+    packed_modules_mapping = PACKED_MODULES
+
     def __init__(self, cfg: ModelConfig, fc_bias: bool, para_norm: bool):
         super().__init__()
         self.cfg = cfg
         h = cfg.hidden_size
         self.fc = nn.Linear(2 * h, h, bias=fc_bias)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
-        self.layers[0].input_layernorm = nn.Identity()  # EAGLE's first block reads fc's output as is
+        # EAGLE's first block reads fc's output as is
+        self.layers[0].input_layernorm = nn.Identity()
         self.para_norm = para_norm
         if para_norm:
             self.embedding_layernorm = RMSNorm(h, cfg.rms_norm_eps)
@@ -70,11 +77,15 @@ class EagleDraft(TargetHeadDraft):
 
     def forward(
         self,
-        embeds: torch.Tensor,  # [N, H] the target's embeddings of the tokens x_{p+1}
-        hidden: torch.Tensor,  # [N, H] target (or draft) states h_p
-        positions: torch.Tensor,  # [S, Q] RoPE positions p
+        # [N, H] the target's embeddings of the tokens x_{p+1}
+        embeds: torch.Tensor,
+        # [N, H] target (or draft) states h_p
+        hidden: torch.Tensor,
+        # [S, Q] RoPE positions p
+        positions: torch.Tensor,
         ctx: AttnContext,
-        kv: list[torch.Tensor],  # the draft's cache, one entry per draft layer
+        # the draft's cache, one entry per draft layer
+        kv: list[torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (features [N, H], the same features: EAGLE-1 feeds the LM head's input back as the next state)."""
         if self.para_norm:
@@ -101,43 +112,4 @@ def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> 
     last = f"layers.{cfg.num_layers - 1}.mlp.down_proj.weight"
     require_weights(tensors, [last], folder, "EAGLE", f"says {cfg.num_layers} layers")
     draft = EagleDraft(cfg, fc_bias="fc.bias" in tensors, para_norm=bool(hf.get("add_para_norm", False)))
-
-    def take(name: str) -> torch.Tensor:
-        if name not in tensors:
-            raise ValueError(f"{folder}: EAGLE weight {name!r} is missing")
-        return tensors[name]
-
-    def put(param: torch.Tensor, name: str, value: torch.Tensor | None = None) -> None:
-        value = take(name) if value is None else value
-        if tuple(value.shape) != tuple(param.shape):
-            raise ValueError(f"{folder}: EAGLE weight {name!r} has shape {tuple(value.shape)}, expected "
-                             f"{tuple(param.shape)}")  # fmt: skip
-        with torch.no_grad():
-            param.copy_(value.to(torch.float32))
-
-    put(draft.fc.weight, "fc.weight")
-    if draft.fc.bias is not None:
-        put(draft.fc.bias, "fc.bias")
-    if draft.para_norm:
-        put(draft.embedding_layernorm.weight, "embedding_layernorm.weight")
-        put(draft.hidden_states_layernorm.weight, "hidden_states_layernorm.weight")
-    for i, layer in enumerate(draft.layers):
-        p, at = f"layers.{i}.", layer.self_attn
-        qkv = torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
-        bias = (
-            torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]) if cfg.attention_bias else None
-        )
-        gate_up = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
-        try:
-            at.qkv_proj.load(qkv.float(), None if bias is None else bias.float(), p + "self_attn.qkv_proj")
-            at.o_proj.load(take(p + "self_attn.o_proj.weight").float(), None, p + "self_attn.o_proj.weight")
-            layer.mlp.gate_up_proj.load(gate_up.float(), None, p + "mlp.gate_up_proj")
-            layer.mlp.down_proj.load(
-                take(p + "mlp.down_proj.weight").float(), None, p + "mlp.down_proj.weight"
-            )
-        except ValueError as e:
-            raise ValueError(f"{folder}: {e}") from None
-        if i > 0:
-            put(layer.input_layernorm.weight, p + "input_layernorm.weight")
-        put(layer.post_attention_layernorm.weight, p + "post_attention_layernorm.weight")
-    return draft.to(device=device, dtype=dtype).eval()
+    return load_draft(draft, tensors, folder, "EAGLE", device, dtype)

@@ -28,25 +28,41 @@ from verispec.layers.attention import AttnContext
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import check_token_ids, load_hf_tensors, load_module_weights, read_hf_config
-from verispec.models.decoder import MLP, Attention
+from verispec.loader.hf import check_token_ids, load_hf_tensors, read_hf_config
+from verispec.loader.weights import load_draft
+from verispec.models.decoder import MLP, PACKED_MODULES, Attention
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, cfg: ModelConfig, target_hidden: int, draft_vocab: int, norm_before_residual: bool):
+    packed_modules_mapping = PACKED_MODULES
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        target_hidden: int,
+        draft_vocab: int,
+        norm_before_residual: bool,
+        own_embed: bool = False,
+    ):
         super().__init__()
         self.cfg, h, eps = cfg, cfg.hidden_size, cfg.rms_norm_eps
         self.norm_before_residual = norm_before_residual
         self.fc = Dense(3 * target_hidden, h, bias=False)
         self.input_layernorm, self.hidden_norm = RMSNorm(h, eps), RMSNorm(h, eps)
         self.self_attn = Attention(cfg, sliding=False)
-        self.self_attn.qkv_proj = Dense(2 * h, self.self_attn.qkv_proj.out_features, bias=cfg.attention_bias)
+        # q / k / v read the embedding and the state side by side: [2 H] in, the same shards out
+        qkv = self.self_attn.qkv_proj
+        self.self_attn.qkv_proj = Dense(2 * h, qkv.out_features, bias=cfg.attention_bias, shards=qkv.shards)
         self.post_attention_layernorm = RMSNorm(h, eps)
         self.mlp = MLP(cfg)
         self.norm = RMSNorm(h, eps)
         self.lm_head = Dense(h, draft_vocab, bias=False)
-        self.embed_tokens: nn.Embedding | None = None  # own embedding if the checkpoint has one
-        self.register_buffer("d2t", None)  # [draft_vocab] target id - draft id
+        # own embedding if the checkpoint has one, else the target's (bind_target)
+        self.embed_tokens: nn.Embedding | None = None
+        if own_embed:
+            self.embed_tokens = nn.Embedding(cfg.vocab_size, h, _weight=torch.empty(cfg.vocab_size, h))
+        # [draft_vocab] target id - draft id
+        self.register_buffer("d2t", None)
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
         self.register_buffer(
             "inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False
@@ -54,11 +70,15 @@ class Eagle3Draft(nn.Module):
 
     def forward(
         self,
-        embeds: torch.Tensor,  # [N, H] embeddings of the tokens x_{p+1}
-        states: torch.Tensor,  # [N, 3 H_target] the target's three aux states, or [N, H] the draft's own
-        positions: torch.Tensor,  # [S, Q]
+        # [N, H] embeddings of the tokens x_{p+1}
+        embeds: torch.Tensor,
+        # [N, 3 H_target] the target's three aux states, or [N, H] the draft's own
+        states: torch.Tensor,
+        # [S, Q]
+        positions: torch.Tensor,
         ctx: AttnContext,
-        kv: list[torch.Tensor],  # one cache entry
+        # one cache entry
+        kv: list[torch.Tensor],
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (the LM head's input [N, H] (normed), the state fed to the next draft position [N, H] (pre-norm))."""
         s = self.fc(states) if states.shape[-1] != self.cfg.hidden_size else states
@@ -115,40 +135,23 @@ def load_eagle3(
     tensors = {}
     for name, value in load_hf_tensors(folder).items():
         name = name.removeprefix("model.").replace("layers.0.", "midlayer.")
-        tensors[name.removeprefix("midlayer.")] = value  # the block's weights sit at the top of Eagle3Draft
+        # the block's weights sit at the top of Eagle3Draft
+        tensors[name.removeprefix("midlayer.")] = value
     tensors.pop("t2d", None)
     where = str(folder / "config.json")
     draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
     if draft_vocab > cfg.vocab_size:
         raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
     th = config_int(hf.get("target_hidden_size") or target_hidden, "target_hidden_size", where)
-    draft = Eagle3Draft(cfg, th, draft_vocab, bool(hf.get("norm_before_residual", False)))
+    own_embed = "embed_tokens.weight" in tensors
+    draft = Eagle3Draft(cfg, th, draft_vocab, bool(hf.get("norm_before_residual", False)), own_embed)
     d2t = tensors.pop("d2t", None)
     if draft_vocab != cfg.vocab_size:
         if d2t is None or tuple(d2t.shape) != (draft_vocab,):
-            raise ValueError(f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs a 'd2t' "
-                             f"tensor of {draft_vocab} offsets")  # fmt: skip
+            raise ValueError(
+                f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs a 'd2t' tensor of "
+                f"{draft_vocab} offsets"
+            )
         check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
         draft.d2t = d2t.long()
-    embed = tensors.pop("embed_tokens.weight", None)
-    if embed is not None and tuple(embed.shape) != (cfg.vocab_size, cfg.hidden_size):
-        raise ValueError(f"{folder}: EAGLE-3 weight 'embed_tokens.weight' has shape {tuple(embed.shape)}, expected "
-                         f"{(cfg.vocab_size, cfg.hidden_size)}")  # fmt: skip
-    qkv = [tensors.pop(f"self_attn.{n}_proj.weight", None) for n in "qkv"]
-    gate_up = [tensors.pop(f"mlp.{n}_proj.weight", None) for n in ("gate", "up")]
-    for parts, fused in ((qkv, "self_attn.qkv_proj.weight"), (gate_up, "mlp.gate_up_proj.weight")):
-        if all(p is not None for p in parts):
-            tensors[fused] = torch.cat(parts)
-    load_module_weights(draft, tensors, folder, "EAGLE-3")
-    if embed is not None:
-        draft.embed_tokens = nn.Embedding(*embed.shape, _weight=embed.float().clone())
-    for dense in (
-        draft.fc,
-        draft.lm_head,
-        draft.self_attn.qkv_proj,
-        draft.self_attn.o_proj,
-        draft.mlp.gate_up_proj,
-        draft.mlp.down_proj,
-    ):
-        dense.pack()  # the weights were copied in place: refresh the packed copies
-    return draft.to(device=device, dtype=dtype).eval()
+    return load_draft(draft, tensors, folder, "EAGLE-3", device, dtype)

@@ -19,13 +19,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verispec.loader.hf import (
-    check_token_ids,
-    load_hf_tensors,
-    load_module_weights,
-    read_draft_config,
-    require_weights,
-)
+from verispec.loader.hf import check_token_ids, load_hf_tensors, read_draft_config, require_weights
+from verispec.loader.weights import load_draft
 
 
 @dataclass(frozen=True)
@@ -122,5 +117,4 @@ def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) ->
             )
         check_token_ids(token_map, "token_map", cfg.truncated_vocab_size, cfg.vocab_size, folder)
         heads.token_map = token_map.long()
-    load_module_weights(heads, tensors, folder, "Medusa")
-    return heads.to(device=device, dtype=dtype).eval()
+    return load_draft(heads, tensors, folder, "Medusa", device, dtype)

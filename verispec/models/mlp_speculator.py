@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from verispec.loader.hf import load_hf_tensors, load_module_weights, read_draft_config, require_weights
+from verispec.loader.hf import load_hf_tensors, read_draft_config, require_weights
+from verispec.loader.weights import load_draft
 
 
 @dataclass(frozen=True)
@@ -102,5 +103,4 @@ def load_mlp_speculator(folder: str | Path, device: torch.device, dtype: torch.d
     last = f"head.{0 if cfg.tie_weights else cfg.n_predict - 1}.weight"
     require_weights(tensors, [last], folder, "MLP speculator", f"says n_predict={cfg.n_predict}")
     model = MLPSpeculator(cfg)
-    load_module_weights(model, tensors, folder, "MLP speculator")
-    return model.to(device=device, dtype=dtype).eval()
+    return load_draft(model, tensors, folder, "MLP speculator", device, dtype)

@@ -21,12 +21,15 @@ from verispec.config import ModelConfig
 from verispec.layers.attention import AttnContext
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import load_hf_tensors, load_module_weights
-from verispec.models.decoder import DecoderLayer
+from verispec.loader.hf import load_hf_tensors
+from verispec.loader.weights import load_draft
+from verispec.models.decoder import PACKED_MODULES, DecoderLayer
 from verispec.models.eagle import TargetHeadDraft
 
 
 class MTPLayer(TargetHeadDraft):
+    packed_modules_mapping = PACKED_MODULES
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         h, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -45,7 +48,8 @@ class MTPLayer(TargetHeadDraft):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """embeds [N, H] of x_{p+1}, states [N, H] h_p, positions [S, Q] p -> (out, out): the LM head's input and
         the next state."""
-        at_zero = ctx.to_packed((positions == 0)[..., None].to(embeds.dtype)).view(-1, 1)  # [N, 1]
+        # [N, 1]
+        at_zero = ctx.to_packed((positions == 0)[..., None].to(embeds.dtype)).view(-1, 1)
         e = self.token_layernorm.forward(embeds * (1 - at_zero))
         x = self.input_proj(torch.cat([self.hidden_layernorm.forward(states), e], dim=-1))
         rope = rope_cos_sin(positions, self.inv_freq, x.dtype)
@@ -60,17 +64,6 @@ def load_mtp(folder: str | Path, cfg: ModelConfig, device: torch.device, dtype: 
     tensors = {k.removeprefix(prefix): v for k, v in load_hf_tensors(folder).items() if k.startswith(prefix)}
     if not tensors:
         raise ValueError(f"{folder}: no MTP layer weights ({prefix}*) in the checkpoint")
-    for group, parts in (("self_attn.qkv_proj", ("q", "k", "v")), ("mlp.gate_up_proj", ("gate", "up"))):
-        kind = group.split(".")[0]
-        for suffix in ("weight", "bias"):
-            names = [f"{kind}.{p}_proj.{suffix}" for p in parts]
-            if all(n in tensors for n in names):
-                tensors[f"{group}.{suffix}"] = torch.cat([tensors.pop(n) for n in names])
     block = {"self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm."}
     tensors = {("block." + k if any(k.startswith(b) for b in block) else k): v for k, v in tensors.items()}
-    layer = MTPLayer(cfg)
-    load_module_weights(layer, tensors, folder, "MTP")
-    for dense in (layer.block.self_attn.qkv_proj, layer.block.self_attn.o_proj, layer.block.mlp.gate_up_proj,
-                  layer.block.mlp.down_proj):  # fmt: skip
-        dense.pack()  # weights copied in place: refresh the packed copies
-    return layer.to(device=device, dtype=dtype).eval()
+    return load_draft(MTPLayer(cfg), tensors, folder, "MTP", device, dtype)

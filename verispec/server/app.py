@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
@@ -21,6 +22,7 @@ from verispec.server import protocol as P
 from verispec.server.async_engine import AsyncEngine
 from verispec.server.auth import api_key_checker
 from verispec.server.errors import error_response, install_error_handlers
+from verispec.server.guard import Admission, RequestGuard
 from verispec.server.metrics import ServerMetrics
 from verispec.server.serving import ServingContext
 from verispec.server.serving_chat import create_chat_completion
@@ -35,6 +37,8 @@ def build_app(
     api_key: str | None = None,
     max_queue: int = 256,
     model_path: str | None = None,
+    max_request_body_bytes: int = 4 << 20,
+    spec_metrics: str = "none",
 ) -> FastAPI:
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
     spec = llm.speculative_config
@@ -42,7 +46,9 @@ def build_app(
         names[0], spec.num_speculative_tokens if spec else 0, llm.engine.stats().num_kv_slots
     )
     engine = AsyncEngine(llm, metrics, max_queue)
-    ctx = ServingContext(engine, llm.tokenizer, names, llm.max_model_len, max_queue + engine.num_slots)
+    ctx = ServingContext(
+        engine, llm.tokenizer, names, llm.max_model_len, max_queue + engine.num_slots, spec_metrics
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -60,6 +66,8 @@ def build_app(
 
     app = FastAPI(title="verispec", version=__version__, lifespan=lifespan)
     app.state.engine, app.state.metrics = engine, metrics
+    app.state.admission = admission = Admission()
+    app.add_middleware(RequestGuard, max_body_bytes=max_request_body_bytes, admission=admission)
     install_error_handlers(app)
     _add_routes(app, ctx, metrics, api_key, model_path)
     return app
@@ -71,9 +79,12 @@ def _add_routes(
     """The service routes (open, like vLLM's) and the /v1 routes (behind the API key when one is set)."""
     engine = ctx.engine
     keyed = [Depends(api_key_checker(api_key))]
+    admission = app.state.admission
 
     @app.get("/health")
     async def health():
+        if admission.draining:
+            return error_response(503, "The server is shutting down.")
         if not engine.alive:
             return error_response(503, "The engine is not running.")
         return {"status": "ok", **engine.stats()}
@@ -101,3 +112,21 @@ def _add_routes(
     @app.post("/v1/chat/completions", dependencies=keyed)
     async def chat_completions(req: P.ChatCompletionRequest, request: Request):
         return await create_chat_completion(ctx, req, request)
+
+
+async def drain(app: FastAPI, timeout: float) -> None:
+    """The shutdown (SIGTERM): refuse new requests with 503, let the submitted ones finish for up to `timeout`
+    seconds, then end the rest (a stream gets an error event and [DONE], any other request an OpenAI error JSON)
+    and wait briefly for those last responses to be sent."""
+    admission, engine = app.state.admission, app.state.engine
+    admission.draining = True
+    logger.info("shutting down: %d requests in flight, waiting up to %.1f s", engine.num_inflight, timeout)
+    deadline = time.monotonic() + timeout
+    while engine.num_inflight and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    if engine.num_inflight:
+        logger.warning("ending %d requests still running after --shutdown-timeout", engine.num_inflight)
+    await asyncio.to_thread(engine.shutdown)
+    deadline = time.monotonic() + 5.0
+    while admission.active and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)

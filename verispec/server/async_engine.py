@@ -79,6 +79,12 @@ class EngineError(Exception):
     status = 500
 
 
+class ServerShuttingDown(EngineError):
+    """The server is shutting down: no new requests, and the ones left at the end are ended (HTTP 503)."""
+
+    status = 503
+
+
 class RequestAborted(Exception):
     """The request was aborted (its client went away)."""
 
@@ -152,6 +158,12 @@ class AsyncEngine:
         return self._loop_done is not None and not self._loop_done.done() and not self._stopping
 
     @property
+    def num_inflight(self) -> int:
+        """Engine requests submitted and not finished yet (running or waiting)."""
+        with self._lock:
+            return self._num_inflight
+
+    @property
     def num_waiting(self) -> int:
         """Requests submitted beyond the KV slots (queued in the inbox or the engine's waiting list)."""
         with self._lock:
@@ -169,7 +181,7 @@ class AsyncEngine:
         ack: asyncio.Future = loop.create_future()
         with self._lock:
             if self._closed or self._stopping:
-                raise EngineError("the engine is not running (server shutting down)")
+                raise ServerShuttingDown("The server is shutting down and accepts no new requests.")
             waiting = max(0, self._num_inflight - self.num_slots)
             if self._num_inflight + len(requests) - self.num_slots > self.max_queue:
                 raise QueueFullError(
@@ -215,7 +227,7 @@ class AsyncEngine:
                 self._closed = True  # submit() refuses from now on; drain what already arrived
             self._drain_inbox()
             for rid in list(self._tracks):
-                self._fail(rid, EngineError("the server is shutting down"))
+                self._fail(rid, ServerShuttingDown("The server shut down before this request finished."))
 
     def _drain_inbox(self) -> None:
         self._wake.clear()
@@ -235,7 +247,7 @@ class AsyncEngine:
         added: list[str] = []
         error: BaseException | None = None
         if self._stopping:
-            error = EngineError("the server is shutting down")
+            error = ServerShuttingDown("The server is shutting down and accepts no new requests.")
         for r in requests if error is None else ():
             try:
                 self.engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params)

@@ -1,4 +1,5 @@
-"""`verispec serve` flags (vLLM's spelling), `--config FILE.yaml` merging, and the uvicorn launch.
+"""`verispec serve`: the server's own flags (the engine's come from EngineArgs.add_cli_args), `--config FILE.yaml`
+merging into one EngineArgs plus the server options, and the uvicorn launch.
 
 Precedence: command-line flag > config file > environment (VERISPEC_API_KEY) > default.
 Run standalone with `python -m verispec.server.cli MODEL ...`.
@@ -8,57 +9,44 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from verispec.loader.checkpoint import DEFAULT_MODEL
+from verispec.engine.args import EngineArgs
+from verispec.spec_config import parse_json_config
 
 
 @dataclass
 class ServeConfig:
-    model: str = DEFAULT_MODEL
+    """The server's own options; every engine setting is in `engine`."""
+
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
     served_model_name: list[str] | None = None
-    max_model_len: int | None = None
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 1024
-    dtype: str = "auto"
-    activation_dtype: str = "float32"
-    device: str = "auto"
-    seed: int = 0
-    speculative_config: dict | None = None
-    kv_transfer_config: dict | None = None
-    kv_cache_memory_bytes: int | None = None
     max_queue: int = 256
+    max_request_body_bytes: int = 4 << 20
+    shutdown_timeout: float = 30.0
+    per_request_spec_decode_metrics: str = "none"
     uvicorn_log_level: str = "info"
     disable_uvicorn_access_log: bool = False
+    engine: EngineArgs = field(default_factory=EngineArgs)
 
 
-_INT = {
-    "port",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "seed",
-    "kv_cache_memory_bytes",
-    "max_queue",
-}
-_STR = {"model", "host", "api_key", "dtype", "activation_dtype", "device", "uvicorn_log_level"}
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+SPEC_METRICS_LEVELS = ("none", "summary", "detailed")
+# what a --config file may set: every engine setting and every server option, by name
+_OPTIONS = {f.name: f for f in (*fields(EngineArgs), *fields(ServeConfig)) if f.name != "engine"}
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
-    """Every default is None so that run_server can tell which flags were given (they override --config)."""
-    p.add_argument(
-        "model", nargs="?", default=None, help=f"HF folder, .gguf file or alias (default {DEFAULT_MODEL})"
-    )
+    """The engine flags (EngineArgs.add_cli_args) and the server's. Every default is None so that run_server can
+    tell which flags were given (they override --config)."""
+    EngineArgs.add_cli_args(p, with_defaults=False)
     p.add_argument(
         "--config", default=None, help="YAML file with any of these options (dashes or underscores)"
     )
@@ -70,75 +58,59 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--served-model-name", nargs="+", default=None, help="name(s) the API accepts (default MODEL)"
     )
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument(
-        "--max-num-seqs", type=int, default=None, help="concurrent sequences (KV slots), default 16"
-    )
-    p.add_argument(
-        "--max-num-batched-tokens", type=int, default=None, help="prefill chunk budget, default 1024"
-    )
-    p.add_argument("--dtype", default=None, help="auto | float32 | float16 | bfloat16")
-    p.add_argument("--activation-dtype", default=None, choices=("float32", "int8"), help="default float32")
-    p.add_argument("--device", default=None, help="auto | cpu | cuda")
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument(
-        "--speculative-config",
-        "-sc",
-        default=None,
-        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
-    )
-    p.add_argument(
-        "--kv-transfer-config",
-        default=None,
-        help="JSON for method extract_hidden_states: kv_connector ExampleHiddenStatesConnector, "
-        "kv_connector_extra_config.shared_storage_path",
-    )
-    p.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     p.add_argument(
         "--max-queue",
         type=int,
         default=None,
         help="waiting requests allowed beyond the KV slots before answering 503 (default 256)",
     )
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=None,
+        help="larger request bodies are refused with 413 before they are read (default 4 MiB)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=None,
+        help="on SIGTERM, seconds running requests may take to finish before they are ended (default 30)",
+    )
+    p.add_argument(
+        "--per-request-spec-decode-metrics",
+        default=None,
+        choices=SPEC_METRICS_LEVELS,
+        help="add each request's speculative-decoding figures to its response (vLLM's flag; default none)",
+    )
     p.add_argument("--uvicorn-log-level", default=None, choices=_LOG_LEVELS)
     p.add_argument("--disable-uvicorn-access-log", action="store_true", default=None)
 
 
-def _spec_config(value: Any, where: str) -> dict | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where} is not valid JSON: {e}") from None
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{where} must be a JSON object / mapping, got {type(value).__name__}")
-    return dict(value)
-
-
 def _check_value(key: str, value: Any, where: str) -> Any:
-    """Type-check one option from the config file (argparse did it for flags)."""
+    """Type-check one option from the config file against its field's type (argparse did it for flags)."""
     if value is None:
         return None
-    if key in _INT and (isinstance(value, bool) or not isinstance(value, int)):
+    # the field's first type: "int | None" -> "int"
+    kind = str(_OPTIONS[key].type).split(" | ")[0]
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"{where}: {key} must be an integer, got {value!r}")
-    if key in _STR and not isinstance(value, str):
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise ValueError(f"{where}: {key} must be a number, got {value!r}")
+    if kind == "str" and not isinstance(value, str):
         raise ValueError(f"{where}: {key} must be a string, got {value!r}")
-    if key == "served_model_name":
+    if kind == "bool" and not isinstance(value, bool):
+        raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+    if kind == "list[str]":
         value = [value] if isinstance(value, str) else value
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-            raise ValueError(
-                f"{where}: served_model_name must be a string or a list of strings, got {value!r}"
-            )
-    if key == "disable_uvicorn_access_log" and not isinstance(value, bool):
-        raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
-    if key in ("speculative_config", "kv_transfer_config"):
-        value = _spec_config(value, f"{where}: {key.replace('_', '-')}")
+            raise ValueError(f"{where}: {key} must be a string or a list of strings, got {value!r}")
+    if kind.startswith("Mapping"):
+        value = parse_json_config(value, f"{where}: {key}")
     return value
 
 
 def load_config_file(path: str) -> dict[str, Any]:
+    """The options a YAML file sets (keys with dashes or underscores), each type-checked. Raises ValueError."""
     import yaml
 
     try:
@@ -152,37 +124,49 @@ def load_config_file(path: str) -> dict[str, Any]:
         return {}
     if not isinstance(data, Mapping):
         raise ValueError(f"--config {path} must hold a mapping of option: value")
-    known = {f.name for f in fields(ServeConfig)}
     out = {}
     for raw_key, value in data.items():
         key = str(raw_key).replace("-", "_")
-        if key not in known:
-            raise ValueError(f"--config {path}: unknown option {raw_key!r}")
+        if key not in _OPTIONS:
+            allowed = ", ".join(sorted(_OPTIONS))
+            raise ValueError(
+                f"--config {path}: unknown option {raw_key!r}; allowed (dashes or underscores): {allowed}"
+            )
         out[key] = _check_value(key, value, f"--config {path}")
     return out
 
 
 def resolve_config(args: argparse.Namespace) -> ServeConfig:
-    """Merge flags over the config file over the environment over defaults; validate. Raises ValueError."""
+    """Flags over the config file over the environment (VERISPEC_API_KEY) over defaults, as one ServeConfig whose
+    `engine` is the EngineArgs the server builds its engine from. Raises ValueError."""
     merged: dict[str, Any] = {}
     env_key = os.environ.get("VERISPEC_API_KEY")
     if env_key:
         merged["api_key"] = env_key
     if getattr(args, "config", None):
         merged.update({k: v for k, v in load_config_file(args.config).items() if v is not None})
-    for f in fields(ServeConfig):
-        value = getattr(args, f.name, None)
-        if value is not None:
-            if f.name in ("speculative_config", "kv_transfer_config"):
-                value = _spec_config(value, "--" + f.name.replace("_", "-"))
-            merged[f.name] = value
-    cfg = ServeConfig(**merged)
+    merged.update({k: getattr(args, k) for k in _OPTIONS if getattr(args, k, None) is not None})
+    server = {f.name for f in fields(ServeConfig)}
+    cfg = ServeConfig(
+        engine=EngineArgs.from_mapping(merged), **{k: v for k, v in merged.items() if k in server}
+    )
     if not 0 <= cfg.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {cfg.port}")
     if cfg.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {cfg.max_queue}")
-    if cfg.max_num_seqs < 1:
-        raise ValueError(f"--max-num-seqs must be >= 1, got {cfg.max_num_seqs}")
+    if cfg.max_request_body_bytes < 1:
+        raise ValueError(f"--max-request-body-bytes must be >= 1, got {cfg.max_request_body_bytes}")
+    if not cfg.shutdown_timeout >= 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {cfg.shutdown_timeout}")
+    if cfg.per_request_spec_decode_metrics not in SPEC_METRICS_LEVELS:
+        raise ValueError(
+            f"per-request-spec-decode-metrics must be one of {', '.join(SPEC_METRICS_LEVELS)}, got "
+            f"{cfg.per_request_spec_decode_metrics!r}"
+        )
+    if cfg.per_request_spec_decode_metrics != "none" and not cfg.engine.speculative_config:
+        raise ValueError(
+            "--per-request-spec-decode-metrics needs speculative decoding (--speculative-config)"
+        )
     if cfg.uvicorn_log_level not in _LOG_LEVELS:
         raise ValueError(
             f"uvicorn-log-level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.uvicorn_log_level!r}"
@@ -201,31 +185,28 @@ def run_server(args: argparse.Namespace) -> int:
     from verispec.llm import LLM
     from verispec.server.app import build_app
     from verispec.server.async_engine import on_engine_thread
+    from verispec.server.shutdown import DrainingServer
 
     def load() -> LLM:
-        return LLM(
-            cfg.model,
-            dtype=cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs,
-            seed=cfg.seed,
-            device=cfg.device,
-            speculative_config=cfg.speculative_config,
-            kv_transfer_config=cfg.kv_transfer_config,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            activation_dtype=cfg.activation_dtype,
-        )
+        return LLM(**vars(cfg.engine))
 
     try:
         llm = on_engine_thread(load).result()  # the thread that will step the engine (see async_engine.py)
     except OSError as e:
-        raise ValueError(f"cannot load model {cfg.model!r}: {e}") from None
-    names = cfg.served_model_name or [cfg.model]
-    app = build_app(llm, names, api_key=cfg.api_key, max_queue=cfg.max_queue, model_path=cfg.model)
+        raise ValueError(f"cannot load model {cfg.engine.model!r}: {e}") from None
+    names = cfg.served_model_name or [cfg.engine.model]
+    app = build_app(
+        llm,
+        names,
+        api_key=cfg.api_key,
+        max_queue=cfg.max_queue,
+        model_path=cfg.engine.model,
+        max_request_body_bytes=cfg.max_request_body_bytes,
+        spec_metrics=cfg.per_request_spec_decode_metrics,
+    )
     shown = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "api_key"}
     logging.getLogger("verispec.server").info("verispec serve config: %s", shown)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=cfg.host,
         port=cfg.port,
@@ -233,6 +214,7 @@ def run_server(args: argparse.Namespace) -> int:
         access_log=not cfg.disable_uvicorn_access_log,
         timeout_graceful_shutdown=10,
     )
+    DrainingServer(config, cfg.shutdown_timeout).run()
     return 0
 
 

@@ -162,6 +162,19 @@ class ServerMetrics:
             m + ["position"],
             registry=r,
         )
+        # the goodput planner's (exported once it has planned a step)
+        self.mean_chosen_k = Gauge(
+            "verispec:spec_decode_mean_chosen_k",
+            "Mean draft length the planner verified per request.",
+            m,
+            registry=r,
+        )
+        self.verified_row_cost = Gauge(
+            "verispec:spec_decode_verified_row_cost",
+            "Measured cost of one more verified row relative to a plain decode step.",
+            m,
+            registry=r,
+        )
 
     def _init_children(self) -> None:
         """Create every labelled child up front so each series is exported (at 0) from the start."""
@@ -203,6 +216,9 @@ class ServerMetrics:
             self._inc(self.accepted, "accepted", s.num_accepted_tokens)
             for i, n in enumerate(s.num_accepted_tokens_per_pos[: self.k]):
                 self._inc(self.per_pos, f"pos{i}", n, str(i))
+            if c.mean_chosen_k is not None:
+                self.mean_chosen_k.labels(self.model_name).set(c.mean_chosen_k)
+                self.verified_row_cost.labels(self.model_name).set(c.verified_row_cost or 0.0)
 
     def update_gauges(self, running: int, waiting: int, free_slots: int) -> None:
         name = self.model_name

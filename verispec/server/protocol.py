@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from verispec.sampling_params import SamplingParams
 
@@ -23,8 +23,38 @@ def random_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def check_unicode(value: Any, path: str) -> None:
+    """Raise ValueError naming `path` if a string in `value` holds a lone UTF-16 surrogate (JSON's "\\ud800", or
+    the bytes of one): no tokenizer or response encoder can take it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{path} is not valid Unicode: lone UTF-16 surrogate {value[e.start]!r} at character {e.start}"
+            ) from None
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            if not isinstance(v, int):
+                check_unicode(v, f"{path}[{i}]")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            check_unicode(k, f"{path} key")
+            check_unicode(v, f"{path}[{k!r}]")
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any, info: ValidationInfo) -> Any:
+        if not isinstance(value, (int, float, bool, BaseModel)) and value is not None:
+            check_unicode(value, info.field_name)
+        return value
 
 
 class StreamOptions(_Request):
@@ -100,6 +130,8 @@ class _SamplingFields(_Request):
     ) -> SamplingParams:
         """Build SamplingParams (prompt_logprobs: an override, e.g. for echo); raises ValueError naming the bad
         field (passed through as a 400)."""
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options can only be set when stream is true")
         bad = self.unsupported()
         if bad:
             raise ValueError(f"{bad[0]} is not supported by this server (set: {', '.join(bad)})")
@@ -171,6 +203,13 @@ class ChatMessage(_Request):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role not in CHAT_ROLES:
+            raise ValueError(f"unknown role {role!r}; allowed: {', '.join(CHAT_ROLES)}")
+        return role
 
     def text(self) -> str:
         if self.content is None:
@@ -271,6 +310,8 @@ class CompletionResponse(BaseModel):
     kv_transfer_params: dict | None = (
         None  # vLLM's extension: extract_hidden_states' {"hidden_states_path": ...}
     )
+    # vLLM's extension (--per-request-spec-decode-metrics): {"speculative_decoding": {...}}
+    metrics: dict | None = None
 
 
 class TopLogprob(BaseModel):
@@ -309,6 +350,8 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
     kv_transfer_params: dict | None = None  # vLLM's extension (first choice's request, as vLLM reports it)
+    # vLLM's extension (--per-request-spec-decode-metrics): {"speculative_decoding": {...}}
+    metrics: dict | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -331,6 +374,8 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    # on the last chunk (--per-request-spec-decode-metrics)
+    metrics: dict | None = None
 
 
 class ModelCard(BaseModel):
@@ -364,6 +409,7 @@ ERROR_TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
+    413: "RequestTooLargeError",
     503: "ServiceUnavailableError",
     500: "InternalServerError",
 }

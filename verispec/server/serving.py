@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verispec.engine.fanout import EngineRequest, fan_out
+from verispec.engine.fanout import EngineRequest, combine_spec_metrics, fan_out
+from verispec.outputs import RequestOutput
 from verispec.server import protocol as P
 from verispec.server.async_engine import AsyncEngine, EngineError, QueueFullError, RequestGroup
 from verispec.server.errors import APIError, bad_request
 from verispec.server.streaming import Prompts
 from verispec.tokenizer import Tokenizer
+
+# No token of any tokenizer we know spans more bytes than this: a text longer than max_model_len times this many
+# UTF-8 bytes cannot fit the context, whatever it tokenizes to, and is refused without being tokenized.
+MAX_BYTES_PER_TOKEN = 256
 
 
 @dataclass
@@ -21,6 +26,8 @@ class ServingContext:
     max_model_len: int
     # most engine requests (prompts x n) one HTTP request may ask for
     max_children: int
+    # --per-request-spec-decode-metrics: none | summary | detailed
+    spec_metrics: str = "none"
 
     @property
     def model_name(self) -> str:
@@ -29,6 +36,26 @@ class ServingContext:
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.names:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
+
+    def response_metrics(self, finals: list[RequestOutput | None]) -> dict | None:
+        """The response's `metrics` object (vLLM's: {"speculative_decoding": {...}}) over all its choices, or
+        None when not asked for (--per-request-spec-decode-metrics none)."""
+        if self.spec_metrics == "none":
+            return None
+        spec = combine_spec_metrics([f for f in finals if f is not None])
+        return {"speculative_decoding": spec.to_json(self.spec_metrics == "detailed") if spec else None}
+
+    def check_text_length(self, nbytes: int, param: str) -> None:
+        """400 for a text that cannot fit the context (checked before tokenizing it, which would take long)."""
+        limit = self.max_model_len * MAX_BYTES_PER_TOKEN
+        if nbytes > limit:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your {param} is "
+                f"{nbytes} bytes long, more than the {limit} bytes that many tokens can hold (at most "
+                f"{MAX_BYTES_PER_TOKEN} bytes per token). Please reduce the length of the input.",
+                param,
+            )
 
     def resolve_max_tokens(self, requested: int | None, prompt_len: int) -> int | None:
         """max_tokens, or what is left of the context if not given; 400 (vLLM's message) if it cannot fit."""

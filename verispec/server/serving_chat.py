@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import Request
@@ -18,7 +19,8 @@ _lp = P.json_logprob
 async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionRequest, request: Request):
     ctx.check_model(req.model)
     logprobs = _logprobs(req)
-    prompts = [chat_prompt(ctx, req)]
+    # rendered and tokenized off the event loop: /health and other requests keep being answered meanwhile
+    prompts = [await asyncio.to_thread(chat_prompt, ctx, req)]
     rid = P.random_id("chatcmpl")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     group = await ctx.submit(ctx.engine_requests(rid, prompts, req, max_tokens, logprobs))
@@ -26,7 +28,9 @@ async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionReque
     top = req.top_logprobs or 0
     if not req.stream:
         finals = await collect(request, ctx.engine, group)
-        return _response(rid, created, name, prompts, finals, top if logprobs is not None else None)
+        resp = _response(rid, created, name, prompts, finals, top if logprobs is not None else None)
+        resp.metrics = ctx.response_metrics(finals)
+        return resp
 
     def choice(i, text, entries, offset, final):
         return P.ChatStreamChoice(
@@ -37,8 +41,10 @@ async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionReque
             stop_reason=final.stop_reason if final else None,
         )
 
-    def chunk(choices, u):
-        return P.ChatCompletionChunk(id=rid, created=created, model=name, choices=choices, usage=u)
+    def chunk(choices, u, metrics=None):
+        return P.ChatCompletionChunk(
+            id=rid, created=created, model=name, choices=choices, usage=u, metrics=metrics
+        )
 
     async def events():
         # vLLM sends the role first, one chunk per choice
@@ -46,7 +52,7 @@ async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionReque
             yield sse(
                 chunk([P.ChatStreamChoice(index=i, delta=P.DeltaMessage(role="assistant", content=""))], None)
             )
-        async for event in stream_events(group, req, prompts, logprobs, choice, chunk):
+        async for event in stream_events(group, req, prompts, logprobs, choice, chunk, ctx.response_metrics):
             yield event
 
     return sse_response(request, ctx.engine, group, events())
@@ -92,6 +98,10 @@ def chat_prompt(ctx: ServingContext, req: P.ChatCompletionRequest) -> tuple[str,
         raise APIError(400, "chat completions need a tokenizer")
     try:
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+    except ValueError as e:
+        raise bad_request(e) from None
+    ctx.check_text_length(sum(len(m["content"].encode()) for m in messages), "messages")
+    try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=req.add_generation_prompt)
     except ValueError as e:
         raise bad_request(e) from None

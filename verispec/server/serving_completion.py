@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from fastapi import Request
@@ -24,7 +25,8 @@ async def create_completion(ctx: ServingContext, req: P.CompletionRequest, reque
         logprobs = req.requested_logprobs()
     except ValueError as e:
         raise bad_request(e) from None
-    prompts = completion_prompts(req.prompt, tokenizer)
+    # tokenized off the event loop: /health and other requests keep being answered meanwhile
+    prompts = await asyncio.to_thread(completion_prompts, req.prompt, tokenizer, ctx)
     rid = P.random_id("cmpl")
     # echo: the prompt leads each choice's text (and its logprobs); max_tokens=0 returns the prompt alone
     echo_only = req.echo and req.max_tokens == 0
@@ -42,6 +44,7 @@ async def create_completion(ctx: ServingContext, req: P.CompletionRequest, reque
             choices=choices,
             usage=usage(prompts, [None if echo_only else f.outputs[0] for f in finals]),
             kv_transfer_params=finals[0].kv_transfer_params,
+            metrics=ctx.response_metrics(finals),
         )
 
     def choice(i, text, entries, offset, final):
@@ -54,10 +57,12 @@ async def create_completion(ctx: ServingContext, req: P.CompletionRequest, reque
             stop_reason=final.stop_reason if final else None,
         )
 
-    def chunk(choices, u):
-        return P.CompletionResponse(id=rid, created=created, model=name, choices=choices, usage=u)
+    def chunk(choices, u, metrics=None):
+        return P.CompletionResponse(
+            id=rid, created=created, model=name, choices=choices, usage=u, metrics=metrics
+        )
 
-    events = stream_events(group, req, prompts, logprobs, choice, chunk)
+    events = stream_events(group, req, prompts, logprobs, choice, chunk, ctx.response_metrics)
     return sse_response(request, ctx.engine, group, events)
 
 
@@ -88,8 +93,9 @@ def _choice(
     )
 
 
-def completion_prompts(prompt, tokenizer) -> Prompts:
-    """The request's prompt field as (text or None, token ids) per prompt."""
+def completion_prompts(prompt, tokenizer, ctx: ServingContext | None = None) -> Prompts:
+    """The request's prompt field as (text or None, token ids) per prompt; with ctx, a text that cannot fit the
+    context is refused before it is tokenized."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
@@ -101,6 +107,8 @@ def completion_prompts(prompt, tokenizer) -> Prompts:
         if isinstance(p, str):
             if tokenizer is None:
                 raise APIError(400, "text prompts need a tokenizer; send token ids instead", "prompt")
+            if ctx is not None:
+                ctx.check_text_length(len(p.encode()), "prompt")
             out.append((p, tokenizer.encode(p)))
         else:
             out.append((None, list(p)))

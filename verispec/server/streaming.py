@@ -77,13 +77,19 @@ async def stream_events(
     logprobs: int | None,
     make_choice: Callable,
     make_chunk: Callable,
+    response_metrics: Callable[[list], dict | None] = lambda finals: None,
 ) -> AsyncIterator[str]:
-    """The SSE loop shared by both endpoints: new text (and logprobs) per choice, then the usage chunk.
+    """The SSE loop shared by both endpoints: new text (and logprobs) per choice, then the usage chunk. The last
+    chunk (the usage chunk, or else the one finishing the last choice) carries response_metrics(final outputs).
 
-    make_choice(index, text, logprob entries, text offset, final output or None); make_chunk(choices, usage)."""
+    make_choice(index, text, logprob entries, text offset, final output or None); make_chunk(choices, usage,
+    metrics)."""
     state = [ChoiceState(holdback(req)) for _ in group.request_ids]
+    finals: list[RequestOutput | None] = [None] * len(state)
     async for i, out in group:
         st = state[i]
+        if out.finished:
+            finals[i] = out
         text, a, b = st.delta(out)
         if not text and not out.finished and not (logprobs is not None and b > a):
             continue
@@ -93,9 +99,11 @@ async def stream_events(
         # while a possible stop string is held back)
         choice = make_choice(i, text, entries, st.token_text, c if out.finished else None)
         st.token_text += sum(len(token_text(e)) for e in entries or [])
-        yield sse(make_chunk([choice], running_usage(prompts, state) if req.continuous_usage else None))
+        last = not req.include_usage and all(f is not None for f in finals)
+        u = running_usage(prompts, state) if req.continuous_usage else None
+        yield sse(make_chunk([choice], u, response_metrics(finals) if last else None))
     if req.include_usage:
-        yield sse(make_chunk([], usage(prompts, [s.last for s in state])))
+        yield sse(make_chunk([], usage(prompts, [s.last for s in state]), response_metrics(finals)))
 
 
 def sse_response(

@@ -364,10 +364,7 @@ def resolve_speculative_config(
     against what this build supports; ValueError naming the key otherwise."""
     if speculative_config is None:
         return None
-    if isinstance(speculative_config, str):
-        speculative_config = parse_json_config(speculative_config)
-    if not isinstance(speculative_config, Mapping):
-        raise ValueError("speculative_config must be a dict (or a JSON object string)")
+    speculative_config = parse_json_config(speculative_config)
     if speculative_config.get("model"):
         draft_hf = _draft_hf_config(speculative_config)
     elif speculative_config.get("method") in ("mtp", *MTP_MODEL_TYPES):

@@ -44,6 +44,9 @@ class Proposal:
     draft_probs: torch.Tensor | None = None
     # a token tree: token_ids[b] are then the tree's nodes in its (breadth-first) order
     tree: TokenTree | None = None
+    # per request and draft, the proposer's own estimate that the draft is accepted if the ones before it were
+    # (suffix decoding's frequency ratios); the planner calibrates it. None: no estimate
+    confidence: list[list[float]] | None = None
 
 
 class Proposer(Protocol):

@@ -70,7 +70,7 @@ class DraftModelProposer:
         out = self.runner.run(self._catch_up_rows(reqs))  # logits [B, V] at each request's newest token
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab)
-        tokens, probs = [], []
+        tokens, probs, confidence = [], [], []
         logits = out.logits
         for i in range(k):
             q = S.logits_to_probs(logits, st)  # [B, V]
@@ -81,14 +81,17 @@ class DraftModelProposer:
                 noise = S.draw_noise([1] * len(reqs), gens, self.vocab, logits.device, self.generator)
                 tok = torch.where(st.is_greedy, S.greedy(logits), S.sample(q, noise))
             tokens.append(tok)
+            confidence.append(draft_confidence(logits, tok))
             if self.keep_probs:
                 probs.append(q)
             if i + 1 < k:
                 rows = [RowInput(self.slot[r.request_id], self.computed[r.request_id] + i, [0]) for r in reqs]
                 logits = self._step(rows, tok)
-        drafts_t = torch.stack(tokens, dim=1)  # [B, K]
-        drafts = [d[:c] for d, c in zip(drafts_t.tolist(), k_max)]
-        return Proposal(drafts, torch.stack(probs, dim=1) if self.keep_probs else None)
+        # [2, B, K] drafts and their confidence: the step's one host sync
+        both = torch.stack([torch.stack(tokens, dim=1).double(), torch.stack(confidence, dim=1)]).tolist()
+        drafts = [[int(t) for t in d[:c]] for d, c in zip(both[0], k_max)]
+        conf = [c_row[:c] for c_row, c in zip(both[1], k_max)]
+        return Proposal(drafts, torch.stack(probs, dim=1) if self.keep_probs else None, confidence=conf)
 
     def _propose_parallel(self, reqs: list[Request], k_max: list[int], k: int) -> Proposal:
         """All k drafts from one forward: catch-up tokens, then k - 1 mask tokens; logits at the last k positions."""
@@ -107,8 +110,11 @@ class DraftModelProposer:
             gens = [r.generator for r in reqs]
             noise = S.draw_noise([k] * len(reqs), gens, self.vocab, logits.device, self.generator)
             tok = torch.where(st.is_greedy, tok, S.sample(q, noise))
-        drafts = [d[:c] for d, c in zip(tok.view(len(reqs), k).tolist(), k_max)]
-        return Proposal(drafts, q.view(len(reqs), k, -1) if self.keep_probs else None)
+        conf = draft_confidence(logits, tok).view(len(reqs), k)
+        both = torch.stack([tok.view(len(reqs), k).double(), conf]).tolist()
+        drafts = [[int(t) for t in d[:c]] for d, c in zip(both[0], k_max)]
+        confidence = [c_row[:c] for c_row, c in zip(both[1], k_max)]
+        return Proposal(drafts, q.view(len(reqs), k, -1) if self.keep_probs else None, confidence=confidence)
 
     def _step(self, rows: list[RowInput], tok: torch.Tensor) -> torch.Tensor:
         """One batched draft forward feeding `tok` [B] (kept on device: no host sync per draft token)."""
@@ -116,3 +122,9 @@ class DraftModelProposer:
         m = self.runner.model
         hidden, _ = m(tok, positions, ctx, self.cache.kv)  # [B, hidden]
         return m.compute_logits(hidden)  # [B, V]
+
+
+def draft_confidence(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+    """The draft model's own probability (untempered softmax) of each drafted token: [N, V], [N] -> [N] float64.
+    The planner calibrates it against what the target accepts."""
+    return logits.float().softmax(dim=-1).gather(1, tok[:, None]).squeeze(1).double()

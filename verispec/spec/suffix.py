@@ -37,11 +37,23 @@ class SuffixProposer:
             self._seen[req.request_id] = len(req.output_token_ids)
 
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
-        drafts = []
+        drafts, confidence = [], []
         for r, k in zip(reqs, k_max):
             self._sync(r)
             if k <= 0:
                 drafts.append([])
+                confidence.append([])
                 continue
-            drafts.append(self.cache.speculate(r.request_id, r.tail(self.depth), k).token_ids)
-        return Proposal(drafts)
+            draft = self.cache.speculate(r.request_id, r.tail(self.depth), k)
+            drafts.append(draft.token_ids)
+            confidence.append(conditional_probs(draft.probs))
+        return Proposal(drafts, confidence=confidence)
+
+
+def conditional_probs(probs: list[float]) -> list[float]:
+    """Running probabilities of a draft's prefixes -> each token's probability given the ones before it."""
+    out, prev = [], 1.0
+    for p in probs:
+        out.append(p / prev if prev > 0 else 0.0)
+        prev = p
+    return out

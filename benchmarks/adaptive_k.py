@@ -1,0 +1,165 @@
+"""The goodput planner against fixed draft lengths, side by side in one run: for every cell (workload x batch size x
+temperature) and speculative config, plain decoding, the planner (the default) and each fixed K of the sweep
+(enable_adaptive_verification false).
+
+    .venv/bin/python benchmarks/adaptive_k.py --workloads code-edit,chat,repeat-edit --batch-sizes 1,16 \
+        --temperatures 0,1 --fixed-k 1,2,4,8 \
+        -sc '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}' \
+        -sc '{"method": "suffix"}'
+
+Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K / plain, planner / best
+fixed K); writes JSON to bench_results/adaptive_k.json. Greedy cells also count outputs identical to plain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from verispec.bench import time_llm
+from verispec.sampling_params import SamplingParams
+from verispec.workloads import WORKLOADS, build_workload
+
+
+def cpu_model() -> str:
+    """The CPU's model name and the vector extensions that decide kernel speed (AVX2, AVX-512, VNNI, AMX)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+    return f"{name} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def variants(spec: dict, fixed: list[int]) -> list[tuple[str, dict]]:
+    """The planner run of `spec`, then one fixed-K run per K of the sweep."""
+    name = spec.get("method", str(spec.get("model")))
+    out = [(f"{name} planner", spec | {"enable_adaptive_verification": True})]
+    for k in fixed:
+        out.append(
+            (f"{name} K={k}", spec | {"num_speculative_tokens": k, "enable_adaptive_verification": False})
+        )
+    return out
+
+
+def run_cell(args, workload: str, batch: int, temperature: float, specs: list[dict]) -> dict:
+    from verispec import LLM
+
+    kw = dict(max_num_seqs=batch, max_model_len=2048, activation_dtype=args.activation_dtype)
+    plain = LLM(args.model, **kw)
+    tok = plain.tokenizer
+    num = max(args.num_prompts, batch)
+    convs = build_workload(workload, num)
+    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    sp = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=0 if temperature else None)
+    base, base_outs = time_llm(plain, prompts, sp, "plain")
+    ref = [o.outputs[0].token_ids for o in base_outs]
+    del plain
+    runs = [asdict(base) | {"identical": len(prompts)}]
+    for spec in specs:
+        for label, config in variants(spec, args.fixed_k):
+            llm = LLM(args.model, speculative_config=config, **kw)
+            res, outs = time_llm(llm, prompts, sp, label)
+            same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, ref)) if not temperature else None
+            row = asdict(res) | {"identical": same, "mean_chosen_k": llm.engine.counters.mean_chosen_k}
+            runs.append(row)
+            del llm
+    return {"workload": workload, "batch_size": batch, "temperature": temperature, "runs": runs}
+
+
+def summarize(cell: dict, specs: list[dict]) -> list[str]:
+    runs = {r["label"]: r for r in cell["runs"]}
+    plain = runs["plain"]["tok_per_s"]
+    lines = []
+    for spec in specs:
+        name = spec.get("method", str(spec.get("model")))
+        planner = runs[f"{name} planner"]
+        fixed = [r for label, r in runs.items() if label.startswith(f"{name} K=")]
+        best = max(fixed, key=lambda r: r["tok_per_s"]) if fixed else None
+        text = (
+            f"{cell['workload']:<12}{cell['batch_size']:>6}{cell['temperature']:>6.1f}  {name:<12}"
+            f"{planner['tok_per_s'] / plain:>9.2f}x"
+        )
+        if best is not None:
+            text += (
+                f"{best['tok_per_s'] / plain:>9.2f}x {best['label'].split('=')[-1]:>3}"
+                f"{planner['tok_per_s'] / best['tok_per_s']:>11.2f}x"
+            )
+        lines.append(text + f"{planner.get('mean_chosen_k') or 0:>9.2f}")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--workloads", default="code-edit,chat,repeat-edit")
+    ap.add_argument("--batch-sizes", type=_ints, default=[1, 16])
+    ap.add_argument("--temperatures", type=_floats, default=[0.0, 1.0])
+    ap.add_argument("--fixed-k", type=_ints, default=[1, 2, 4, 8], help="fixed draft lengths to compare")
+    ap.add_argument("--num-prompts", type=int, default=8, help="per cell (at least the batch size)")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
+    ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")
+    ap.add_argument("--output", default="bench_results/adaptive_k.json")
+    args = ap.parse_args()
+    workloads = [w for w in args.workloads.split(",") if w]
+    for w in workloads:
+        if w not in WORKLOADS:
+            ap.error(f"--workloads: unknown workload {w!r}; allowed: {', '.join(WORKLOADS)}")
+    specs = [
+        json.loads(s)
+        for s in args.speculative_config
+        or ['{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}']
+    ]
+    started = time.time()
+    cells = []
+    for w in workloads:
+        for b in args.batch_sizes:
+            for t in args.temperatures:
+                cell = run_cell(args, w, b, t, specs)
+                cells.append(cell)
+                for r in cell["runs"]:
+                    same = "" if r["identical"] is None else f"  identical {r['identical']}"
+                    print(
+                        f"[{w} b={b} T={t}] {r['label']:<20}{r['tok_per_s']:>8.1f} tok/s  "
+                        f"mean AL {r['mean_acceptance_length']:.2f}{same}",
+                        flush=True,
+                    )
+    setup = f"model={args.model}, max_tokens={args.max_tokens}, activation_dtype={args.activation_dtype}"
+    print(f"\nCPU: {cpu_model()}, threads={torch.get_num_threads()}, {setup}")
+    head = (
+        f"{'workload':<12}{'batch':>6}{'T':>6}  {'method':<12}{'planner':>10}{'best K':>10}{'K':>4}"
+        f"{'plan/best':>12}{'mean K':>9}"
+    )
+    print(head + "\n" + "-" * len(head))
+    for cell in cells:
+        print("\n".join(summarize(cell, specs)))
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps({"cpu": cpu_model(), "args": vars(args), "seconds": time.time() - started, "cells": cells})
+    )
+
+
+if __name__ == "__main__":
+    main()

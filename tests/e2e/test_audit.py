@@ -1,0 +1,132 @@
+"""`verispec audit`: lossless configurations pass, a broken verifier is caught, lossy ones are named, bad
+arguments exit 2 with one line."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from verispec import cli
+from verispec.sample import step
+
+
+def _audit(capsys, *args: str) -> tuple[int, str, str]:
+    rc = cli.main(["audit", *args, "--quiet"])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _draft_cfg(draft: str, **extra) -> str:
+    return json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": 2, **extra})
+
+
+def _break_verifier(monkeypatch, sampled_only: bool) -> None:
+    """A verifier that accepts the first draft whatever the target says (its replacement token moves one on), in
+    every row or in sampled rows only."""
+    real = step.rejection_sample
+
+    def accept_first(method, draft, probs, greedy=None, **kw):
+        out, n = real(method, draft, probs, greedy, **kw)
+        # [B]
+        force = (draft[:, 0] >= 0) & (n == 0)
+        if sampled_only and greedy is not None:
+            force &= ~greedy
+        out = out.clone()
+        out[:, 1] = torch.where(force, out[:, 0], out[:, 1])
+        out[:, 0] = torch.where(force, draft[:, 0], out[:, 0])
+        return out, torch.where(force, torch.ones_like(n), n)
+
+    monkeypatch.setattr(step, "rejection_sample", accept_first)
+
+
+def test_lossless_config_passes(capsys, tiny_llama, tiny_draft):
+    rc, out, err = _audit(
+        capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft), "--samples", "600", "--max-tokens", "16"
+    )
+    assert rc == 0, (out, err)
+    lines = out.splitlines()
+    assert lines[0].split()[:5] == ["check", "setting", "drafted", "accepted", "verdict"]
+    # greedy as configured, greedy with the planner off, sampled law
+    assert len(lines) == 4 and all(" pass " in ln for ln in lines[1:])
+    cells = [re.split(r"\s{2,}", ln) for ln in lines[1:]]
+    assert all(int(c[2]) > 0 for c in cells), cells
+    assert "verispec audit: pass" in err
+
+
+def test_ngram_greedy_only(capsys, tiny_llama):
+    cfg = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "enable_adaptive_verification": False})
+    rc, out, err = _audit(capsys, tiny_llama, "-sc", cfg, "--samples", "0")
+    assert rc == 0, (out, err)
+    # the planner is already off: one greedy row, no sampled row
+    assert len(out.splitlines()) == 2 and "planner off" in out
+
+
+def test_broken_verifier_fails_greedy(capsys, monkeypatch, tiny_llama, tiny_draft):
+    _break_verifier(monkeypatch, sampled_only=False)
+    rc, out, err = _audit(capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft), "--samples", "0")
+    assert rc == 1
+    assert "FAIL" in out and "FAIL (greedy equality" in err
+    assert "prompt 0, output position 1: plain" in err
+
+
+def test_broken_verifier_fails_sampled_law(capsys, monkeypatch, tiny_llama, tiny_draft):
+    """Broken in sampled rows only: the greedy checks pass, the chi-square test must catch it."""
+    _break_verifier(monkeypatch, sampled_only=True)
+    rc, out, err = _audit(
+        capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft), "--samples", "600", "--max-tokens", "8"
+    )
+    assert rc == 1, (out, err)
+    assert out.count(" pass ") == 2
+    assert "FAIL (sampled law" in err and "output position 1 (the first speculative position)" in err
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [({"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.9}, "synthetic"),
+     ({"rejection_sample_method": "probabilistic", "enable_entropy_verify": True}, "enable_entropy_verify")],
+)  # fmt: skip
+def test_lossy_configs_are_reported_as_lossy(capsys, tiny_llama, tiny_draft, extra, why):
+    rc, out, err = _audit(
+        capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft, **extra), "--samples", "200", "--max-tokens", "8"
+    )
+    assert rc == 0, (out, err)
+    assert "lossy by design" in out and why in out and "lossy by design" in err
+    assert "FAIL" not in out
+
+
+def test_prompts_file(capsys, tmp_path, tiny_llama, tiny_draft):
+    """Text lines, {"prompt": ...} and chat messages (a list, or {"messages": [...]}) through the chat template."""
+    chat = [{"role": "user", "content": "say a b a b"}]
+    f = tmp_path / "p.jsonl"
+    lines = ["one two three one two three", "", json.dumps({"prompt": "a b a b a b"}), json.dumps(chat)]
+    f.write_text("\n".join([*lines, json.dumps({"messages": chat})]) + "\n")
+    rc, out, err = _audit(
+        capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft), "--prompts", str(f), "--samples", "0"
+    )
+    assert rc == 0, (out, err)
+    assert "4 prompts x 32 tokens identical" in out
+    f.write_text('one\n{"prompt": 3}\n')
+    rc, _, err = _audit(capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft), "--prompts", str(f))
+    assert rc == 2 and f"{f}:2: expected a text line" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [([], "audit needs a speculative configuration"),
+     (["-sc", "{bad"], "speculative_config"),
+     (["-sc", '{"method": "ngram"}', "--top-p", "0"], "--top-p"),
+     (["-sc", '{"method": "ngram"}', "--samples", "-1"], "--samples"),
+     (["-sc", '{"method": "ngram"}', "--prompts", "/nonexistent/p.txt"], "no such file"),
+     (["-sc", '{"method": "ngram"}', "--samples", "many"], "--samples")],
+)  # fmt: skip
+def test_bad_arguments_exit_2_with_one_line(capsys, tiny_llama, args, needle):
+    if "--samples" in args and args[-1] == "many":
+        with pytest.raises(SystemExit) as e:
+            cli.main(["audit", tiny_llama, *args])
+        rc, err = e.value.code, capsys.readouterr().err
+    else:
+        rc, _, err = _audit(capsys, tiny_llama, *args)
+    assert rc == 2 and needle in err and err.count("\n") == 1, err

@@ -1,0 +1,112 @@
+"""Every method in SUPPORTED_METHODS keeps greedy output equal to plain decoding on a tiny model, and handles
+requests added, aborted and finished mid-flight. A method added without a setup here fails, it is not skipped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from verispec import LLM, SamplingParams
+from verispec.spec import SUPPORTED_METHODS
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How to run one method: the target fixture, the draft checkpoint fixture (if any) and the other keys."""
+
+    target: str = "tiny_llama"
+    draft: str | None = None
+    keys: dict = field(default_factory=lambda: {"num_speculative_tokens": 3})
+    # the method writes through a kv_transfer_config connector and drafts nothing
+    kv_transfer: bool = False
+
+
+SETUPS = {
+    "ngram": Setup(keys={"num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}),
+    "draft_model": Setup(draft="tiny_draft"),
+    "suffix": Setup(keys={"num_speculative_tokens": 4}),
+    "medusa": Setup(draft="tiny_medusa"),
+    "mlp_speculator": Setup(draft="tiny_mlp_speculator"),
+    "extract_hidden_states": Setup(keys={"num_speculative_tokens": 1}, kv_transfer=True),
+    "eagle": Setup(draft="tiny_eagle"),
+    "eagle3": Setup(draft="tiny_eagle3"),
+    "mtp": Setup(target="tiny_mimo"),
+}
+
+# repeated spans, so that n-gram and suffix drafts exist and get both accepted and rejected
+PROMPTS = [
+    {"prompt_token_ids": [7, 40, 41, 42, 40, 41, 42, 40, 41, 42, 9]},
+    {"prompt_token_ids": [100, 5, 17, 9, 33, 5, 17, 9, 33, 5, 17]},
+    {"prompt_token_ids": list(range(20, 47)) + list(range(20, 30))},
+    {"prompt_token_ids": [3, 250, 251, 3, 250, 251, 3]},
+]
+SAMPLING = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs():
+    """Plain greedy token ids per target checkpoint, computed once."""
+    cache: dict[str, list[list[int]]] = {}
+
+    def get(target: str) -> list[list[int]]:
+        if target not in cache:
+            outs = LLM(target, max_model_len=256).generate(PROMPTS, SAMPLING, use_tqdm=False)
+            cache[target] = [o.outputs[0].token_ids for o in outs]
+        return cache[target]
+
+    return get
+
+
+def _spec_llm(request, tmp_path, method: str) -> tuple[str, LLM]:
+    assert method in SETUPS, f"method {method!r} is in SUPPORTED_METHODS but has no Setup in {__file__}"
+    setup = SETUPS[method]
+    target = request.getfixturevalue(setup.target)
+    spec = {"method": method, **setup.keys}
+    if setup.draft is not None:
+        spec["model"] = request.getfixturevalue(setup.draft)
+    kv = None
+    if setup.kv_transfer:
+        kv = {
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+        }
+    return target, LLM(target, max_model_len=256, speculative_config=spec, kv_transfer_config=kv)
+
+
+def test_every_supported_method_has_a_setup():
+    assert sorted(SETUPS) == sorted(SUPPORTED_METHODS)
+
+
+@pytest.mark.parametrize("method", SUPPORTED_METHODS)
+def test_greedy_output_equals_plain_decoding(request, tmp_path, plain_outputs, method):
+    target, llm = _spec_llm(request, tmp_path, method)
+    outs = llm.generate(PROMPTS, SAMPLING, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs(target), method
+    drafted = llm.engine.counters.spec.num_draft_tokens
+    if SETUPS[method].kv_transfer:
+        assert drafted == 0, method
+    else:
+        assert drafted > 0, method
+
+
+@pytest.mark.parametrize("method", SUPPORTED_METHODS)
+def test_abort_mid_flight_leaves_the_other_requests_unchanged(request, tmp_path, plain_outputs, method):
+    """Requests added, one aborted after two steps, the rest run to the end; then the freed slots serve a new
+    batch: every output that finishes is plain decoding's."""
+    target, llm = _spec_llm(request, tmp_path, method)
+    engine = llm.engine
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"r{i}", None, prompt["prompt_token_ids"], SAMPLING)
+    engine.step()
+    engine.step()
+    assert engine.abort_request("r1")
+    done = {}
+    while engine.has_unfinished():
+        done |= {o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished}
+    for rid in [*done, "r1"]:
+        engine.release(rid)
+    expected = plain_outputs(target)
+    assert done == {f"r{i}": expected[i] for i in (0, 2, 3)}, method
+    outs = llm.generate(PROMPTS, SAMPLING, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected, method

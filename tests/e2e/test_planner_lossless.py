@@ -1,0 +1,118 @@
+"""The goodput planner in the engine: whatever lengths it picks, output equals plain decoding (greedy) and follows
+the target's law (sampled); fixed K and the per-batch-size schedule do what they say; its figures are exported."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.test_spec_lossless import _assert_second_token_law, _prompts
+from verispec import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_llama):
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    return [o.outputs[0].token_ids for o in llm.generate(_prompts(16), GREEDY, use_tqdm=False)]
+
+
+def _configs(tiny_draft):
+    return {
+        "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+        "suffix": {"method": "suffix", "num_speculative_tokens": 6},
+        "draft_model": {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3},
+    }
+
+
+@pytest.mark.row_cost(0.03)
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft_model"])
+def test_planned_lengths_keep_greedy_output(tiny_llama, tiny_draft, plain_outputs, method):
+    """A verified row costs 3% of a plain step: the planner verifies some drafts and skips others."""
+    cfg = _configs(tiny_draft)[method]
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    planner, spec = llm.engine.planner, llm.engine.counters.spec
+    assert planner is not None and spec.num_draft_tokens > 0
+    assert 0 < planner.mean_chosen_k < cfg["num_speculative_tokens"]
+
+
+@pytest.mark.row_cost(1.0)
+def test_rows_as_costly_as_a_step_are_not_verified(tiny_llama, plain_outputs):
+    """An extra row costs a whole plain step: no draft pays, only the periodic one-draft probes run."""
+    cfg = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    spec = llm.engine.counters.spec
+    assert spec.num_draft_tokens == spec.num_drafts
+    assert llm.engine.planner.mean_chosen_k < 0.2
+
+
+@pytest.mark.row_cost(0.001)
+def test_planned_lengths_keep_the_target_law(tiny_llama, tiny_draft):
+    """Sampled requests with the planner choosing lengths: the first verified token follows the target's law."""
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 2}
+    llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=1234)
+    _assert_second_token_law(llm)
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_fixed_k_drafts_every_position(tiny_llama, tiny_draft, plain_outputs):
+    """enable_adaptive_verification false: no planner; every speculating step drafts K (less only near the end)."""
+    cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3}
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=16,
+        spec_token_budget=1024,
+        speculative_config=cfg | {"enable_adaptive_verification": False},
+    )
+    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    assert llm.engine.planner is None
+    spec = llm.engine.counters.spec
+    assert spec.num_draft_tokens_per_pos[0] == spec.num_drafts
+    assert spec.num_draft_tokens_per_pos[2] >= spec.num_drafts - 2 * 16
+    assert "verispec:spec_decode_mean_chosen_k" not in {m.name for m in llm.get_metrics()}
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_per_batch_size_schedule_caps_the_drafts(tiny_llama, plain_outputs, adaptive):
+    """num_speculative_tokens_per_batch_size: 2 drafts at batch sizes 1-8, none from 9 (16 requests start at 16)."""
+    cfg = {
+        "method": "ngram",
+        "num_speculative_tokens": 4,
+        "prompt_lookup_max": 3,
+        "num_speculative_tokens_per_batch_size": [[1, 8, 2], [9, 64, 0]],
+        "enable_adaptive_verification": adaptive,
+    }
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    spec = llm.engine.counters.spec
+    assert spec.num_draft_tokens_per_pos[2:] == [0, 0]
+    # every request is decoded at batch 16 first: no drafts then, so fewer drafts than output tokens
+    assert spec.num_drafts < 16 * GREEDY.max_tokens // 2
+    schedule_off = {**cfg, "num_speculative_tokens_per_batch_size": [[1, 64, 0]]}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=schedule_off)
+    llm.generate(_prompts(4), GREEDY, use_tqdm=False)
+    assert llm.engine.counters.spec.num_drafts == 0
+
+
+@pytest.mark.row_cost(None)
+def test_real_profile_and_exported_figures(tiny_llama, tmp_path, monkeypatch):
+    """The start-up profile on the real model (cached under VERISPEC_CACHE), and the planner's gauges."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=4, speculative_config=cfg)
+    cost = llm.engine.planner.step_cost
+    assert cost.rows[:4] == [1, 2, 3, 4] and all(s > 0 for s in cost.seconds)
+    assert list((tmp_path / "step_cost").glob("*.json"))
+    llm.generate(_prompts(4), GREEDY, use_tqdm=False)
+    metrics = {m.name: m for m in llm.get_metrics()}
+    assert metrics["verispec:spec_decode_mean_chosen_k"].value >= 0.0
+    assert metrics["verispec:spec_decode_verified_row_cost"].value >= 0.0
+    line = llm.engine.spec_log.maybe_log(force=True)
+    assert line is None or "Planner: mean chosen K" in line

@@ -1,0 +1,38 @@
+"""Dense (verispec/layers/linear.py): a fused layer's shards and the rows each one loads into."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.layers.linear import Dense
+
+
+@pytest.fixture
+def qkv() -> Dense:
+    return Dense(8, 10, bias=True, shards={"q": 4, "k": 3, "v": 3})
+
+
+def test_shard_rows_follow_the_declared_order(qkv):
+    assert [qkv.shard_rows(s) for s in "qkv"] == [slice(0, 4), slice(4, 7), slice(7, 10)]
+    assert qkv.shard_rows(None) == slice(0, 10)
+    assert Dense(8, 6, shards={0: 2, 1: 4}).shard_rows(1) == slice(2, 6)
+    with pytest.raises(KeyError, match=r"no shard 'x'; its shards: \['q', 'k', 'v'\]"):
+        qkv.shard_rows("x")
+
+
+def test_shards_must_cover_the_rows():
+    with pytest.raises(ValueError, match="do not add up to out_features=10"):
+        Dense(8, 10, shards={"q": 4, "k": 3, "v": 2})
+
+
+def test_weight_loader_fills_only_its_shard(qkv):
+    with torch.no_grad():
+        qkv.weight.zero_()
+    k = torch.randn(3, 8)
+    qkv.weight_loader(qkv.weight, k, "k")
+    qkv.weight_loader(qkv.bias, torch.ones(3), "v")
+    assert torch.equal(qkv.weight[4:7], k) and not qkv.weight[:4].any() and not qkv.weight[7:].any()
+    assert qkv.bias.tolist() == [0.0] * 7 + [1.0] * 3
+    with pytest.raises(ValueError, match=r"^has shape \(4, 8\), expected \(3, 8\)$"):
+        qkv.weight_loader(qkv.weight, torch.zeros(4, 8), "v")

@@ -1,0 +1,167 @@
+"""The goodput planner (verispec/spec/planner.py): allocation, acceptance estimates, probing, schedules."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from verispec.engine.step_cost import StepCostModel
+from verispec.spec.planner import (
+    PROBE_AFTER,
+    AcceptanceModel,
+    DraftPlanner,
+    expected_gains,
+    plan_lengths,
+    schedule_cap,
+)
+
+
+def linear_cost(base: float, per_row: float):
+    return lambda rows: base + per_row * rows
+
+
+def brute_force(gains, step_cost, draft_cost=lambda k: 0.0, max_rows=None):
+    """Every combination of per-request lengths: the best tokens-per-second ratio."""
+    b = len(gains)
+    best, best_rate = None, -1.0
+    for ks in itertools.product(*[range(len(g) + 1) for g in gains]):
+        if max_rows is not None and b + sum(ks) > max_rows:
+            continue
+        tokens = b + sum(sum(g[:k]) for g, k in zip(gains, ks))
+        rate = tokens / (step_cost(b + sum(ks)) + draft_cost(max(ks, default=0)))
+        if rate > best_rate + 1e-12:
+            best, best_rate = list(ks), rate
+    return best, best_rate
+
+
+def rate_of(gains, ks, step_cost, draft_cost=lambda k: 0.0):
+    b = len(gains)
+    tokens = b + sum(sum(g[:k]) for g, k in zip(gains, ks))
+    return tokens / (step_cost(b + sum(ks)) + draft_cost(max(ks, default=0)))
+
+
+def test_expected_gains_are_running_products():
+    assert expected_gains([0.5, 0.5, 1.0]) == [0.5, 0.25, 0.25]
+    assert expected_gains([]) == []
+
+
+def test_free_rows_verify_every_draft_and_costly_rows_none():
+    gains = [expected_gains([0.9] * 4)]
+    # a row costs nothing: draft everything
+    assert plan_lengths(gains, lambda rows: 1.0) == [4]
+    # each extra row costs a whole plain step: no draft pays (gain < 1 per row)
+    assert plan_lengths(gains, lambda rows: float(rows)) == [0]
+
+
+def test_the_plan_matches_brute_force_on_random_batches():
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        b = rng.randint(1, 3)
+        gains = [expected_gains([rng.random() for _ in range(rng.randint(0, 4))]) for _ in range(b)]
+        cost = linear_cost(rng.uniform(0.5, 2.0), rng.uniform(0.0, 0.6))
+        max_rows = rng.choice([None, b + rng.randint(0, 6)])
+        got = plan_lengths(gains, cost, max_rows=max_rows)
+        _, best_rate = brute_force(gains, cost, max_rows=max_rows)
+        assert rate_of(gains, got, cost) == pytest.approx(best_rate, rel=1e-9)
+        assert all(0 <= k <= len(g) for k, g in zip(got, gains))
+        if max_rows is not None:
+            assert b + sum(got) <= max_rows
+
+
+def test_draft_cost_can_make_drafting_not_pay():
+    gains = [expected_gains([0.7] * 4)]
+    cheap = plan_lengths(gains, linear_cost(1.0, 0.05))
+    costly = plan_lengths(gains, linear_cost(1.0, 0.05), draft_cost=lambda k: 0.6 * k)
+    assert cheap == [4]
+    assert costly[0] < cheap[0]
+
+
+def test_likely_requests_get_the_rows_first():
+    gains = [expected_gains([0.95] * 4), expected_gains([0.2] * 4)]
+    ks = plan_lengths(gains, linear_cost(1.0, 0.1))
+    assert ks[0] >= 3 and ks[1] == 0
+
+
+def test_base_rows_count_requests_that_do_not_speculate():
+    gains = [expected_gains([0.5] * 2)]
+    cost = linear_cost(0.0, 1.0)
+    # alone, one row per step: a draft with gain 0.5 costs a whole row
+    assert plan_lengths(gains, cost) == [0]
+    # with rows that are cheap in aggregate (a fixed overhead dominates) it pays
+    assert plan_lengths(gains, lambda rows: 10.0 + 0.1 * rows, base_rows=8) == [2]
+
+
+def test_schedule_cap():
+    schedule = ((1, 4, 4), (5, 16, 2), (17, 64, 0))
+    assert [schedule_cap(schedule, b, 7) for b in (1, 4, 5, 16, 17, 64, 65)] == [4, 4, 2, 2, 0, 0, 7]
+    assert schedule_cap(None, 3, 5) == 5
+
+
+def test_acceptance_learns_a_requests_history():
+    model = AcceptanceModel(num_positions=4)
+    prior = model.conditional("a", 4)
+    for _ in range(30):
+        model.observe("a", 4, 4)
+        model.observe("b", 4, 0)
+    a, b = model.conditional("a", 4), model.conditional("b", 4)
+    assert all(x > y for x, y in zip(a, b))
+    assert a[0] > prior[0] and b[0] < prior[0]
+    assert all(0.0 < x < 1.0 for x in a + b)
+    # a new request starts from the shared (method) estimate
+    c = model.conditional("c", 4)
+    assert b[0] < c[0] < a[0] or c[0] == pytest.approx(model.positions[0].value(), rel=1e-9)
+
+
+def test_positions_past_the_first_rejection_teach_nothing():
+    model = AcceptanceModel(num_positions=4)
+    before = [r.trials for r in model.positions]
+    model.observe("a", 4, 1)
+    after = [r.trials for r in model.positions]
+    assert after[0] > before[0] and after[1] > before[1]
+    assert after[2] == before[2] and after[3] == before[3]
+
+
+def test_confidence_is_calibrated_per_bin():
+    model = AcceptanceModel(num_positions=4)
+    # the proposer says 0.9 but only half of such drafts are accepted
+    for i in range(400):
+        model.observe(f"r{i}", 1, i % 2, confidence=[0.9])
+    est = model.confidence[9].value()
+    assert est == pytest.approx(0.5, abs=0.1)
+    # an untouched bin keeps its centre
+    assert model.confidence[2].value() == pytest.approx(0.25)
+
+
+class FixedCost(StepCostModel):
+    def __init__(self, per_row: float):
+        super().__init__({1: 1.0, 64: 1.0 + 63 * per_row})
+
+
+def test_planner_probes_a_request_it_keeps_skipping():
+    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
+    for _ in range(40):
+        planner.observe("a", 4, 0)
+    chosen = [planner.choose(["a"], [[1, 2, 3, 4]], None, 1, 0.0)[0] for _ in range(PROBE_AFTER + 1)]
+    assert chosen[:PROBE_AFTER] == [0] * PROBE_AFTER
+    assert chosen[PROBE_AFTER] == 1
+
+
+def test_planner_asks_forward_drafters_only_for_what_it_will_verify():
+    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=True, max_rows=64)
+    for _ in range(40):
+        planner.observe("a", 4, 0)
+    assert planner.ask(["a"], [4], 1) == [0]
+    cheap = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
+    assert cheap.ask(["a"], [4], 1) == [4]
+
+
+def test_planner_reports_mean_k_and_row_cost():
+    planner = DraftPlanner(4, FixedCost(0.25), drafter_runs_forward=False, max_rows=64)
+    for _ in range(20):
+        planner.observe("a", 4, 4)
+    planner.choose(["a"], [[1, 2, 3, 4]], None, 1, 0.0)
+    assert planner.mean_chosen_k == 4.0
+    assert planner.verified_row_cost() == pytest.approx(0.25)

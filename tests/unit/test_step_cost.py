@@ -1,0 +1,84 @@
+"""The step-cost model (verispec/engine/step_cost.py): interpolation, online refinement, profile points, cache."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from verispec.engine.step_cost import StepCostModel, load_or_profile, profile_points
+
+
+def test_interpolates_between_and_beyond_profile_points():
+    m = StepCostModel({1: 1.0, 5: 2.0, 9: 4.0})
+    assert m.cost(1) == 1.0
+    assert m.cost(3) == pytest.approx(1.5)
+    assert m.cost(7) == pytest.approx(3.0)
+    assert m.cost(13) == pytest.approx(6.0)
+    assert m.relative(5) == pytest.approx(2.0)
+
+
+def test_online_fit_learns_scale_then_overhead():
+    m = StepCostModel({1: 1.0, 8: 2.0})
+    # one row count only: a pure scale
+    for _ in range(20):
+        m.observe(1, 2.0)
+    assert m.cost(1) == pytest.approx(2.0) and m.cost(8) == pytest.approx(4.0)
+    # steps of both sizes: measured = profile + 1.5 s of per-step overhead
+    for _ in range(400):
+        m.observe(1, 2.5)
+        m.observe(8, 3.5)
+    assert m.a == pytest.approx(1.0, rel=0.02) and m.b == pytest.approx(1.5, rel=0.05)
+    assert m.relative(8) == pytest.approx(3.5 / 2.5, rel=0.02)
+
+
+def test_noise_never_makes_more_rows_cheaper():
+    m = StepCostModel({1: 1.0, 4: 1.5, 8: 2.0})
+    for _ in range(50):
+        m.observe(4, 1.0)
+        m.observe(1, 1.4)
+    assert m.cost(1) <= m.cost(4) <= m.cost(8)
+
+
+def test_rejects_an_empty_or_nonpositive_profile():
+    with pytest.raises(ValueError, match="step-cost profile"):
+        StepCostModel({})
+    with pytest.raises(ValueError, match="step-cost profile"):
+        StepCostModel({1: 0.0})
+
+
+def test_profile_points_cover_every_draft_length_then_double():
+    assert profile_points(4, 32) == [1, 2, 3, 4, 5, 10, 20, 32]
+    assert profile_points(4, 3) == [1, 2, 3]
+    assert profile_points(0, 1) == [1]
+
+
+class FakeRunner:
+    """Counts forwards, each taking 2 ms + 0.2 ms per row; the cache is big enough for the profile's context."""
+
+    class cache:
+        t_alloc = 1024
+
+    device = __import__("torch").device("cpu")
+
+    def __init__(self):
+        self.calls = 0
+
+    def run(self, rows):
+        self.calls += 1
+        time.sleep(0.002 + 0.0002 * sum(len(r.token_ids) for r in rows))
+
+
+def test_profiles_once_per_key_then_reads_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    runner = FakeRunner()
+    model, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-a",))
+    assert not cached and runner.calls > 0
+    assert model.rows == [1, 2, 4]
+    assert model.seconds == sorted(model.seconds)
+    full = runner.calls
+    _, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-a",))
+    # a cached profile costs two spot checks (and the context and warm-up forwards), not a profile
+    assert cached and runner.calls - full < full
+    _, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-b",))
+    assert not cached

@@ -1,0 +1,169 @@
+"""What one decode step costs as a function of the rows it scores, on this device and kernel build.
+
+A short start-up profile times the target's forward at a few row counts (1 .. K + 1 and a doubling ladder up to the
+largest step the engine may run) behind a realistic context; the result is cached per model, device, kernel build
+and thread count. The engine then refines it online from its own step timings: a scale and a per-step overhead
+fitted to the measured steps (which add sampling, Python and context growth to the forward).
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from verispec.engine.model_runner import ModelRunner, RowInput
+
+# per-step decay of the online fit's weights (a memory of about 200 steps)
+_DECAY = 0.995
+_PROFILE_CONTEXT = 256
+_PROFILE_REPEATS = 4
+# after the first round, no more rounds once this much time has gone (a slow or busy machine)
+_PROFILE_BUDGET_S = 1.5
+_MAX_PROFILE_ROWS = 256
+
+
+class StepCostModel:
+    """Seconds of one target step over `rows` scored rows: a * profile(rows) + b.
+
+    profile is the start-up timing of the forward alone (non-decreasing in rows). a and b are fitted online, by
+    least squares with decaying weights, to the engine's measured steps (which add sampling, Python and context
+    growth to the forward): b is the per-step overhead that makes an extra row relatively cheaper, a the drift of
+    the forward itself. Until the steps seen span different row counts, b = 0 and a is the measured / profiled
+    ratio.
+    """
+
+    def __init__(self, profile: dict[int, float]):
+        if not profile or min(profile) < 1 or min(profile.values()) <= 0:
+            raise ValueError(f"a step-cost profile needs positive timings at row counts >= 1, got {profile}")
+        self.rows = sorted(profile)
+        self.seconds = [profile[r] for r in self.rows]
+        self.a, self.b = 1.0, 0.0
+        # decayed sums over the measured steps of: weight, x = profile(rows), y = seconds, x^2, x*y
+        self._sums = [0.0] * 5
+
+    def profiled(self, rows: int) -> float:
+        """The start-up profile, linear between its points and beyond its ends."""
+        xs, ys = self.rows, self.seconds
+        if len(xs) == 1:
+            return ys[0] * rows / xs[0]
+        i = min(max(bisect.bisect_left(xs, rows), 1), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(ys[0], y0 + (y1 - y0) * (rows - x0) / (x1 - x0))
+
+    def cost(self, rows: int) -> float:
+        return self.a * self.profiled(rows) + self.b
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """One measured step over `rows` rows."""
+        x = self.profiled(rows)
+        self._sums = [v * _DECAY + d for v, d in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
+        w, sx, sy, sxx, sxy = self._sums
+        var = sxx / w - (sx / w) ** 2
+        if var > (0.05 * sx / w) ** 2:
+            a = (sxy / w - sx / w * sy / w) / var
+            b = sy / w - a * sx / w
+            if a > 0 and b >= 0:
+                self.a, self.b = a, b
+                return
+        self.a, self.b = sy / sx, 0.0
+
+    def relative(self, rows: int, base_rows: int = 1) -> float:
+        """cost(rows) / cost(base_rows): what scoring more rows costs relative to a plain step."""
+        return self.cost(rows) / self.cost(base_rows)
+
+
+def profile_points(num_speculative_tokens: int, max_rows: int) -> list[int]:
+    """1 .. K + 1, then doubling up to max_rows (at most _MAX_PROFILE_ROWS)."""
+    top = max(1, min(max_rows, _MAX_PROFILE_ROWS))
+    points = set(range(1, min(num_speculative_tokens + 1, top) + 1))
+    r = num_speculative_tokens + 1
+    while r * 2 <= top:
+        r *= 2
+        points.add(r)
+    points.add(top)
+    return sorted(points)
+
+
+@torch.inference_mode()
+def profile_step_cost(
+    runner: ModelRunner, slot: int, points: list[int], repeats: int = _PROFILE_REPEATS
+) -> dict[int, float]:
+    """Time the target's forward over each row count in `points` (best of a few rounds) on a free KV slot, behind a
+    _PROFILE_CONTEXT-token context. The slot's cache is scratch: the next request in it overwrites it."""
+    room = runner.cache.t_alloc - max(points) - 2
+    context = max(0, min(_PROFILE_CONTEXT, room))
+    if context:
+        runner.run([RowInput(slot, 0, [0] * context, logits_from=context - 1)])
+    best = dict.fromkeys(points, float("inf"))
+    runner.run([RowInput(slot, context, [0] * max(points))])
+    # rounds over every point (not repeats of one point), so a burst of load elsewhere spreads over all of them
+    start = time.perf_counter()
+    for i in range(repeats):
+        if i and time.perf_counter() - start > _PROFILE_BUDGET_S:
+            break
+        for rows in points:
+            t = time.perf_counter()
+            runner.run([RowInput(slot, context, [0] * rows)])
+            _sync(runner.device)
+            best[rows] = min(best[rows], time.perf_counter() - t)
+    # more rows never cost less: what looks cheaper is noise
+    out, floor = {}, 0.0
+    for rows in points:
+        floor = max(floor, best[rows])
+        out[rows] = floor
+    return out
+
+
+def load_or_profile(
+    runner: ModelRunner, slot: int, points: list[int], key_parts: tuple
+) -> tuple[StepCostModel, bool]:
+    """The cached profile for this model / device / kernel build / thread count when two spot checks (the smallest
+    and the largest step) still agree with it within 2x, else a fresh one (then cached). -> (model, whether it
+    came from the cache)."""
+    key = hashlib.sha256(repr((key_parts, points, torch.get_num_threads())).encode()).hexdigest()[:24]
+    path = _cache_dir() / f"{key}.json"
+    try:
+        cached = {int(r): float(s) for r, s in json.loads(path.read_text()).items()}
+        model = StepCostModel(cached)
+        check = profile_step_cost(runner, slot, [points[0], points[-1]], repeats=1)
+        if all(0.5 <= check[r] / model.profiled(r) <= 2.0 for r in check):
+            return model, True
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    profile = profile_step_cost(runner, slot, points)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(profile))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return StepCostModel(profile), False
+
+
+def model_fingerprint(path: str | Path) -> tuple:
+    """What identifies a model's weights cheaply: its resolved path, size and modification time."""
+    p = Path(path)
+    try:
+        files = [p] if p.is_file() else sorted(p.glob("*.safetensors")) + sorted(p.glob("*.gguf"))
+        return (str(p.resolve()), tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    except OSError:
+        return (str(p),)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("VERISPEC_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "verispec"
+    )
+    return Path(root) / "step_cost"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

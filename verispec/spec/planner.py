@@ -1,0 +1,283 @@
+"""Goodput planner: how many drafts each request verifies this step.
+
+Verifying a draft costs a target row; it pays only if the draft is likely to be accepted and the extra row is cheap
+on the hardware at hand. Every step the planner picks per-request draft lengths that maximise expected committed
+tokens per second for the whole batch:
+
+    maximise  (B + sum_b sum_{i <= k_b} P(drafts 1..i of b accepted)) / (C(B + sum_b k_b) + D)
+
+with C the measured cost of a target step over that many rows (engine/step_cost.py) and D the drafting cost. The
+probabilities of a request's drafts decrease with depth, so the best allocation of n extra rows takes the n largest
+probabilities over the batch; the planner scans n and keeps the best ratio (exact for this objective).
+
+`AcceptanceModel` estimates the conditional acceptance P(draft i accepted | drafts before it accepted) online: a
+base rate per draft position (or per confidence bin when the proposer says how sure it is, as suffix decoding does),
+learned across requests, times a per-request factor from the request's own recent history.
+
+Everything here is plain Python on host numbers: no tensors, no model, tested on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+# conditional acceptance estimates stay inside (floor, ceiling): a draft is never certain, nor hopeless
+_FLOOR, _CEILING = 0.01, 0.98
+_CONF_BINS = 10
+
+
+def expected_gains(cond: Sequence[float]) -> list[float]:
+    """Conditional acceptance rates of drafts 1..k -> P(drafts 1..i all accepted) for i = 1..k (non-increasing):
+    the expected extra tokens the i-th draft adds."""
+    out, p = [], 1.0
+    for a in cond:
+        p *= a
+        out.append(p)
+    return out
+
+
+def plan_lengths(
+    gains: Sequence[Sequence[float]],
+    step_cost: Callable[[int], float],
+    draft_cost: Callable[[int], float] = lambda k: 0.0,
+    max_rows: int | None = None,
+    base_rows: int | None = None,
+) -> list[int]:
+    """Per-request draft lengths maximising expected tokens per second.
+
+    gains[b][i]: expected extra tokens of request b's (i+1)-th draft (non-increasing in i: `expected_gains`);
+    len(gains[b]) is its cap. step_cost(rows): seconds of one target step scoring that many rows (B rows for a
+    plain step). draft_cost(k): seconds of drafting when the longest draft is k (0 for k = 0). max_rows: most rows
+    the step may score. base_rows: the step's rows without drafts (default B; more when requests that do not
+    speculate share the step). Returns k_b in [0, len(gains[b])]; all zero when speculating does not pay.
+    """
+    b = len(gains)
+    base = b if base_rows is None else base_rows
+    room = sum(len(g) for g in gains)
+    if max_rows is not None:
+        room = min(room, max(0, max_rows - base))
+    # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
+    order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])[:room]
+    best_n, best_rate = 0, base / (step_cost(base) + draft_cost(0))
+    tokens, longest, taken = float(base), 0, [0] * b
+    for n, (g, i) in enumerate(order, start=1):
+        tokens += g
+        taken[i] += 1
+        longest = max(longest, taken[i])
+        rate = tokens / (step_cost(base + n) + draft_cost(longest))
+        if rate > best_rate:
+            best_n, best_rate = n, rate
+    lengths = [0] * b
+    for _, i in order[:best_n]:
+        lengths[i] += 1
+    return lengths
+
+
+def schedule_cap(schedule: Sequence[Sequence[int]] | None, batch_size: int, default: int) -> int:
+    """num_speculative_tokens_per_batch_size: the K of the first [start_bs, end_bs, K] range holding batch_size;
+    `default` (num_speculative_tokens) outside every range or without a schedule."""
+    for start, end, k in schedule or ():
+        if start <= batch_size <= end:
+            return k
+    return default
+
+
+@dataclass
+class _Rate:
+    """A decayed success count with a prior: (hits + prior * strength) / (trials + strength)."""
+
+    prior: float
+    strength: float = 2.0
+    hits: float = 0.0
+    trials: float = 0.0
+
+    def value(self) -> float:
+        return (self.hits + self.prior * self.strength) / (self.trials + self.strength)
+
+    def observe(self, hit: bool, decay: float) -> None:
+        self.hits = self.hits * decay + float(hit)
+        self.trials = self.trials * decay + 1.0
+
+
+@dataclass
+class _RequestHistory:
+    # per draft position, decayed accepted drafts and the shared estimate's predictions for them: the request's
+    # correction there is their ratio
+    accepted: list[float] = field(default_factory=list)
+    predicted: list[float] = field(default_factory=list)
+    # speculating steps in a row that verified no draft (probing after PROBE_AFTER of them)
+    idle_steps: int = 0
+
+
+@dataclass
+class AcceptanceModel:
+    """Online estimates of conditional draft acceptance: a shared estimate per draft position, or per
+    proposer-confidence bin (learned across requests: the method's prior), times a per-request, per-position
+    correction (accepted / predicted over the request's recent drafts, shrunk towards 1)."""
+
+    num_positions: int
+    prior: float = 0.6
+    # per-step decay of the shared and per-request counts (effective memories of ~200 and ~10 steps)
+    shared_decay: float = 0.995
+    request_decay: float = 0.9
+    request_strength: float = 2.0
+    positions: list[_Rate] = field(default_factory=list)
+    confidence: list[_Rate] = field(default_factory=list)
+    requests: dict[str, _RequestHistory] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.positions = [_Rate(self.prior) for _ in range(self.num_positions)]
+        # a bin's prior is its centre: a calibrated proposer needs no correction
+        self.confidence = [_Rate((j + 0.5) / _CONF_BINS) for j in range(_CONF_BINS)]
+
+    def _base(self, pos: int, conf: float | None) -> float:
+        if conf is not None:
+            return self.confidence[_bin(conf)].value()
+        return self.positions[min(pos, self.num_positions - 1)].value()
+
+    def _history(self, request_id: str) -> _RequestHistory:
+        h = self.requests.get(request_id)
+        if h is None:
+            n = self.num_positions
+            h = self.requests[request_id] = _RequestHistory([0.0] * n, [0.0] * n)
+        return h
+
+    def factor(self, request_id: str, pos: int) -> float:
+        """The request's correction at draft position `pos` (1.0 without history)."""
+        h = self.requests.get(request_id)
+        if h is None or not h.accepted:
+            return 1.0
+        i, m = min(pos, self.num_positions - 1), self.request_strength
+        return (h.accepted[i] + m) / (h.predicted[i] + m)
+
+    def conditional(self, request_id: str, k: int, confidence: Sequence[float] | None = None) -> list[float]:
+        """Estimated P(draft i accepted | drafts before it accepted) for i = 1..k."""
+        conf = list(confidence or ())
+        out = []
+        for i in range(k):
+            base = self._base(i, conf[i] if i < len(conf) else None)
+            out.append(min(_CEILING, max(_FLOOR, base * self.factor(request_id, i))))
+        return out
+
+    def observe(
+        self, request_id: str, num_drafts: int, num_accepted: int, confidence: Sequence[float] | None = None
+    ) -> None:
+        """A verified chain: drafts 1..num_accepted accepted, draft num_accepted + 1 (if any) rejected."""
+        if num_drafts == 0:
+            return
+        h = self._history(request_id)
+        conf = list(confidence or ())
+        # positions past the first rejection were never judged: they teach nothing
+        for i in range(min(num_drafts, num_accepted + 1)):
+            c = conf[i] if i < len(conf) else None
+            j = min(i, self.num_positions - 1)
+            hit = i < num_accepted
+            h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
+            h.predicted[j] = h.predicted[j] * self.request_decay + self._base(i, c)
+            rate = self.confidence[_bin(c)] if c is not None else self.positions[j]
+            rate.observe(hit, self.shared_decay)
+
+    def remove(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+
+def _bin(conf: float) -> int:
+    return min(_CONF_BINS - 1, max(0, int(conf * _CONF_BINS)))
+
+
+# a request whose drafts the planner skipped this many speculating steps in a row verifies one draft (a probe):
+# without it a request that once looked hopeless would never show that it has become predictable
+PROBE_AFTER = 16
+
+
+class DraftPlanner:
+    """The engine's per-step draft-length decisions: an AcceptanceModel, the target's StepCostModel
+    (engine/step_cost.py) and the drafting cost the engine measures, brought together by `plan_lengths`."""
+
+    def __init__(self, num_speculative_tokens: int, step_cost, drafter_runs_forward: bool, max_rows: int):
+        self.k = num_speculative_tokens
+        self.acceptance = AcceptanceModel(max(1, num_speculative_tokens))
+        self.step_cost = step_cost
+        self.runs_forward = drafter_runs_forward
+        self.max_rows = max_rows
+        # drafting seconds by the longest draft asked for (moving averages)
+        self.draft_seconds: dict[int, float] = {}
+        # what the planner chose, for the mean chosen K
+        self.planned_tokens = 0
+        self.planned_drafts = 0
+
+    def draft_cost(self, k: int) -> float:
+        """Estimated drafting seconds when the longest draft is k: measured, or scaled from the nearest measured k
+        (drafting runs one forward per draft token), 0 before any measurement."""
+        if k == 0 or not self.draft_seconds:
+            return 0.0
+        if k in self.draft_seconds:
+            return self.draft_seconds[k]
+        near = min(self.draft_seconds, key=lambda j: abs(j - k))
+        return self.draft_seconds[near] * k / near if near else 0.0
+
+    def observe_draft_time(self, k: int, seconds: float) -> None:
+        old = self.draft_seconds.get(k)
+        self.draft_seconds[k] = seconds if old is None else old + 0.2 * (seconds - old)
+
+    def ask(self, request_ids: list[str], caps: list[int], batch_rows: int) -> list[int]:
+        """How many drafts to ask each request's proposer for. A drafter without a forward of its own drafts up to
+        the caps (cheap; its drafts' confidence refines the choice after); one with a forward gets the lengths the
+        planner would verify, from the requests' histories, so it never drafts what will not be verified."""
+        if not self.runs_forward:
+            return caps
+        gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
+        lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
+        return self._probe(request_ids, lengths, caps, count=False)
+
+    def choose(
+        self,
+        request_ids: list[str],
+        drafts: list[list[int]],
+        confidence: list[list[float]] | None,
+        batch_rows: int,
+        draft_seconds: float,
+    ) -> list[int]:
+        """How many of each request's drafts to verify this step (drafting is paid already: draft_seconds)."""
+        conf = confidence or [None] * len(drafts)
+        gains = [
+            expected_gains(self.acceptance.conditional(rid, len(d), c))
+            for rid, d, c in zip(request_ids, drafts, conf)
+        ]
+        lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
+        lengths = self._probe(request_ids, lengths, [len(d) for d in drafts], count=True)
+        self.planned_tokens += sum(lengths)
+        self.planned_drafts += len(lengths)
+        return lengths
+
+    def _probe(self, request_ids: list[str], lengths: list[int], caps: list[int], count: bool) -> list[int]:
+        out = list(lengths)
+        for i, (rid, k, cap) in enumerate(zip(request_ids, lengths, caps)):
+            h = self.acceptance._history(rid)
+            if k > 0 or cap == 0:
+                if count:
+                    h.idle_steps = 0
+            elif h.idle_steps >= PROBE_AFTER:
+                out[i] = 1
+                if count:
+                    h.idle_steps = 0
+            elif count:
+                h.idle_steps += 1
+        return out
+
+    def observe(self, request_id: str, num_drafts: int, num_accepted: int, confidence=None) -> None:
+        self.acceptance.observe(request_id, num_drafts, num_accepted, confidence)
+
+    def remove(self, request_id: str) -> None:
+        self.acceptance.remove(request_id)
+
+    def verified_row_cost(self) -> float:
+        """What one more scored row costs relative to a plain batch-1 step, over num_speculative_tokens rows:
+        (C(1 + K) - C(1)) / (K * C(1)); 0.2 means verifying 4 drafts costs 1.8x a plain step."""
+        k = max(1, self.k)
+        return max(0.0, self.step_cost.relative(1 + k) - 1.0) / k
+
+    @property
+    def mean_chosen_k(self) -> float:
+        return self.planned_tokens / self.planned_drafts if self.planned_drafts else 0.0
