@@ -5,11 +5,15 @@ timed runs (median reported: this VM drifts run to run); verispec's batch sizes 
 and the batch-8 / batch-1 ratio is taken within each round (median over rounds). Prints a table and writes JSON.
 Rows: verispec as it runs by default (GGUF weights kept quantized, native kernels), verispec with every weight
 dequantized to float32 (keep_quantized=False: what transformers holds), and transformers.
+verispec with int8 activations (activation_dtype="int8", llama.cpp's numerics) takes its turns in the same rounds as
+the default (float32 activations), and a second table puts the two side by side: end to end, decode only and
+prompt processing (prompt tokens / seconds in prompt steps), each ratio taken within a round (median over rounds).
+On a CPU without the int8 instructions that table is skipped with the reason (--no-int8 skips it anyway).
 Two rooflines (measured read bandwidth / bytes streamed per token, embedding table excluded): the float32 one (the
 model as transformers holds it) and the one for the bytes verispec actually streams.
 With llama-cpp-python installed (benchmarks/llama_cpp_peer.py), llama.cpp on the same GGUF at batch 1 too.
     .venv/bin/python benchmarks/decode_speed.py [--model smollm2-135m-instruct] [--new-tokens 128] [--repeats 3]
-        [--no-transformers] [--no-llama-cpp]
+        [--no-transformers] [--no-llama-cpp] [--no-int8]
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def encode_prompt(tok, text: str) -> list[int]:
 
 def verispec_run(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float, float, float]:
     """One timed generate -> (end-to-end tok/s, decode-only tok/s: tokens of decode steps / time in decode steps,
-    seconds in prompt processing)."""
+    seconds in prompt processing: sum(len(p) for p in prompts) prompt tokens)."""
     from verispec import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -81,19 +85,22 @@ def verispec_run(llm, prompts: list[list[int]], new_tokens: int) -> tuple[float,
 
 
 def bench_verispec(
-    llm, batches: dict[int, list[list[int]]], new_tokens: int, repeats: int
-) -> dict[int, list[tuple[float, float, float]]]:
-    """batch size -> its timed runs (verispec_run's triples). Every batch first runs once untimed (the KV cache
-    pages its slots and positions use are touched: first touch zeroes them in the kernel, a one-off start-up cost,
-    so the timed runs are the steady state a server sees); then the batches take turns, one timed run each per
-    round, so the VM's drift over the minutes a run takes falls on every batch alike and a ratio between batches
-    can be taken within a round."""
-    runs: dict[int, list[tuple[float, float, float]]] = {b: [] for b in batches}
-    for ps in batches.values():
-        verispec_run(llm, ps, new_tokens)
+    llm, batches: dict[int, list[list[int]]], new_tokens: int, repeats: int, others: tuple = ()
+) -> list[dict[int, list[tuple[float, float, float]]]]:
+    """batch size -> its timed runs (verispec_run's triples), for `llm` and then each of `others`. Every LLM and
+    batch first runs once untimed (the KV cache pages its slots and positions use are touched: first touch zeroes
+    them in the kernel, a one-off start-up cost, so the timed runs are the steady state a server sees); then the
+    LLMs and batches take turns, one timed run each per round, so the VM's drift over the minutes a run takes falls
+    on every one alike and a ratio between batches (or LLMs) can be taken within a round."""
+    llms = (llm, *others)
+    runs: list[dict[int, list[tuple[float, float, float]]]] = [{b: [] for b in batches} for _ in llms]
+    for one in llms:
+        for ps in batches.values():
+            verispec_run(one, ps, new_tokens)
     for _ in range(repeats):
-        for b, ps in batches.items():
-            runs[b].append(verispec_run(llm, ps, new_tokens))
+        for one, out in zip(llms, runs):
+            for b, ps in batches.items():
+                out[b].append(verispec_run(one, ps, new_tokens))
     return runs
 
 
@@ -126,6 +133,41 @@ def bench_transformers(
     return statistics.median(e2e), statistics.median(dec)
 
 
+def int8_vs_float32(
+    rows: list[dict], runs: dict, i8_runs: dict | None, isa: str | None, skipped: str
+) -> dict:
+    """Print int8 activations against float32 activations (the same quantized weights), per batch: medians of each
+    and the median over rounds of the within-round ratio, end to end, decode only and prompt processing."""
+    if i8_runs is None:
+        print(f"int8 activations skipped: {skipped}")
+        return {"skipped": skipped}
+    print(f"int8 activations ({isa}) against float32 activations, same weights, same rounds (medians):")
+    print(
+        f"{'batch':>5} {'f32 tok/s':>10} {'int8 tok/s':>11} {'x':>6} {'f32 decode':>11} {'int8 decode':>12} "
+        f"{'x':>6} {'f32 prompt tok/s':>17} {'int8 prompt tok/s':>18} {'x':>6}"
+    )
+    out = {"isa": isa, "batches": {}}
+    for r in rows:
+        b, n = r["batch"], r["prompt_tokens"]
+        f, i = runs[b], i8_runs[b]
+        # ratios within each round; prompt speed is prompt tokens / prompt seconds, so its ratio is f32 s / int8 s
+        ratio = [statistics.median(y[k] / x[k] for x, y in zip(f, i)) for k in (0, 1)]
+        ratio.append(statistics.median(x[2] / y[2] for x, y in zip(f, i)))
+        med = {k: (median_of(f, j), median_of(i, j)) for j, k in enumerate(("e2e", "decode", "prompt_s"))}
+        pf, pi = n / med["prompt_s"][0], n / med["prompt_s"][1]
+        out["batches"][b] = {
+            "medians_f32_int8": med,
+            "prompt_tok_s": (pf, pi),
+            "ratios": ratio,
+            "prompt_tokens": n,
+        }
+        print(
+            f"{b:>5} {med['e2e'][0]:>10.1f} {med['e2e'][1]:>11.1f} {ratio[0]:>5.2f}x {med['decode'][0]:>11.1f} "
+            f"{med['decode'][1]:>12.1f} {ratio[1]:>5.2f}x {pf:>17.0f} {pi:>18.0f} {ratio[2]:>5.2f}x"
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -135,6 +177,7 @@ def main() -> None:
     ap.add_argument(
         "--no-llama-cpp", action="store_true", help="skip llama.cpp even if llama-cpp-python is here"
     )
+    ap.add_argument("--no-int8", action="store_true", help="skip the int8-activation runs")
     ap.add_argument(
         "--repeats",
         type=int,
@@ -144,9 +187,16 @@ def main() -> None:
     ap.add_argument("--output", default="bench_results/decode_speed.json")
     args = ap.parse_args()
     from verispec import LLM, SamplingParams
+    from verispec.kernels.build import int8_isa
     from verispec.loader.checkpoint import resolve_model_path
 
     llm = LLM(args.model, max_model_len=1024, max_num_seqs=8)
+    llm_i8, i8_skipped = None, "--no-int8"
+    if not args.no_int8:
+        try:
+            llm_i8 = LLM(args.model, max_model_len=1024, max_num_seqs=8, activation_dtype="int8")
+        except ValueError as e:
+            i8_skipped = str(e)
     llm_f32 = LLM(args.model, max_model_len=1024, max_num_seqs=8, keep_quantized=False)
     tok = llm.tokenizer
     prompts = [encode_prompt(tok, p) for p in PROMPTS]
@@ -167,8 +217,9 @@ def main() -> None:
         ).eval()
     sizes = [int(x) for x in args.batches.split(",")]
     batches = {b: (prompts * (b // len(prompts) + 1))[:b] for b in sizes}
-    runs = bench_verispec(llm, batches, args.new_tokens, args.repeats)
-    f32_runs = bench_verispec(llm_f32, batches, args.new_tokens, 1)
+    runs, *i8 = bench_verispec(llm, batches, args.new_tokens, args.repeats, (llm_i8,) if llm_i8 else ())
+    i8_runs = i8[0] if i8 else None
+    (f32_runs,) = bench_verispec(llm_f32, batches, args.new_tokens, 1)
     rows = []
     for b, ps in batches.items():
         ours, ours_dec, ours_pre = (median_of(runs[b], i) for i in range(3))
@@ -190,6 +241,8 @@ def main() -> None:
                 "fraction_of_roofline": ours / roofline if b == 1 else None,
                 "fraction_of_own_roofline": ours / roofline_ours if b == 1 else None,
                 "verispec_runs": runs[b],
+                "prompt_tokens": sum(len(p) for p in ps),
+                "verispec_int8_runs": i8_runs[b] if i8_runs else None,
             }
         )
     print(
@@ -222,6 +275,7 @@ def main() -> None:
             f"{r['batch']:>5} {r['verispec_decode_tok_s']:>15.1f} {'':>14} {t:>13} {s:>8} "
             f"{1e3 * r['verispec_prefill_s']:>15.1f}"
         )
+    int8_table = int8_vs_float32(rows, runs, i8_runs, int8_isa() if i8_runs else None, i8_skipped)
     peer = None
     if (
         not args.no_llama_cpp
@@ -229,7 +283,7 @@ def main() -> None:
         and resolve_model_path(args.model).suffix == ".gguf"
     ):
         model = llama_cpp_peer.load(resolve_model_path(args.model), torch.get_num_threads())
-        e2e, dec, out = llama_cpp_peer.decode_speed(model, prompts[0], args.new_tokens, args.repeats)
+        e2e, dec, out, pre = llama_cpp_peer.decode_speed(model, prompts[0], args.new_tokens, args.repeats)
         first = (
             llm.generate(
                 [{"prompt_token_ids": prompts[0]}],
@@ -240,12 +294,25 @@ def main() -> None:
             .token_ids
         )
         a = rows[0]
-        peer = {"tok_s": e2e, "decode_tok_s": dec, "same_greedy_tokens": out == first}
+        peer = {"tok_s": e2e, "decode_tok_s": dec, "prompt_tok_s": pre, "same_greedy_tokens": out == first}
         print(
             f"llama.cpp (llama-cpp-python, batch 1): {e2e:.1f} tok/s end to end (verispec "
             f"{a['verispec_tok_s'] / e2e:.2f}x), {dec:.1f} tok/s decode only (verispec "
             f"{a['verispec_decode_tok_s'] / dec:.2f}x); same greedy tokens as verispec: {out == first}"
         )
+        # batch 1 is prompts[0] alone in every verispec run: its prompt speed against llama.cpp's on that prompt
+        line = f"  prompt: llama.cpp {pre:.0f} tok/s, verispec float32 activations {a['prompt_tokens'] / a['verispec_prefill_s']:.0f}"
+        if i8_runs:
+            i8_pre = a["prompt_tokens"] / median_of(i8_runs[a["batch"]], 2)
+            sp = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
+            i8_out = (
+                llm_i8.generate([{"prompt_token_ids": prompts[0]}], sp, use_tqdm=False)[0]
+                .outputs[0]
+                .token_ids
+            )
+            peer.update(verispec_int8_prompt_tok_s=i8_pre, same_greedy_tokens_as_int8=out == i8_out)
+            line += f", int8 activations {i8_pre:.0f}; same greedy tokens as verispec int8: {out == i8_out}"
+        print(line)
     elif not args.no_llama_cpp:
         print("llama.cpp peer skipped: llama-cpp-python is not installed (benchmarks/llama_cpp_peer.py)")
     ratios = {}
@@ -278,6 +345,7 @@ def main() -> None:
                 "rows": rows,
                 "batch_ratio": ratios,
                 "llama_cpp_batch1": peer,
+                "int8_vs_float32": int8_table,
                 "cpu_count": os.cpu_count(),
             },
             indent=2,

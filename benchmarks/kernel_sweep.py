@@ -1,13 +1,18 @@
-"""Matmul throughput by row count: verispec's quantized kernel vs MKL float32 on the same (dequantized) weights.
+"""Matmul throughput by row count: verispec's quantized kernels (float32 activations, and int8 activations:
+activation_dtype="int8") vs MKL float32 on the same (dequantized) weights.
 
 For M rows (1 = batch-1 decode, 5 = verifying 4 drafts, 8 = batch-8 decode, 256 = a prompt), one sweep over every
 quantized projection of the decoder layers, in layer order so the weights come from memory as in a real step, and
-the LM head separately; best of --reps sweeps. Prints ms per sweep and GMAC/s and writes JSON.
+the LM head separately; best of --reps sweeps, every kernel's sweeps taking turns. Prints ms per sweep and GMAC/s and writes JSON.
+The int8 columns run the same weights in the int8 kernels' layouts (q4v / q8v) with the variant --int8-isa names
+(default: the best this CPU has; `all`: one column group per variant it runs; `none`: no int8 columns); the last
+lines give each kernel's cost of M rows against 1 row (verifying 4 drafts is M = 5).
 --baseline REF / --baseline-isa ISA add the kernels of git revision REF (built from its sources) or of another
 build of these sources (avx512, avx2: e.g. the FMA kernels against the AMX ones), swept in the same process on the
-same weights (in the layout each build reads): an A/B that this VM's run-to-run drift cannot blur.
+same weights (in the layout each build reads): an A/B that this VM's run-to-run drift cannot blur (with int8 columns,
+the baseline's int8 kernel too, on the first --int8-isa variant).
     .venv/bin/python benchmarks/kernel_sweep.py [--model smollm2-135m-instruct] [--rows 1,2,4,5,8,16,64,256]
-        [--baseline REF] [--baseline-isa avx512]
+        [--baseline REF] [--baseline-isa avx512] [--int8-isa best|all|none|amx-int8|avx512vnni|avxvnni]
 """
 
 from __future__ import annotations
@@ -23,13 +28,16 @@ from pathlib import Path
 import torch
 
 
-def best_sweep(fns, reps: int) -> float:
-    best = float("inf")
+def best_sweeps(sweeps: dict[str, list], reps: int) -> dict[str, float]:
+    """name -> the best of reps timings of one sweep (its functions called in order). The sweeps take turns, one
+    timing each per round, so a busy spell of this shared VM falls on all of them alike."""
+    best = {name: float("inf") for name in sweeps}
     for _ in range(reps):
-        t = time.perf_counter()
-        for f in fns:
-            f()
-        best = min(best, time.perf_counter() - t)
+        for name, fns in sweeps.items():
+            t = time.perf_counter()
+            for f in fns:
+                f()
+            best[name] = min(best[name], time.perf_counter() - t)
     return best
 
 
@@ -53,11 +61,46 @@ def baseline_kernels(ref: str | None, isa: str):
                     raise SystemExit(2)
                 paths.append(Path(tmp) / src.name)
                 paths[-1].write_bytes(show.stdout)
+            # the headers the sources include, where that revision has them (older ones have none)
+            for header in (build.HEADER, build.HEADER.with_name("qgemm_i8_vnni.h")):
+                show = subprocess.run(
+                    ["git", "show", f"{ref}:{header.relative_to(root)}"], cwd=root, capture_output=True
+                )
+                if show.returncode == 0:
+                    (Path(tmp) / header.name).write_bytes(show.stdout)
             lib = build.build_qgemm(isa, tuple(paths[: len(build.SOURCES)]))  # compiled into the kernel cache
     if lib is None:
         print(f"baseline {ref or 'this checkout'} ({isa}): its kernels did not build", file=sys.stderr)
         raise SystemExit(2)
     return lib
+
+
+def int8_variants(choice: str, lib) -> list[str]:
+    """The int8 variants to sweep: `best` (this CPU's choice), `all` (every one it runs), `none`, or one by name;
+    an empty list, with a line saying why, where the CPU has none."""
+    from verispec.kernels import build
+
+    if choice == "none":
+        return []
+    best = build.int8_isa(lib)
+    if best is None:
+        print(
+            "int8 columns skipped: this CPU has no AVX512-VNNI, AVX-VNNI or AMX-INT8 (or no kernel library)"
+        )
+        return []
+    if choice == "best":
+        return [best]
+    usable = []
+    for name, (code, need) in build.INT8_ISAS.items():
+        if need <= build._cpu_flags() and lib.qgemm_i8_isas() >> code & 1:
+            if name != "amx-int8" or lib.i8_amx_init():
+                usable.append(name)
+    if choice == "all":
+        return usable
+    if choice not in usable:
+        print(f"--int8-isa {choice}: not one this CPU runs ({', '.join(usable)})", file=sys.stderr)
+        raise SystemExit(2)
+    return [choice]
 
 
 def main() -> None:
@@ -69,6 +112,7 @@ def main() -> None:
     ap.add_argument(
         "--baseline-isa", choices=["avx2", "avx512", "amx"], help="build of the baseline (default: ours)"
     )
+    ap.add_argument("--int8-isa", default="best", help="best | all | none | a variant of build.INT8_ISAS")
     ap.add_argument("--output", default="bench_results/kernel_sweep.json")
     args = ap.parse_args()
     from verispec import LLM
@@ -94,21 +138,44 @@ def main() -> None:
     base_qws = [q.for_kernels(base) for q in qws] if base else []
     base_head = head.for_kernels(base) if base and head is not None else None
     macs_per_row = sum(q.shape[0] * q.shape[1] for q in qws)
+    i8_isas = int8_variants(args.int8_isa, ours_lib)
+    # the int8 layouts; a weight whose shape has none (N not a multiple of 16) keeps float32 activations, as in a model
+    i8_qws = [q.for_int8() or q for q in qws] if i8_isas else []
+    i8_head = (head.for_int8() or head) if i8_isas and head is not None else None
     rows = []
     print(
         f"model={args.model} weights={len(qws)} threads={torch.get_num_threads()} kernels={ours_lib.isa} "
         f"(layers; LM head {head.fmt if head is not None else 'float32'} in its own column)"
     )
     extra = f" {label + ' ms':>18} {'x':>5} {'head ms':>8} {'x':>5}" if base else ""
+    if base is not None and i8_isas and hasattr(base, "qgemm_i8"):
+        extra += f" {'base int8 ms':>15} {'x':>5}"
+    extra += "".join(f" {isa + ' ms':>16} {'GMAC/s':>7} {'head ms':>8}" for isa in i8_isas)
     print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7} {'head ms':>8}{extra}")
     for m in [int(x) for x in args.rows.split(",")]:
         xs = {k: torch.randn(m, k) for k in {q.shape[1] for q in qws}}
-        ours = best_sweep([lambda q=q, x=xs[q.shape[1]]: q.matmul(x) for q in qws], args.reps)
-        mkl = best_sweep(
-            [lambda w=w, x=xs[w.shape[1]]: torch.nn.functional.linear(x, w) for w in dense], args.reps
-        )
         xh = torch.randn(m, head.shape[1]) if head is not None else None
-        ours_head = best_sweep([lambda x=xh: head.matmul(x)], args.reps) if head is not None else float("nan")
+        sweeps = {
+            "qgemm": [lambda q=q, x=xs[q.shape[1]]: q.matmul(x) for q in qws],
+            "mkl": [lambda w=w, x=xs[w.shape[1]]: torch.nn.functional.linear(x, w) for w in dense],
+            "head": [lambda x=xh: head.matmul(x)] if head is not None else [],
+        }
+        if base is not None:
+            sweeps["baseline"] = [lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base) for q in base_qws]
+            sweeps["baseline_head"] = [lambda x=xh: base_head.matmul(x, base)] if base_head else []
+        if base is not None and i8_isas and hasattr(base, "qgemm_i8"):
+            sweeps["baseline_int8"] = [
+                lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base, i8_isas[0]) for q in i8_qws
+            ]
+        for isa in i8_isas:
+            sweeps[f"int8_{isa}"] = [
+                lambda q=q, x=xs[q.shape[1]], isa=isa: q.matmul(x, ours_lib, isa) for q in i8_qws
+            ]
+            sweeps[f"int8_{isa}_head"] = (
+                [lambda x=xh, isa=isa: i8_head.matmul(x, ours_lib, isa)] if i8_head is not None else []
+            )
+        t = {k: (v if sweeps[k] else float("nan")) for k, v in best_sweeps(sweeps, args.reps).items()}
+        ours, mkl, ours_head = t["qgemm"], t["mkl"], t["head"]
         r = {"rows": m, "qgemm_s": ours, "mkl_f32_s": mkl, "qgemm_gmacs": m * macs_per_row / ours / 1e9,
              "mkl_f32_gmacs": m * macs_per_row / mkl / 1e9, "head_s": ours_head}  # fmt: skip
         line = (
@@ -116,16 +183,41 @@ def main() -> None:
             f" {ours_head * 1e3:>8.2f}"
         )
         if base is not None:
-            r["baseline_s"] = best_sweep(
-                [lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base) for q in base_qws], args.reps
-            )
-            r["baseline_head_s"] = (
-                best_sweep([lambda x=xh: base_head.matmul(x, base)], args.reps) if base_head else float("nan")
-            )
+            r["baseline_s"], r["baseline_head_s"] = t["baseline"], t["baseline_head"]
             line += f" {r['baseline_s'] * 1e3:>18.1f} {r['baseline_s'] / ours:>4.2f}x"
             line += f" {r['baseline_head_s'] * 1e3:>8.2f} {r['baseline_head_s'] / ours_head:>4.2f}x"
+        if "baseline_int8" in t:
+            r["baseline_int8_s"] = t["baseline_int8"]
+            line += (
+                f" {t['baseline_int8'] * 1e3:>15.1f} {t['baseline_int8'] / t[f'int8_{i8_isas[0]}']:>4.2f}x"
+            )
+        for isa in i8_isas:
+            r[f"int8_{isa}_s"], r[f"int8_{isa}_head_s"] = t[f"int8_{isa}"], t[f"int8_{isa}_head"]
+            r[f"int8_{isa}_gmacs"] = m * macs_per_row / r[f"int8_{isa}_s"] / 1e9
+            line += f" {r[f'int8_{isa}_s'] * 1e3:>16.1f} {r[f'int8_{isa}_gmacs']:>7.1f}"
+            line += f" {r[f'int8_{isa}_head_s'] * 1e3:>8.2f}"
         rows.append(r)
         print(line)
+    by_rows = {r["rows"]: r for r in rows}
+    if 1 in by_rows:
+        print("cost of M rows / 1 row (layers; layers + LM head):")
+        kernels = [("float32 act", "qgemm_s", "head_s")] + [
+            (isa, f"int8_{isa}_s", f"int8_{isa}_head_s") for isa in i8_isas
+        ]
+        for name, key, hkey in kernels:
+            one, one_h = by_rows[1][key], by_rows[1][key] + by_rows[1][hkey]
+            ratios = ", ".join(
+                f"M={m} {r[key] / one:.2f}x ({(r[key] + r[hkey]) / one_h:.2f}x)"
+                for m, r in by_rows.items()
+                if m > 1
+            )
+            print(f"  {name:<12} {ratios}")
+        if i8_isas:
+            isa = i8_isas[0]
+            speedups = ", ".join(
+                f"M={m} {r['qgemm_s'] / r[f'int8_{isa}_s']:.2f}x" for m, r in by_rows.items()
+            )
+            print(f"int8 ({isa}) against float32 activations, same rows (layers): {speedups}")
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(
         json.dumps(
@@ -134,6 +226,7 @@ def main() -> None:
                 "kernels": ours_lib.isa,
                 "baseline": args.baseline,
                 "baseline_isa": args.baseline_isa,
+                "int8_isas": i8_isas,
                 "rows": rows,
             },
             indent=2,

@@ -76,13 +76,16 @@ def run(model, prompts: list[list[int]], max_tokens: int, eos: set[int]) -> tupl
     return time.perf_counter() - t, outs
 
 
-def decode_speed(model, prompt: list[int], new_tokens: int, repeats: int) -> tuple[float, float, list[int]]:
+def decode_speed(
+    model, prompt: list[int], new_tokens: int, repeats: int
+) -> tuple[float, float, list[int], float]:
     """-> (end-to-end tok/s, decode-only tok/s: the same generate minus a 1-token generate (the prompt), medians of
-    repeats, the tokens); EOS ignored, as in verispec's decode benchmark."""
+    repeats, the tokens, prompt tok/s: len(prompt) / the 1-token generate, median); EOS ignored, as in verispec's
+    decode benchmark."""
     import statistics
 
     generate(model, prompt, new_tokens, set())  # untimed warm-up
-    e2e, dec = [], []
+    e2e, dec, pre = [], [], []
     for _ in range(repeats):
         t = time.perf_counter()
         out = generate(model, prompt, new_tokens, set())
@@ -92,4 +95,5 @@ def decode_speed(model, prompt: list[int], new_tokens: int, repeats: int) -> tup
         prefill = time.perf_counter() - t
         e2e.append(new_tokens / dt)
         dec.append((new_tokens - 1) / (dt - prefill))
-    return statistics.median(e2e), statistics.median(dec), out
+        pre.append(len(prompt) / prefill)
+    return statistics.median(e2e), statistics.median(dec), out, statistics.median(pre)

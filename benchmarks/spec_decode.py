@@ -89,6 +89,9 @@ def main() -> None:
         "(benchmarks/adaptive_k.py sweeps workloads, batch sizes and temperatures the same way)",
     )
     ap.add_argument("--temperature", type=float, default=0.0, help="sampled runs are seeded; 0 = greedy")
+    ap.add_argument(
+        "--activation-dtype", default="float32", choices=("float32", "int8"), help="verispec's rows"
+    )
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
     from verispec import LLM
@@ -103,7 +106,7 @@ def main() -> None:
     if args.fixed_k:
         fixed = [int(k) for k in args.fixed_k.split(",") if k.strip()]
         specs = [config for spec in specs for _, config in variants(spec, fixed)]
-    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048)
+    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
     plain = LLM(args.model, **kw)
     tok = plain.tokenizer
     convs = build_workload(args.workload, args.num_prompts)

@@ -82,7 +82,13 @@ def build_tokenizer(folder: Path) -> None:
 
 
 def write_tiny_checkpoint(
-    folder: Path, arch: str = "llama", seed: int = 0, num_layers: int = 3, shards: int = 1
+    folder: Path,
+    arch: str = "llama",
+    seed: int = 0,
+    num_layers: int = 3,
+    shards: int = 1,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
 ) -> Path:
     """Write a random seeded model of the given architecture to `folder` and return it."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -95,8 +101,8 @@ def write_tiny_checkpoint(
     eos = tok.token_to_id("<|im_end|>")
     cfg = dict(
         vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -333,11 +339,13 @@ def write_tiny_mimo(folder: Path, seed: int = 0, pass_through: bool = False) -> 
 
 def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_type: str = "Q8_0") -> Path:
     """A llama-architecture GGUF of the HF checkpoint `hf_folder` (write_tiny_checkpoint's llama): projections in
-    `layer_type`, the LM head in `head_type` (SmolLM2's mix by default), norms and embeddings in float32, the
-    tokenizer's vocabulary and merges. Q and K rows get llama.cpp's rotary permutation (the loader undoes it)."""
+    `layer_type`, the LM head in `head_type` (SmolLM2's mix by default; Q6_K needs rows of whole 256-weight
+    super-blocks), norms and embeddings in float32, the tokenizer's vocabulary and merges. Q and K rows get llama.cpp's rotary permutation (the loader undoes it)."""
     import gguf
     from gguf.quants import quantize
     from safetensors.numpy import load_file
+
+    from tests.quant_blocks import quantize_q6_k
 
     cfg = json.loads((hf_folder / "config.json").read_text())
     tok = json.loads((hf_folder / "tokenizer.json").read_text())
@@ -372,7 +380,10 @@ def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_
             writer.add_tensor(name, np.ascontiguousarray(w, dtype=np.float32))
         else:
             kind = gguf.GGMLQuantizationType[qtype]
-            writer.add_tensor(name, quantize(np.ascontiguousarray(w, dtype=np.float32), kind), raw_dtype=kind)
+            w = np.ascontiguousarray(w, dtype=np.float32)
+            writer.add_tensor(
+                name, quantize_q6_k(w) if qtype == "Q6_K" else quantize(w, kind), raw_dtype=kind
+            )
 
     add("token_embd.weight", state["model.embed_tokens.weight"])
     add("output_norm.weight", state["model.norm.weight"])

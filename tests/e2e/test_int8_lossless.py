@@ -131,3 +131,42 @@ def test_serve_config_file_takes_activation_dtype(tmp_path):
     path.write_text("activation_dtype: 8\n")
     with pytest.raises(ValueError, match="activation_dtype must be a string"):
         load_config_file(str(path))
+
+
+@pytest.fixture(scope="module")
+def tiny_q6_k_gguf(tmp_path_factory) -> str:
+    """A tiny llama whose rows are whole Q6_K super-blocks (hidden 256, intermediate 512): every projection and the
+    LM head in Q6_K (llama.cpp's Q4_K_M and Q6_K files hold such tensors)."""
+    from tests.tiny_models import write_tiny_checkpoint, write_tiny_gguf
+
+    root = tmp_path_factory.mktemp("q6k")
+    hf = write_tiny_checkpoint(
+        root / "hf", "llama", seed=7, num_layers=2, hidden_size=256, intermediate_size=512
+    )
+    return str(write_tiny_gguf(hf, root / "tiny-q6k.gguf", layer_type="Q6_K", head_type="Q6_K"))
+
+
+@pytest.mark.parametrize(("activation_dtype", "fmt"), [("float32", "q6"), ("int8", "q6v")])
+def test_q6_k_target(tiny_q6_k_gguf, activation_dtype, fmt, monkeypatch):
+    """Q6_K weights stay quantized in both activation dtypes and run fused; speculation (ngram, the model drafting
+    for itself) and the module path give the plain fused tokens."""
+    kw = dict(max_model_len=256, max_num_seqs=4, activation_dtype=activation_dtype)
+    llm = LLM(tiny_q6_k_gguf, **kw)
+    fmts = {m.qweight.fmt for m in llm.ckpt.model.modules() if getattr(m, "qweight", None) is not None}
+    assert fmts == {fmt}
+    assert llm.ckpt.model.fused is not None
+    prompts = _prompts(4, 11)
+    ref = [o.outputs[0].token_ids for o in llm.generate(prompts, SP, use_tqdm=False)]
+    for cfg in (
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+        {"method": "draft_model", "model": tiny_q6_k_gguf, "num_speculative_tokens": 3},
+    ):
+        spec = LLM(tiny_q6_k_gguf, speculative_config=cfg, **kw)
+        assert [o.outputs[0].token_ids for o in spec.generate(prompts, SP, use_tqdm=False)] == ref, cfg[
+            "method"
+        ]
+        assert spec.engine.counters.spec.num_accepted_tokens > 0
+    monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "0")
+    modules = LLM(tiny_q6_k_gguf, **kw)
+    assert modules.ckpt.model.fused is None
+    assert [o.outputs[0].token_ids for o in modules.generate(prompts, SP, use_tqdm=False)] == ref

@@ -8,12 +8,12 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
+from tests.quant_blocks import TYPES, make_weight
 from verispec.kernels import build
 from verispec.kernels.qweight import QuantWeight
 
 # every build this CPU can run: amx (4-bit weights on the tile unit, the rest as avx512), avx512, avx2
 ISAS = [isa for isa in ("avx2", "avx512", "amx") if build.ISA_CPU_FLAGS[isa] <= build._cpu_flags()]
-TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0"]
 
 
 @pytest.fixture(params=ISAS)
@@ -38,26 +38,6 @@ def test_kernels_build_where_the_cpu_and_a_compiler_allow(isa):
     for name in build.ENTRY_POINTS:
         if isa == "amx" or name not in build.AMX_ONLY:
             assert hasattr(lib, name), name
-
-
-def random_q4_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Raw Q4_K rows (gguf has no Q4_K quantizer): random 6-bit scales/mins and nibbles, float16 d and dmin."""
-    raw = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
-    raw[..., 0:2] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)  # d
-    raw[..., 2:4] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)  # dmin
-    return raw.reshape(n, -1)
-
-
-def make_weight(qtype: str, n: int, k: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
-    rng = np.random.default_rng(seed)
-    k = -(-k // 256) * 256 if qtype == "Q4_K" else k  # Q4_K needs whole 256-weight super-blocks
-    if qtype == "Q4_K":
-        raw = random_q4_k(n, k, rng)
-    else:
-        raw = quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[qtype])
-    return QuantWeight.from_gguf(raw, qtype, (n, k)), torch.from_numpy(
-        dequantize(raw, GGMLQuantizationType[qtype])
-    )
 
 
 def test_every_int8_weight_value_is_exact(lib):
@@ -134,10 +114,12 @@ def test_rows_and_fusion_keep_the_values():
 def test_unsupported_shapes_stay_float32():
     assert QuantWeight.supported("Q4_1", (8, 64))
     assert QuantWeight.supported("Q4_K", (8, 256)) and not QuantWeight.supported("Q4_K", (8, 96))
-    assert not QuantWeight.supported("Q6_K", (8, 256))
+    assert QuantWeight.supported("Q6_K", (8, 256)) and not QuantWeight.supported("Q6_K", (8, 96))
+    # a type without a repacking (Q5_K) is dequantized to float32 by the loader
+    assert not QuantWeight.supported("Q5_K", (8, 256))
     assert not QuantWeight.supported("Q8_0", (64,))
-    with pytest.raises(ValueError, match="Q6_K"):
-        QuantWeight.from_gguf(np.zeros((1, 210), np.uint8), "Q6_K", (1, 256))
+    with pytest.raises(ValueError, match="Q5_K"):
+        QuantWeight.from_gguf(np.zeros((1, 176), np.uint8), "Q5_K", (1, 256))
 
 
 def test_isa_override_and_switch(monkeypatch):

@@ -15,7 +15,7 @@ import torch
 from verispec.kernels.build import INT8_ISAS, int8_isa, load_qgemm
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3, "q4v": 4, "q8v": 5}
+FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3, "q4v": 4, "q8v": 5, "q6v": 6, "q6": 7}
 
 
 class LayerDesc(ctypes.Structure):
@@ -98,7 +98,7 @@ class FusedLayers:
             0,
         )  # fmt: skip
         fmts = {getattr(d, f"f_{n}") for d in self.descs for n in ("qkv", "o", "gate_up", "down")}
-        if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"]}:
+        if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"], FMT_CODE["q6v"]}:
             # int8 activations: the same variant as the module path (QuantWeight.matmul) takes
             self.dims.i8_isa = INT8_ISAS[int8_isa()][0]
         self._model = model  # keeps every pointer above alive

@@ -22,7 +22,7 @@
 
 typedef struct LayerDesc {
     const uint8_t *w_qkv, *w_o, *w_gate_up, *w_down;  // quantized blocks (qweight.py layouts)
-    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 q4, 1 q8, 2 q4t, 3 q8t, 4 q4v, 5 q8v
+    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 q4, 1 q8, 2 q4t, 3 q8t, 4 q4v, 5 q8v, 6 q6v, 7 q6
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
     float *kv;                                         // this layer's cache [slots, 2 Hkv, T, D]
@@ -32,13 +32,15 @@ typedef struct ModelDims {
     int64_t hidden, hq, hkv, d, inter;
     int64_t cs, ch, ct;  // cache strides in elements
     float eps, scale, softcap;
-    int32_t i8_isa;  // the qgemm_i8 variant for q4v / q8v weights (int8 activations)
+    int32_t i8_isa;  // the qgemm_i8 variant for q4v / q8v / q6v weights (int8 activations)
 } ModelDims;
 
 static void qgemm(const ModelDims *m, int32_t fmt, const float *x, int64_t M, int64_t K, const uint8_t *w,
                   int64_t N, float *y, int nt) {
-    if (fmt >= 4)
+    if (fmt >= 4 && fmt <= 6)
         qgemm_i8(m->i8_isa, fmt - 4, x, M, K, w, N, y, nt);
+    else if (fmt == 7)
+        qgemm_q6(x, M, K, w, N, y, nt);
     else if (fmt == 0)
         qgemm_q4(x, M, K, w, N, y, nt);
     else if (fmt == 1)

@@ -1,11 +1,13 @@
 // y[M, N] = x[M, K] @ W[N, K]^T with W kept in 32-weight quantized blocks, float32 activations.
 // Built twice by verispec/kernels/build.py: AVX2 + FMA (8 lanes) and AVX-512F (16 lanes); the CPU picks one.
 //
-// Block layouts (repacked once at load time from GGUF's Q4_0 / Q4_1 / Q8_0 by verispec/kernels/qweight.py):
+// Block layouts (repacked once at load time from GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 / Q6_K by
+// verispec/kernels/qweight.py):
 //   q4: float d, float m, uint64 qw[2]  (24 bytes). qw[h] holds weights 16h..16h+15: its low 32 bits hold the even
 //       ones (nibble t = weight 16h+2t), its high 32 bits the odd ones (nibble t = weight 16h+2t+1);
 //       weight = d * q + m.
 //   q8: float d, int8 q[32]             (36 bytes); weight j = d * q[j].
+//   q6: float d0, float d1, int8 q[32]  (40 bytes); weight j = d_(j/16) * q[j] (Q6_K: q in -32..31, d = d * scale).
 // With that nibble order one 64-bit broadcast + one per-lane variable shift puts every weight's nibble in the low
 // bits of its own lane (no cross-lane shuffle on AVX2; AVX-512 then looks the 16 possible values of a block up with
 // one vpermps). Every weight comes out as exactly the float32 value gguf.quants.dequantize gives (d*q is exact, so
@@ -26,6 +28,7 @@
 #define TILE_M 8     // rows whose x is kept in L1 while the columns are swept
 #define BSIZE_q4 24
 #define BSIZE_q8 36
+#define BSIZE_q6 40
 
 static inline float load_f32(const uint8_t *p) {
     float f;
@@ -95,6 +98,13 @@ static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
         w[h] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
     }
 }
+
+static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
+    for (int h = 0; h < 2; h++) {
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * h));
+        w[h] = _mm512_mul_ps(_mm512_set1_ps(load_f32(b + 4 * h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+}
 #else
 #define VL 8
 #define MID_COLS 2   // 3-4 row tiles (16 vector registers)
@@ -128,6 +138,13 @@ static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
     for (int i = 0; i < 4; i++) {
         const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 4 + 8 * i));
         w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    }
+}
+
+static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
+    for (int i = 0; i < 4; i++) {
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 8 + 8 * i));
+        w[i] = _mm256_mul_ps(_mm256_set1_ps(load_f32(b + 4 * (i / 2))), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
     }
 }
 #endif
@@ -214,3 +231,4 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
 
 DEFINE_QGEMM(q4)
 DEFINE_QGEMM(q8)
+DEFINE_QGEMM(q6)

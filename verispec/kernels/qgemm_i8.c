@@ -3,18 +3,23 @@
 // Every variant is compiled into every x86-64 build inside its own `#pragma GCC target` region; the caller picks one
 // by the CPU's flags (verispec/kernels/build.py: int8_isa).
 //
-// Activations: each row on its own, in blocks of 32: d = max|x| / 127, q = round-half-even(x * (1 / d)) in
-// -127..127 (q = 0 where d = 0), kept with d, d * sum(q) and 128 * sum(q). A row's quantization never looks at
-// another row.
+// Activations: each row on its own, in blocks of 32, as llama.cpp's quantize_row_q8_0 does on x86 but with a float32
+// scale: d = max|x| / 127, q = round-half-even(x * (127 / max|x|)) in -127..127 (q = 0 where max|x| = 0), kept with
+// d, d * sum(q), 128 * sum(q) and 32 * the sums of its two halves (q 0-15, 16-31). A row's quantization never looks
+// at another row.
 //
 // Weights (verispec/kernels/qweight.py makes them from q4 / q8 / q4t / q8t): output columns in groups of 16, group
 // g and block b at ((g * K/32) + b) * TB; inside, 8 rows of 64 bytes, row j holding for column n (bytes 4n..4n+3)
 // the weights k = 4j..4j+3 (the B-tile layout of AMX-INT8, and 16 columns of vpdpbusd at once):
 //   q4v (384 bytes): float d[16], float m[16], then 4 rows of 64 bytes whose low nibbles are rows 0-3 and high
 //       nibbles rows 4-7 (weight = d * q + m, q in 0..15);
-//   q8v (576 bytes): float d[16], then the 8 rows as uint8 q + 128 (weight = d * q, q in -128..127).
+//   q8v (576 bytes): float d[16], then the 8 rows as uint8 q + 128 (weight = d * q, q in -128..127);
+//   q6v (640 bytes): float d0[16], float d1[16], then the 8 rows as uint8 q + 32 (Q6_K: weight k = d_(k/16) * q,
+//       q in -32..31; rows 0-3 hold k = 0..15, rows 4-7 k = 16..31).
 // Per block: dot = sum(q_w * q_x) exactly in int32 (q8v: sum((q_w + 128) q_x) - 128 sum(q_x)), then per column
 //   acc = fma(float(dot), d_w * d_x, acc); q4v: acc = fma(m_w, d_x * sum(q_x), acc)
+// q6v, per half h = 0, 1 of the block (dot_h = sum over its 16 k of (q_w + 32) q_x, minus 32 * sum(q_x)):
+//   acc = fma(float(dot_0), d0_w * d_x, acc); acc = fma(float(dot_1), d1_w * d_x, acc)
 // over the blocks in order. Every variant computes exactly that, so they are bitwise equal to each other, and a
 // row's result never depends on the other rows, the tile it falls in or the number of threads (plain and
 // speculative decoding stay identical).
@@ -33,15 +38,21 @@
 #define GROUP 16
 #define TILE_M 8      // rows swept together over a thread's columns
 #define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
-enum { Q4V = 0, Q8V = 1 };
+#define PF_BLOCKS 4   // blocks ahead whose weights the VNNI kernels prefetch (decode steps read them from memory)
+enum { Q4V = 0, Q8V = 1, Q6V = 2 };
 enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3 };
-#define TB(F) ((F) == Q4V ? 384 : 576)
+#define TB(F) ((F) == Q4V ? 384 : (F) == Q8V ? 576 : 640)
+// where a block's 8 weight rows start (after its scales)
+#define WROWS(F) ((F) == Q8V ? 64 : 128)
 
-// One quantized row: K int8, then float d [K/32], float d * sum(q) [K/32], int32 128 * sum(q) [K/32].
-#define ROW_BYTES(K) ((K) + 12 * ((K) / QK))
+// One quantized row: K int8, then float d [K/32], float d * sum(q) [K/32], int32 128 * sum(q) [K/32], int32 32 *
+// sum(q of k 0-15) [K/32], int32 32 * sum(q of k 16-31) [K/32].
+#define ROW_BYTES(K) ((K) + 20 * ((K) / QK))
 #define XD(row, K) ((const float *)((row) + (K)))
 #define XSUM(row, K) ((const float *)((row) + (K)) + (K) / QK)
 #define XC(row, K) ((const int32_t *)((row) + (K)) + 2 * ((K) / QK))
+#define XH0(row, K) ((const int32_t *)((row) + (K)) + 3 * ((K) / QK))
+#define XH1(row, K) ((const int32_t *)((row) + (K)) + 4 * ((K) / QK))
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -49,7 +60,7 @@ enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3 };
 static void quantize_row(const float *x, int64_t K, uint8_t *out) {
     const int64_t nb = K / QK;
     float *d = (float *)(out + K), *s = d + nb;
-    int32_t *c = (int32_t *)(s + nb);
+    int32_t *c = (int32_t *)(s + nb), *h0 = c + nb, *h1 = h0 + nb;
     const __m256 sign = _mm256_set1_ps(-0.0f);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t b = 0; b < nb; b++) {
@@ -62,20 +73,26 @@ static void quantize_row(const float *x, int64_t K, uint8_t *out) {
         __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
         m = _mm_max_ps(m, _mm_movehl_ps(m, m));
         m = _mm_max_ss(m, _mm_movehdup_ps(m));
-        const float dd = _mm_cvtss_f32(m) / 127.0f, id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        // llama.cpp's quantize_row_q8_0 (x86): the scale 127 / max, not 1 / d (they differ in the last bit)
+        const float mx = _mm_cvtss_f32(m), dd = mx / 127.0f, id = mx != 0.0f ? 127.0f / mx : 0.0f;
         __m256i q[4];
         for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(id)));
-        __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-        const int32_t total = _mm_cvtsi128_si32(s4);
+        // the sums of the two halves (q 0-15, 16-31): lanes 0-3 and 4-7 of one 8-lane reduction
+        const __m256i lo = _mm256_add_epi32(q[0], q[1]), hi = _mm256_add_epi32(q[2], q[3]);
+        __m256i s8 = _mm256_permute2x128_si256(lo, hi, 0x20);
+        s8 = _mm256_add_epi32(s8, _mm256_permute2x128_si256(lo, hi, 0x31));
+        s8 = _mm256_add_epi32(s8, _mm256_shuffle_epi32(s8, _MM_SHUFFLE(1, 0, 3, 2)));
+        s8 = _mm256_add_epi32(s8, _mm256_shuffle_epi32(s8, _MM_SHUFFLE(2, 3, 0, 1)));
+        const int32_t half0 = _mm256_cvtsi256_si32(s8), half1 = _mm256_extract_epi32(s8, 4);
+        const int32_t total = half0 + half1;
         // packs interleave 128-bit lanes; the permutation puts the 32 bytes back in order
         const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(out + b * QK), _mm256_permutevar8x32_epi32(p, order));
         d[b] = dd;
         s[b] = dd * (float)total;
         c[b] = 128 * total;
+        h0[b] = 32 * half0;
+        h1[b] = 32 * half1;
     }
 }
 #pragma GCC pop_options
@@ -178,14 +195,15 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) I8TileConfig;
 
-// Tile 0: A (rows x 32 int8: one block of each row); 1-2: B (8 rows of 16 columns x 4 bytes); 4-5: C (rows x 16
-// int32).
-static void i8_configure_tiles(int rows) {
+// Tile 0: A (rows x 32 int8: one block of each row; q6v: rows x 16, one half block); 1-2: B (8 rows of 16 columns
+// x 4 bytes; q6v: 4 rows); 4-5: C (rows x 16 int32).
+static void i8_configure_tiles(int rows, int F) {
+    const int k = F == Q6V ? QK / 2 : QK;
     I8TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    c.rows[0] = (uint8_t)rows, c.colsb[0] = 32;
-    for (int t = 1; t <= 2; t++) c.rows[t] = 8, c.colsb[t] = 64;
+    c.rows[0] = (uint8_t)rows, c.colsb[0] = (uint16_t)k;
+    for (int t = 1; t <= 2; t++) c.rows[t] = (uint8_t)(k / 4), c.colsb[t] = 64;
     for (int t = 4; t <= 5; t++) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
     _tile_loadconfig(&c);
 }
@@ -211,6 +229,36 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
         for (int j = 0; j < ng; j++) _mm512_store_ps(acc[r][j], _mm512_setzero_ps());
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk0 = w + b * TB(F), *blk1 = blk0 + nb * TB(F);
+        if (F == Q6V) {
+            // each half block (16 k: 4 B rows) is its own product, folded in with its own scale
+            for (int h = 0; h < 2; h++) {
+                _tile_loadd(0, xq + b * QK + 16 * h, XS);
+                _tile_loadd(1, blk0 + 128 + 256 * h, 64);
+                _tile_zero(4);
+                _tile_dpbsud(4, 0, 1);
+                if (ng == 2) {
+                    _tile_loadd(2, blk1 + 128 + 256 * h, 64);
+                    _tile_zero(5);
+                    _tile_dpbsud(5, 0, 2);
+                }
+                _tile_stored(4, cbuf[0], 64);
+                if (ng == 2) _tile_stored(5, cbuf[1], 64);
+                for (int j = 0; j < ng; j++) {
+                    const __m512 dh = _mm512_loadu_ps((const float *)(j ? blk1 : blk0) + h * GROUP);
+                    for (int64_t r = 0; r < R; r++) {
+                        const uint8_t *row = xq + r * XS;
+                        const int32_t corr = (h ? XH1(row, K) : XH0(row, K))[b];
+                        const __m512i dot = _mm512_sub_epi32(_mm512_load_si512((const void *)cbuf[j][r]),
+                                                             _mm512_set1_epi32(corr));
+                        __m512 a = _mm512_load_ps(acc[r][j]);
+                        const __m512 scale = _mm512_mul_ps(dh, _mm512_set1_ps(XD(row, K)[b]));
+                        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, a);
+                        _mm512_store_ps(acc[r][j], a);
+                    }
+                }
+            }
+            continue;
+        }
         _tile_loadd(0, xq + b * QK, XS);
         if (F == Q8V) {
             _tile_loadd(1, blk0 + 64, 64);
@@ -262,15 +310,17 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
         int configured = 0;
         for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
             const int64_t R = M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS;
-            if (R != configured) i8_configure_tiles((int)(configured = (int)R));
+            if (R != configured) i8_configure_tiles((int)(configured = (int)R), F);
             for (int64_t g = g0; g < g1; g += AMX_GROUPS) {
                 const int ng = g1 - g >= AMX_GROUPS ? AMX_GROUPS : 1;
                 const uint8_t *wg = w + g * nb * TB(F);
                 float *yg = y + m0 * N + g * GROUP;
                 if (F == Q4V)
                     amx_item(Q4V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
-                else
+                else if (F == Q8V)
                     amx_item(Q8V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
+                else
+                    amx_item(Q6V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
             }
         }
         if (configured) _tile_release();
@@ -310,8 +360,10 @@ void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint
     if (isa == ISA_AMX) {
         if (fmt == Q4V)
             amx_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-        else
+        else if (fmt == Q8V)
             amx_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+        else
+            amx_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
         return;
     }
 #endif
@@ -319,13 +371,17 @@ void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint
     if (isa == ISA_AVXVNNI) {
         if (fmt == Q4V)
             avxvnni_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-        else
+        else if (fmt == Q8V)
             avxvnni_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+        else
+            avxvnni_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
         return;
     }
 #endif
     if (fmt == Q4V)
         avx512vnni_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-    else
+    else if (fmt == Q8V)
         avx512vnni_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+    else
+        avx512vnni_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
 }

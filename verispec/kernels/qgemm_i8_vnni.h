@@ -10,6 +10,8 @@
 // A tile of R rows x C vectors runs over all K / 32 blocks. Per block the int32 dot of each row with each column
 // is exact (VDP sums 4 byte products per lane, 8 of them cover the block); then, per lane and in this order,
 //   acc = fma(float(dot), d_w * d_x, acc)   and for q4v   acc = fma(m_w, d_x * sum(q_x), acc).
+// q6v has two scales per block: the dot of each half (16 k, 4 VDPs) is folded in on its own,
+//   acc = fma(float(dot_0), d0_w * d_x, acc), then acc = fma(float(dot_1), d1_w * d_x, acc).
 // That per-column float sequence is the contract every int8 variant (this one at either width, and AMX-INT8)
 // follows, so all of them give bitwise the same y, whatever the tile or the number of rows.
 
@@ -37,11 +39,39 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
         for (int c = 0; c < C; c++) acc[r][c] = VSET1_F(0.0f);
     for (int64_t b = 0; b < nb; b++) {
         vi dot[RMAX][CMAX];
+        const uint8_t *xb = x + b * QK;
+        // the weights PF_BLOCKS blocks ahead (past the end of a group: the next group's, harmless)
+        for (int c = 0; c < C; c++)
+            for (int l = 0; l < TB(F); l += 64)
+                _mm_prefetch((const char *)(wu[c] + (b + PF_BLOCKS) * TB(F) + l), _MM_HINT_T0);
+        if (F == Q6V) {
+            for (int h = 0; h < 2; h++) {
+                for (int r = 0; r < R; r++) {
+                    const vi init = VSET1_I(-(h ? XH1(x + r * XS, K) : XH0(x + r * XS, K))[b]);
+                    for (int c = 0; c < C; c++) dot[r][c] = init;
+                }
+                for (int j = 4 * h; j < 4 * h + 4; j++) {
+                    vi wv[CMAX];
+                    for (int c = 0; c < C; c++) wv[c] = VLOAD_I(wu[c] + b * TB(F) + 128 + 64 * j + hu[c] * VW * 4);
+                    for (int r = 0; r < R; r++) {
+                        const vi xv = PFX(bcast4)(xb + r * XS + 4 * j);
+                        for (int c = 0; c < C; c++) dot[r][c] = VDP(dot[r][c], wv[c], xv);
+                    }
+                }
+                vf dh[CMAX];
+                for (int c = 0; c < C; c++)
+                    dh[c] = VLOAD_F((const float *)(wu[c] + b * TB(F)) + h * GROUP + hu[c] * VW);
+                for (int r = 0; r < R; r++) {
+                    const vf dx = VSET1_F(XD(x + r * XS, K)[b]);
+                    for (int c = 0; c < C; c++) acc[r][c] = VFMA(VCVT(dot[r][c]), VMUL(dh[c], dx), acc[r][c]);
+                }
+            }
+            continue;
+        }
         for (int r = 0; r < R; r++) {
             const vi init = F == Q8V ? VSET1_I(-XC(x + r * XS, K)[b]) : VZERO_I();
             for (int c = 0; c < C; c++) dot[r][c] = init;
         }
-        const uint8_t *xb = x + b * QK;
         if (F == Q4V) {
             const vi lo4 = VSET1_I(0x0F0F0F0F);
             for (int j = 0; j < 4; j++) {
@@ -121,8 +151,10 @@ static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64
                     n = m1 - r <= RMAX ? m1 - r : RMAX - 1;
                     if (F == Q4V)
                         PFX(rows)(Q4V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
-                    else
+                    else if (F == Q8V)
                         PFX(rows)(Q8V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
+                    else
+                        PFX(rows)(Q6V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
                 }
             }
         }

@@ -1,10 +1,13 @@
 """QuantWeight: a [N, K] weight kept in 32-weight quantized blocks, and its product with float32 activations.
 
-GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 rows are repacked (once, at load time) into the two layouts qgemm.c reads
-(Q4_K's 32-weight sub-blocks become q4 blocks, Q5_0's 5-bit weights q8 blocks):
+GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 / Q6_K rows are repacked (once, at load time) into the three layouts
+qgemm.c reads (Q4_K's 32-weight sub-blocks become q4 blocks, Q5_0's 5-bit weights q8 blocks, Q6_K's 6-bit weights
+with one scale per 16 q6 blocks):
   q4: float32 d, float32 m, 2 x uint64 (24 bytes); uint64 h holds weights 16h..16h+15, the even ones in its low
       32 bits (nibble t = weight 16h+2t), the odd ones in its high 32 bits (nibble t = weight 16h+2t+1)
   q8: float32 d, 32 x int8 (36 bytes)
+  q6: float32 d0, float32 d1, 32 x int8 q in -32..31 (40 bytes); weight j = d_(j / 16) * q[j] (Q6_K's d * scale
+      of each 16-weight sub-block, exact in float32: an 11-bit float16 times an 8-bit integer)
   q4t / q8t: q4 / q8 regrouped for the AMX build (qgemm_amx.c), per 16 output columns and block: q4t (384 bytes) =
       float32 d[16], float32 m[16], one nibble plane (4 x 32 uint16 words whose nibbles are the block's bfloat16
       B tile); q8t (576 bytes) = float32 d[16], the 512 int8 weights in B-tile order. `tiled()` makes them once
@@ -12,7 +15,9 @@ GGUF's Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 rows are repacked (once, at load time) i
   q4v / q8v: the layouts of the int8-activation kernels (qgemm_i8.c), per 16 output columns and block: q4v (384
       bytes) = float32 d[16], float32 m[16], 4 rows of 64 bytes (column n: bytes 4n..4n+3 hold weights k = 4j..4j+3
       of row j in their low nibbles, k = 16+4j.. in their high ones); q8v (576 bytes) = float32 d[16], 8 such rows
-      of uint8 q + 128. `for_int8()` makes them (N must be a multiple of 16).
+      of uint8 q + 128; q6v (640 bytes) = float32 d0[16], float32 d1[16], 8 such rows of uint8 q + 32 (rows 0-3:
+      weights 0-15, scaled by d0; rows 4-7: weights 16-31, by d1). `for_int8()` makes them (N a multiple of 16).
+  q6 has no AMX-BF16 layout: the 'amx' build multiplies it with qgemm.c's AVX-512 code.
 Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
 """
 
@@ -28,13 +33,13 @@ from verispec.kernels.build import INT8_ISAS, int8_isa, load_qgemm
 
 QK = 32
 # q4t / q8t / q4v / q8v: per (column, block) on average
-BLOCK_BYTES = {"q4": 24, "q8": 36, "q4t": 24, "q8t": 36, "q4v": 24, "q8v": 36}
+BLOCK_BYTES = {"q4": 24, "q8": 36, "q6": 40, "q4t": 24, "q8t": 36, "q4v": 24, "q8v": 36, "q6v": 40}
 TILED = {"q4": "q4t", "q8": "q8t"}
-INT8 = {"q4": "q4v", "q8": "q8v"}
-INT8_FMT_CODE = {"q4v": 0, "q8v": 1}
+INT8 = {"q4": "q4v", "q8": "q8v", "q6": "q6v"}
+INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2}
 GROUP = 16  # q4t / q8t: output columns per AMX tile
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")  # GGML type names this module repacks
-SUPER_BLOCK = {"Q4_K": 256}  # K must be a multiple of this (default: QK)
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")  # GGML type names this module repacks
+SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}  # K must be a multiple of this (default: QK)
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -60,6 +65,23 @@ def _q4_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     q = b[..., 16:].reshape(n, ns, 4, 1, 32) >> shifts  # [N, ns, 4, 2, 32]: 64 weights = low, high nibbles
     q = (q & 0x0F).reshape(n, -1, QK)  # [N, ns*8, 32] weight order
     return dj, mj, q[..., :16] | (q[..., 16:] << 4)  # GGUF Q4_0 byte order: weight j low, weight 16 + j high
+
+
+def _q6_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K super-blocks [N, ns, 210] (ql [128], qh [64], int8 scales [16], float16 d) -> d * scale of each
+    16-weight sub-block [N, ns*8, 2] float32 (exact) and q [N, ns*8, 32] int8 in -32..31, in weight order (the
+    unpacking of gguf's Q6_K.dequantize_blocks)."""
+    n, ns = b.shape[:2]
+    d = _f16(b[..., 208:210])  # [N, ns, 1]
+    ds = (d * b[..., 192:208].copy().view(np.int8).astype(np.float32)).reshape(n, -1, 2)  # [N, ns*8, 2]
+    ql = b[..., :128].reshape(n, ns, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    ql = (ql & 0x0F).reshape(
+        n, ns, 8, 32
+    )  # [N, ns, 8, 32]: 32-weight block c = 4 * half + 2 * shift + byte // 32
+    qh = b[..., 128:192].reshape(n, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
+    qh = (qh & 0x03).reshape(n, ns, 8, 32)
+    q = (ql | (qh << 4)).astype(np.int8) - np.int8(32)
+    return ds, q.reshape(n, -1, QK)
 
 
 def _to_groups(a: np.ndarray) -> np.ndarray:
@@ -144,6 +166,8 @@ class QuantWeight:
             return cls._q4(_f16(b[..., 0:2]), _f16(b[..., 2:4]), b[..., 4:], shape)
         if ggml_type == "Q4_K":
             return cls._q4(*_q4_k_blocks(raw.reshape(n, k // 256, 144)), shape)
+        if ggml_type == "Q6_K":
+            return cls._q6(*_q6_k_blocks(raw.reshape(n, k // 256, 210)), shape)
         raise ValueError(f"cannot repack GGML type {ggml_type}; supported: {', '.join(GGUF_TYPES)}")
 
     @classmethod
@@ -162,6 +186,12 @@ class QuantWeight:
         """d [N, nb, 1] float32, q [N, nb, 32] int8 in weight order -> the q8 layout."""
         out = np.concatenate([d.view(np.uint8), q.view(np.uint8)], axis=-1)
         return cls("q8", np.ascontiguousarray(out.reshape(shape[0], -1)), shape)
+
+    @classmethod
+    def _q6(cls, ds: np.ndarray, q: np.ndarray, shape: tuple[int, int]) -> QuantWeight:
+        """ds [N, nb, 2] float32 (the scales of weights 0-15 and 16-31), q [N, nb, 32] int8 in weight order -> q6."""
+        out = np.concatenate([ds.view(np.uint8), q.view(np.uint8)], axis=-1)
+        return cls("q6", np.ascontiguousarray(out.reshape(shape[0], -1)), shape)
 
     @classmethod
     def _q4(cls, d: np.ndarray, m: np.ndarray, qs: np.ndarray, shape: tuple[int, int]) -> QuantWeight:
@@ -221,9 +251,27 @@ class QuantWeight:
         b = self.blocks.reshape(n, nb, BLOCK_BYTES["q8"])
         return b[..., 0:4].copy().view(np.float32), b[..., 4:].view(np.int8)
 
+    def _q6_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """q6 / q6v -> ds [N, nb, 2] float32 and q [N, nb, 32] int8 in weight order (weight j = ds[j // 16] * q[j])."""
+        n, k = self.shape
+        nb = k // QK
+        if self.fmt == "q6v":
+            b = self.blocks.reshape(n // GROUP, nb, 640)
+            ds = np.concatenate(
+                [_from_groups(b[..., o : o + 64].copy().view(np.float32), n) for o in (0, 64)], -1
+            )
+            q = _from_quads(b[..., 128:].reshape(n // GROUP, nb, 8, 64), n).astype(np.int8) - np.int8(32)
+            return ds, q
+        b = self.blocks.reshape(n, nb, BLOCK_BYTES["q6"])
+        return b[..., 0:8].copy().view(np.float32), b[..., 8:].view(np.int8)
+
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32, exactly the values the kernel multiplies with."""
         n, k = self.shape
+        if self.fmt in ("q6", "q6v"):
+            ds, q = self._q6_parts()
+            w = np.repeat(ds, 16, axis=-1) * q.astype(np.float32)  # [N, nb, 32]
+            return torch.from_numpy(np.ascontiguousarray(w.reshape(n, k)))
         if self.fmt in ("q8", "q8t", "q8v"):
             d, q = self._q8_parts()
             return torch.from_numpy((q.astype(np.float32) * d).reshape(n, k))
@@ -262,6 +310,13 @@ class QuantWeight:
             d, m, q = self._q4_parts()
             rows = _to_quads(q)  # [G, nb, 8, 64]
             parts = [_to_groups(d), _to_groups(m), rows[:, :, :4] | (rows[:, :, 4:] << 4)]
+        elif self.fmt == "q6":
+            ds, q = self._q6_parts()
+            parts = [
+                _to_groups(ds[..., :1]),
+                _to_groups(ds[..., 1:]),
+                _to_quads((q + np.int8(32)).view(np.uint8)),
+            ]
         else:
             d, q = self._q8_parts()
             parts = [_to_groups(d), _to_quads(q.view(np.uint8) ^ np.uint8(0x80))]
@@ -273,6 +328,8 @@ class QuantWeight:
         otherwise."""
         if self.fmt in ("q8t", "q8v"):
             return QuantWeight._q8(*self._q8_parts(), self.shape)
+        if self.fmt == "q6v":
+            return QuantWeight._q6(*self._q6_parts(), self.shape)
         if self.fmt not in ("q4t", "q4v"):
             return self
         d, m, q = self._q4_parts()
@@ -285,14 +342,14 @@ class QuantWeight:
         return self.tiled() if getattr(lib, "isa", None) == "amx" else self.untiled()
 
     def take_rows(self, order: np.ndarray) -> QuantWeight:
-        assert self.fmt in ("q4", "q8"), "reorder rows before tiling"
+        assert self.fmt in ("q4", "q8", "q6"), "reorder rows before tiling"
         return QuantWeight(self.fmt, np.ascontiguousarray(self.blocks[order]), self.shape)
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight | None:
         """Rows of several weights stacked (fused qkv / gate_up), or None if their formats or K differ."""
         fmts, ks = {p.fmt for p in parts}, {p.shape[1] for p in parts}
-        assert fmts <= {"q4", "q8"}, "stack rows before tiling"
+        assert fmts <= {"q4", "q8", "q6"}, "stack rows before tiling"
         if len(fmts) != 1 or len(ks) != 1:
             return None
         n = sum(p.shape[0] for p in parts)

@@ -1,6 +1,6 @@
 """Dense layer tuned for decoding on the CPU.
 
-GGUF weights in Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 stay in their blocks (`load_quantized`) and run through
+GGUF weights in Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 / Q6_K stay in their blocks (`load_quantized`) and run through
 verispec/kernels (the same float32 weight values, 4-9x fewer bytes streamed per token), with float32 activations
 or, after `use_int8_activations`, activations quantized to int8 per row and 32-block (llama.cpp's numerics).
 Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend

@@ -163,8 +163,8 @@ def use_int8_activations(net: DecoderLM, source: str) -> None:
         )
     if not keeps_quantized(net):
         raise ValueError(
-            f"activation_dtype='int8' needs GGUF weights kept quantized (Q4_0, Q4_1, Q4_K, Q5_0 or Q8_0, on the CPU "
-            f"in float32, keep_quantized=True); {source} has none: use activation_dtype='float32'"
+            "activation_dtype='int8' needs GGUF weights kept quantized (Q4_0, Q4_1, Q4_K, Q5_0, Q8_0 or Q6_K, on the "
+            f"CPU in float32, keep_quantized=True); {source} has none: use activation_dtype='float32'"
         )
     convert(net)
 

@@ -129,8 +129,9 @@ class GGUFCheckpoint:
 def load_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFCheckpoint:
     """Read a GGUF file: config, tensors (HF names) and tokenizer.
 
-    Tensors are dequantised to float32, except, with keep_quantized, the 2-D Q4_0 / Q4_1 / Q8_0 weights, which come
-    back as QuantWeight (repacked blocks that dequantize to the same float32 values) for the CPU kernels.
+    Tensors are dequantised to float32, except, with keep_quantized, the 2-D Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 / Q6_K
+    weights, which come back as QuantWeight (repacked blocks that dequantize to the same float32 values) for the CPU
+    kernels.
     """
     header = read_gguf_header(path)
     meta = header.metadata
