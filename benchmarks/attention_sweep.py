@@ -26,10 +26,29 @@ def attention_call(lib, q, cache, hkv: int, t: int, out):
     s, hq, nq, d = q.shape
     t_alloc = cache.shape[2]
     return lambda: lib.attention_f32(
-        q.data_ptr(), s, hq, nq, d, hq * nq * d, nq * d, d,
-        cache.data_ptr(), cache[:, hkv:].data_ptr(), hkv, t, 2 * hkv * t_alloc * d, t_alloc * d, d,
-        None, 0, 0, d**-0.5, 0.0, out.data_ptr(), torch.get_num_threads(),
-    )  # fmt: skip
+        q.data_ptr(),
+        s,
+        hq,
+        nq,
+        d,
+        hq * nq * d,
+        nq * d,
+        d,
+        cache.data_ptr(),
+        cache[:, hkv:].data_ptr(),
+        hkv,
+        t,
+        2 * hkv * t_alloc * d,
+        t_alloc * d,
+        d,
+        None,
+        0,
+        0,
+        d**-0.5,
+        0.0,
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
 
 
 def median_call(calls, reps: int, stream: torch.Tensor, between: int) -> float:
@@ -75,7 +94,8 @@ def main() -> None:
         f"between={args.between_mb:g} MB (median us per layer call)"
     )
     between = int(args.between_mb * (1 << 20) / 4)
-    stream = torch.ones(max(64 * (1 << 20), 2 * between) if between else 1)  # 256 MB of floats to stream from
+    # 256 MB of floats to stream from
+    stream = torch.ones(max(64 * (1 << 20), 2 * between) if between else 1)
     extra = f" {args.baseline[:10] + ' us':>14} {'x':>6} {'equal':>6}" if base else ""
     print(f"{'batch':>5} {'queries':>7} {'context':>7} {'us':>9}{extra}")
     rows = []
@@ -94,7 +114,8 @@ def main() -> None:
                     ref = torch.empty_like(out)
                     calls = [attention_call(base, q, c, hkv, t, ref) for c in caches]
                     r["baseline_s"] = median_call(calls, args.reps, stream, between)
-                    r["equal"] = torch.equal(out, ref)  # both wrote the last layer's output
+                    # both wrote the last layer's output
+                    r["equal"] = torch.equal(out, ref)
                     line += f" {r['baseline_s'] * 1e6:>14.1f} {r['baseline_s'] / r['s']:>5.2f}x {str(r['equal']):>6}"
                 rows.append(r)
                 print(line)

@@ -118,7 +118,8 @@ def bench_transformers(
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
     e2e, dec = [], []
     with torch.inference_mode():
-        model.generate(input_ids=ids, attention_mask=mask, **kw)  # untimed warm-up, as for verispec
+        # untimed warm-up, as for verispec
+        model.generate(input_ids=ids, attention_mask=mask, **kw)
         for _ in range(repeats):
             t = time.perf_counter()
             model.generate(input_ids=ids, attention_mask=mask, **kw)

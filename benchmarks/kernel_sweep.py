@@ -68,7 +68,8 @@ def baseline_kernels(ref: str | None, isa: str):
                 )
                 if show.returncode == 0:
                     (Path(tmp) / header.name).write_bytes(show.stdout)
-            lib = build.build_qgemm(isa, tuple(paths[: len(build.SOURCES)]))  # compiled into the kernel cache
+            # compiled into the kernel cache
+            lib = build.build_qgemm(isa, tuple(paths[: len(build.SOURCES)]))
     if lib is None:
         print(f"baseline {ref or 'this checkout'} ({isa}): its kernels did not build", file=sys.stderr)
         raise SystemExit(2)
@@ -120,7 +121,8 @@ def main() -> None:
 
     ours_lib = build.load_qgemm()
     base = None
-    if args.baseline or args.baseline_isa:  # fail before the model loads
+    # fail before the model loads
+    if args.baseline or args.baseline_isa:
         base = baseline_kernels(args.baseline, args.baseline_isa or ours_lib.isa)
     label = f"{args.baseline or 'HEAD'}"[:10] + (f" {args.baseline_isa}" if args.baseline_isa else "")
     llm = LLM(args.model, max_model_len=64, max_num_seqs=1)
@@ -134,7 +136,8 @@ def main() -> None:
         raise SystemExit(
             f"{args.model}: no weights kept quantized here (no kernels, or an unsupported GGUF type)"
         )
-    dense = [q.dequantize() for q in qws]  # float32 [N, K], exactly the values the kernel multiplies with
+    # float32 [N, K], exactly the values the kernel multiplies with
+    dense = [q.dequantize() for q in qws]
     base_qws = [q.for_kernels(base) for q in qws] if base else []
     base_head = head.for_kernels(base) if base and head is not None else None
     macs_per_row = sum(q.shape[0] * q.shape[1] for q in qws)
@@ -176,8 +179,14 @@ def main() -> None:
             )
         t = {k: (v if sweeps[k] else float("nan")) for k, v in best_sweeps(sweeps, args.reps).items()}
         ours, mkl, ours_head = t["qgemm"], t["mkl"], t["head"]
-        r = {"rows": m, "qgemm_s": ours, "mkl_f32_s": mkl, "qgemm_gmacs": m * macs_per_row / ours / 1e9,
-             "mkl_f32_gmacs": m * macs_per_row / mkl / 1e9, "head_s": ours_head}  # fmt: skip
+        r = {
+            "rows": m,
+            "qgemm_s": ours,
+            "mkl_f32_s": mkl,
+            "qgemm_gmacs": m * macs_per_row / ours / 1e9,
+            "mkl_f32_gmacs": m * macs_per_row / mkl / 1e9,
+            "head_s": ours_head,
+        }
         line = (
             f"{m:>5} {ours * 1e3:>9.1f} {r['qgemm_gmacs']:>7.1f} {mkl * 1e3:>11.1f} {r['mkl_f32_gmacs']:>7.1f}"
             f" {ours_head * 1e3:>8.2f}"

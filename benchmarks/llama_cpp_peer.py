@@ -29,7 +29,9 @@ def load(gguf: Path, threads: int, lookup: int | None = None, max_ngram: int = 2
     """A llama.cpp model; lookup: prompt lookup decoding with this many drafts (llama-cpp-python's
     LlamaPromptLookupDecoding, its n-gram proposer)."""
     import llama_cpp
-    import llama_cpp.llama_cpp as capi  # the bindings Llama reads its defaults from
+
+    # the bindings Llama reads its defaults from
+    import llama_cpp.llama_cpp as capi
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     draft = LlamaPromptLookupDecoding(max_ngram_size=max_ngram, num_pred_tokens=lookup) if lookup else None
@@ -84,7 +86,8 @@ def decode_speed(
     decode benchmark."""
     import statistics
 
-    generate(model, prompt, new_tokens, set())  # untimed warm-up
+    # untimed warm-up
+    generate(model, prompt, new_tokens, set())
     e2e, dec, pre = [], [], []
     for _ in range(repeats):
         t = time.perf_counter()

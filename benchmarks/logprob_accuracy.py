@@ -35,10 +35,12 @@ def score(ref32, ref64, prompts: list[list[int]], outs) -> dict:
         toks = list(o.outputs[0].token_ids)
         full = torch.tensor([p + toks])
         with torch.inference_mode():
-            l32 = torch.log_softmax(ref32(full).logits[0].double(), -1)  # [T, V]
+            # [T, V]
+            l32 = torch.log_softmax(ref32(full).logits[0].double(), -1)
             l64 = torch.log_softmax(ref64(full).logits[0], -1)
         for j, top in enumerate(o.outputs[0].logprobs):
-            pos = len(p) + j - 1  # the logits that chose output token j
+            # the logits that chose output token j
+            pos = len(p) + j - 1
             agree += int(l32[pos].argmax().item() == toks[j])
             positions += 1
             chosen.append(abs(top[toks[j]].logprob - l32[pos, toks[j]].item()))

@@ -138,7 +138,8 @@ def main() -> None:
         rows += [hf_plain, hf_pld]
         identical["transformers"] = sum(a == b for a, b in zip(hf_outs, ref))
         identical["transformers prompt-lookup"] = sum(a == b for a, b in zip(pld_outs, ref))
-        peer_outs = {"transformers": hf_outs}  # speculation against each peer's own plain decoding
+        # speculation against each peer's own plain decoding
+        peer_outs = {"transformers": hf_outs}
         identical["transformers prompt-lookup vs transformers"] = sum(
             a == b for a, b in zip(pld_outs, hf_outs)
         )

@@ -47,9 +47,12 @@ def accepted_per_step(k: int, mode: str, sampled_drafts: bool, n: int, length: i
                 else draft[ctx].argmax(-1)
             )
             drafts.append(ctx)
-        d = torch.stack(drafts, 1)  # [n, k]
-        contexts = torch.cat([last[:, None], d], 1)  # [n, k + 1]
-        p = target[contexts]  # [n, k + 1, V]
+        # [n, k]
+        d = torch.stack(drafts, 1)
+        # [n, k + 1]
+        contexts = torch.cat([last[:, None], d], 1)
+        # [n, k + 1, V]
+        p = target[contexts]
         res, na = rejection_sample(
             "probabilistic",
             d,
@@ -85,8 +88,10 @@ def main() -> None:
             for mode in ("token", "block", "entropy"):
                 r[mode] = accepted_per_step(k, mode, sampled, args.sequences, args.length)
             rows.append(r)
-            print(f"{r['drafts']:>12} {k:>3} {r['token']:>12.3f} {r['block']:>8.3f} {r['block'] / r['token']:>5.2f}x "
-                  f"{r['entropy']:>9.3f}")  # fmt: skip
+            print(
+                f"{r['drafts']:>12} {k:>3} {r['token']:>12.3f} {r['block']:>8.3f} {r['block'] / r['token']:>5.2f}x "
+                f"{r['entropy']:>9.3f}"
+            )
     print(
         "* Entropy Verify (posterior_threshold 0.95, posterior_alpha 0.4) is not lossless: more accepted drafts, "
         "a different output law"

@@ -24,7 +24,8 @@ def eagle3_reference(
     hd = cfg["hidden_size"] // heads
     m = {k.removeprefix("midlayer."): v for k, v in w.items()}
     rope = LlamaRotaryEmbedding(LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"}))
-    cos, sin = rope(embeds[None], torch.arange(n)[None])  # [1, n, hd]
+    # [1, n, hd]
+    cos, sin = rope(embeds[None], torch.arange(n)[None])
     keys, values, heads_in, outs = [], [], [], []
     for i in range(n):
         s = outs[-1] if states[i] is None else states[i] @ m["fc.weight"].T
@@ -36,7 +37,8 @@ def eagle3_reference(
         q, k = apply_rotary_pos_emb(q, k, cos[:, i : i + 1], sin[:, i : i + 1])
         keys.append(k)
         values.append(v)
-        kk = repeat_kv(torch.cat(keys, 2), heads // kvh)  # [1, heads, i + 1, hd]
+        # [1, heads, i + 1, hd]
+        kk = repeat_kv(torch.cat(keys, 2), heads // kvh)
         vv = repeat_kv(torch.cat(values, 2), heads // kvh)
         att = (q @ kk.transpose(-1, -2)) / hd**0.5
         o = (att.softmax(-1) @ vv).reshape(heads * hd) @ m["self_attn.o_proj.weight"].T

@@ -16,8 +16,10 @@ TYPES = ["Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K"]
 def random_q4_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Raw Q4_K rows (gguf has no Q4_K quantizer): random 6-bit scales/mins and nibbles, float16 d and dmin."""
     raw = rng.integers(0, 256, size=(n, k // 256, 144), dtype=np.uint8)
-    raw[..., 0:2] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)  # d
-    raw[..., 2:4] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)  # dmin
+    # d
+    raw[..., 0:2] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)
+    # dmin
+    raw[..., 2:4] = np.float16(rng.uniform(0.001, 0.01)).reshape(1).view(np.uint8)
     return raw.reshape(n, -1)
 
 
@@ -42,7 +44,8 @@ def random_q6_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """Raw Q6_K rows (gguf has no Q6_K quantizer): random 6-bit weights and int8 scales (-128 included), a float16
     d per 256-weight super-block."""
     raw = rng.integers(0, 256, size=(n, k // 256, 210), dtype=np.uint8)
-    raw[..., 208:210] = np.float16(rng.uniform(0.0005, 0.002)).reshape(1).view(np.uint8)  # d
+    # d
+    raw[..., 208:210] = np.float16(rng.uniform(0.0005, 0.002)).reshape(1).view(np.uint8)
     return raw.reshape(n, -1)
 
 
@@ -53,16 +56,21 @@ def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     gguf's Q6_K.dequantize_blocks unpacks them."""
     n, k = x.shape
     ns = k // 256
-    b = x.astype(np.float32).reshape(n, ns, 16, 16)  # [N, ns, sub-block, 16] in weight order
-    s = np.abs(b).max(-1) / np.float32(31)  # [N, ns, 16]
-    d = (s.max(-1, keepdims=True) / np.float32(127)).astype(np.float16)  # [N, ns, 1]
+    # [N, ns, sub-block, 16] in weight order
+    b = x.astype(np.float32).reshape(n, ns, 16, 16)
+    # [N, ns, 16]
+    s = np.abs(b).max(-1) / np.float32(31)
+    # [N, ns, 1]
+    d = (s.max(-1, keepdims=True) / np.float32(127)).astype(np.float16)
     d32 = d.astype(np.float32)
     sc = np.clip(np.rint(np.divide(s, d32, out=np.zeros_like(s), where=d32 > 0)), 0, 127).astype(np.int8)
-    step = (d32 * sc)[..., None]  # [N, ns, 16, 1]
+    # [N, ns, 16, 1]
+    step = (d32 * sc)[..., None]
     q = np.clip(np.rint(np.divide(b, step, out=np.zeros_like(b), where=step > 0)), -32, 31)
     # weight 128 h + 32 t + l of a super-block: low nibble in ql byte 64 h + 32 (t % 2) + l (shift 4 (t // 2)),
     # high 2 bits in qh byte 32 h + l (shift 2 t)
-    u = (q.astype(np.int16) + 32).astype(np.uint8).reshape(n, ns, 2, 4, 32)  # [N, ns, h, t, l]
+    # [N, ns, h, t, l]
+    u = (q.astype(np.int16) + 32).astype(np.uint8).reshape(n, ns, 2, 4, 32)
     ql = np.zeros((n, ns, 2, 2, 32), np.uint8)
     qh = np.zeros((n, ns, 2, 32), np.uint8)
     for t in range(4):

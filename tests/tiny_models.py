@@ -121,7 +121,8 @@ def write_tiny_checkpoint(
     config.architectures = cfg["architectures"]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # random init is tiny; widen it so logits are not all ~0 (makes parity meaningful)
+    # random init is tiny; widen it so logits are not all ~0 (makes parity meaningful)
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.normal_(0.0 if arch == "gemma3" else 1.0, 0.1)
@@ -162,16 +163,27 @@ def write_tiny_medusa(
         )
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"))
-    config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": hidden, "vocab_size": vocab,
-              "medusa_num_heads": num_heads, "medusa_num_layers": num_layers}  # fmt: skip
+    config = {
+        "model_type": "medusa",
+        "architectures": ["MedusaModel"],
+        "hidden_size": hidden,
+        "vocab_size": vocab,
+        "medusa_num_heads": num_heads,
+        "medusa_num_layers": num_layers,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
 def write_tiny_mlp_speculator(
-    folder: Path, target: Path, n_predict: int = 4, inner_dim: int = 48, seed: int = 0, tie_weights: bool = False,
+    folder: Path,
+    target: Path,
+    n_predict: int = 4,
+    inner_dim: int = 48,
+    seed: int = 0,
+    tie_weights: bool = False,
     scale_input: bool = True,
-) -> Path:  # fmt: skip
+) -> Path:
     """An MLP speculator checkpoint (vLLM / ibm-fms format) for the target at `target`, random seeded weights."""
     from safetensors.torch import save_file
 
@@ -191,9 +203,18 @@ def write_tiny_mlp_speculator(
         )
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"))
-    config = {"model_type": "mlp_speculator", "architectures": ["MLPSpeculatorPreTrainedModel"], "vocab_size": vocab,
-              "emb_dim": emb_dim, "inner_dim": inner_dim, "n_predict": n_predict, "tie_weights": tie_weights,
-              "scale_input": scale_input, "top_k_tokens_per_head": [1] * n_predict, "n_candidates": 1}  # fmt: skip
+    config = {
+        "model_type": "mlp_speculator",
+        "architectures": ["MLPSpeculatorPreTrainedModel"],
+        "vocab_size": vocab,
+        "emb_dim": emb_dim,
+        "inner_dim": inner_dim,
+        "n_predict": n_predict,
+        "tie_weights": tie_weights,
+        "scale_input": scale_input,
+        "top_k_tokens_per_head": [1] * n_predict,
+        "n_candidates": 1,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
@@ -225,9 +246,15 @@ def write_tiny_eagle(
         tensors["fc.bias"] = rnd(h)
     for i in range(num_layers):
         p = f"layers.{i}."
-        shapes = {"self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
-                  "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
-                  "mlp.down_proj": (h, inter)}  # fmt: skip
+        shapes = {
+            "self_attn.q_proj": (q, h),
+            "self_attn.k_proj": (kv, h),
+            "self_attn.v_proj": (kv, h),
+            "self_attn.o_proj": (h, q),
+            "mlp.gate_proj": (inter, h),
+            "mlp.up_proj": (inter, h),
+            "mlp.down_proj": (h, inter),
+        }
         for name, shape in shapes.items():
             tensors[p + name + ".weight"] = rnd(*shape)
         tensors[p + "post_attention_layernorm.weight"] = torch.ones(h)
@@ -241,9 +268,13 @@ def write_tiny_eagle(
 
 
 def write_tiny_eagle3(
-    folder: Path, target: Path, seed: int = 0, draft_vocab: int | None = None, copy_final: bool = False,
+    folder: Path,
+    target: Path,
+    seed: int = 0,
+    draft_vocab: int | None = None,
+    copy_final: bool = False,
     layer_ids: list[int] | None = None,
-) -> Path:  # fmt: skip
+) -> Path:
     """An EAGLE-3 draft (vLLM's format: `fc` [H, 3H], `midlayer.*` with q/k/v reading 2H, `norm`, `lm_head`, `d2t`)
     for the target at `target`: random seeded weights (draft_vocab: the first draft_vocab target ids, through d2t),
     or with copy_final an fc that keeps the third stream (the target's last layer output, layer_ids [0, 1, L]), zero
@@ -269,15 +300,22 @@ def write_tiny_eagle3(
     else:
         fc, norm, head = rnd(h, 3 * h), 1 + rnd(h, scale=0.1), rnd(dv, h, scale=0.3)
     tensors = {"fc.weight": fc, "norm.weight": norm.clone(), "lm_head.weight": head.clone()}
-    shapes = {"self_attn.q_proj": (q, 2 * h), "self_attn.k_proj": (kv, 2 * h), "self_attn.v_proj": (kv, 2 * h),
-              "self_attn.o_proj": (h, q), "mlp.gate_proj": (inter, h), "mlp.up_proj": (inter, h),
-              "mlp.down_proj": (h, inter)}  # fmt: skip
+    shapes = {
+        "self_attn.q_proj": (q, 2 * h),
+        "self_attn.k_proj": (kv, 2 * h),
+        "self_attn.v_proj": (kv, 2 * h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (inter, h),
+        "mlp.up_proj": (inter, h),
+        "mlp.down_proj": (h, inter),
+    }
     for name, shape in shapes.items():
         tensors[f"midlayer.{name}.weight"] = rnd(*shape)
     for name in ("input_layernorm", "hidden_norm", "post_attention_layernorm"):
         tensors[f"midlayer.{name}.weight"] = torch.ones(h) if copy_final else 1 + rnd(h, scale=0.1)
     if dv != vocab:
-        tensors["d2t"] = torch.zeros(dv, dtype=torch.long)  # draft id i is target id i
+        # draft id i is target id i
+        tensors["d2t"] = torch.zeros(dv, dtype=torch.long)
         tensors["t2d"] = torch.arange(vocab) < dv
     folder.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(folder / "model.safetensors"))
@@ -318,14 +356,23 @@ def write_tiny_mimo(folder: Path, seed: int = 0, pass_through: bool = False) -> 
     mtp = {
         "token_layernorm.weight": torch.ones(h),
         "hidden_layernorm.weight": 1 / final if pass_through else torch.ones(h),
-        "input_proj.weight": torch.cat([torch.eye(h), torch.zeros(h, h)], 1) if pass_through else rnd(h, 2 * h),
+        "input_proj.weight": torch.cat([torch.eye(h), torch.zeros(h, h)], 1)
+        if pass_through
+        else rnd(h, 2 * h),
         "final_layernorm.weight": final.clone() if pass_through else torch.ones(h),
-        "input_layernorm.weight": torch.ones(h), "post_attention_layernorm.weight": torch.ones(h),
-        "self_attn.q_proj.weight": rnd(q, h), "self_attn.k_proj.weight": rnd(kv, h),
-        "self_attn.v_proj.weight": rnd(kv, h), "self_attn.q_proj.bias": rnd(q), "self_attn.k_proj.bias": rnd(kv),
-        "self_attn.v_proj.bias": rnd(kv), "self_attn.o_proj.weight": rnd(h, q), "mlp.gate_proj.weight": rnd(inter, h),
-        "mlp.up_proj.weight": rnd(inter, h), "mlp.down_proj.weight": rnd(h, inter),
-    }  # fmt: skip
+        "input_layernorm.weight": torch.ones(h),
+        "post_attention_layernorm.weight": torch.ones(h),
+        "self_attn.q_proj.weight": rnd(q, h),
+        "self_attn.k_proj.weight": rnd(kv, h),
+        "self_attn.v_proj.weight": rnd(kv, h),
+        "self_attn.q_proj.bias": rnd(q),
+        "self_attn.k_proj.bias": rnd(kv),
+        "self_attn.v_proj.bias": rnd(kv),
+        "self_attn.o_proj.weight": rnd(h, q),
+        "mlp.gate_proj.weight": rnd(inter, h),
+        "mlp.up_proj.weight": rnd(inter, h),
+        "mlp.down_proj.weight": rnd(h, inter),
+    }
     save_file({**w, **{p + k: v.contiguous() for k, v in mtp.items()}}, str(folder / "model.safetensors"))
     config = {
         **cfg,
@@ -388,9 +435,17 @@ def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_
     add("token_embd.weight", state["model.embed_tokens.weight"])
     add("output_norm.weight", state["model.norm.weight"])
     add("output.weight", state["lm_head.weight"], head_type)
-    parts = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}  # fmt: skip
+    parts = {
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+    }
     for i in range(cfg["num_hidden_layers"]):
         for g_name, hf_name in parts.items():
             w = state[f"model.layers.{i}.{hf_name}.weight"]

@@ -22,15 +22,18 @@ class BenchResult:
     num_accepted_tokens: int = 0
     mean_acceptance_length: float = 1.0
     per_position: list[float] = field(default_factory=list)
-    prefill_seconds: float = 0.0  # time in prompt-processing steps
-    decode_tok_per_s: float = 0.0  # tokens from decode steps / time in decode steps (prefill excluded)
+    # time in prompt-processing steps
+    prefill_seconds: float = 0.0
+    # tokens from decode steps / time in decode steps (prefill excluded)
+    decode_tok_per_s: float = 0.0
 
 
 def time_llm(
     llm, prompts: list[list[int]], sp: SamplingParams, label: str, progress: bool = False
 ) -> tuple[BenchResult, list]:
     """One timed run of every prompt; `progress` draws a tqdm bar on stderr (one update per finished prompt)."""
-    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    # warm-up
+    llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=4), use_tqdm=False)
     before = llm.engine.counters.spec
     base = (
         (

@@ -10,7 +10,8 @@ from verispec.engine.args import EngineArgs
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse already exits 2; keep it to one line
+    # argparse already exits 2; keep it to one line
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
@@ -148,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.set_defaults(func=cmd_audit)
     try:
         from verispec.server.cli import add_serve_args, run_server
-    except ImportError:  # server extras missing
+    # server extras missing
+    except ImportError:
         pass
     else:
         s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")

@@ -11,7 +11,8 @@ SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
-    "MiMoForCausalLM",  # Qwen2 blocks plus MTP layers (the `mtp` method's draft)
+    # Qwen2 blocks plus MTP layers (the `mtp` method's draft)
+    "MiMoForCausalLM",
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
 )

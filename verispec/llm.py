@@ -74,11 +74,13 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} sampling_params")
-        encoded = [self._to_ids(p) for p in prompts]  # validate everything before adding anything
+        # validate everything before adding anything
+        encoded = [self._to_ids(p) for p in prompts]
         queued: list[str] = []
         try:
             ids = [self._add(text, toks, sp, queued) for (text, toks), sp in zip(encoded, params)]
-        except Exception:  # a rejected prompt: the ones queued before it do not run (or linger) either
+        # a rejected prompt: the ones queued before it do not run (or linger) either
+        except Exception:
             for rid in queued:
                 self.engine.abort_request(rid)
                 self.engine.release(rid)

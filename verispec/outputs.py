@@ -19,7 +19,8 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None = None
     logprobs: list[dict[int, Logprob]] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    # "stop" | "length" | "abort"
+    finish_reason: str | None = None
     stop_reason: int | str | None = None
 
     def finished(self) -> bool:
@@ -130,12 +131,16 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
-    num_draft_tokens: int = 0  # speculative tokens proposed for this request
-    num_accepted_tokens: int = 0  # of which accepted by the target
+    # speculative tokens proposed for this request
+    num_draft_tokens: int = 0
+    # of which accepted by the target
+    num_accepted_tokens: int = 0
     metrics: dict = field(default_factory=dict)
     prompt_logprobs: list[dict[int, Logprob] | None] | None = (
-        None  # SamplingParams.prompt_logprobs: one per token
+        # SamplingParams.prompt_logprobs: one per token
+        None
     )
-    kv_transfer_params: dict | None = None  # extract_hidden_states: {"hidden_states_path": file}
+    # extract_hidden_states: {"hidden_states_path": file}
+    kv_transfer_params: dict | None = None
     # this request's speculation, on its finished output (None without a speculative method)
     spec_decode_metrics: SpecDecodeMetrics | None = None

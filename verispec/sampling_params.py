@@ -24,7 +24,8 @@ def _as_int(name: str, value: object) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r} (bool).")
     try:
-        return operator.index(value)  # accepts int and numpy integers, rejects floats/str
+        # accepts int and numpy integers, rejects floats/str
+        return operator.index(value)
     except TypeError:
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).") from None
 
@@ -59,13 +60,16 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
-    prompt_logprobs: int | None = None  # top-N logprobs per prompt token (the first is None), as vLLM
+    # top-N logprobs per prompt token (the first is None), as vLLM
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # token id -> added to its logit (before the penalties), as in vLLM
     logit_bias: dict[int, float] | None = None
-    allowed_token_ids: list[int] | None = None  # only these tokens can be sampled
-    bad_words: list[str] | None = None  # words whose last token is banned when the output ends with the rest
+    # only these tokens can be sampled
+    allowed_token_ids: list[int] | None = None
+    # words whose last token is banned when the output ends with the rest
+    bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
         self._normalise_types()
@@ -85,7 +89,8 @@ class SamplingParams:
         self.top_k = _as_int("top_k", self.top_k)
         if self.seed is not None:
             self.seed = _as_int("seed", self.seed)
-            if self.seed == -1:  # vLLM: -1 means "no seed"
+            # vLLM: -1 means "no seed"
+            if self.seed == -1:
                 self.seed = None
             elif not -(2**63) <= self.seed < 2**63:
                 raise ValueError(f"seed must be a 64-bit integer (-2**63 .. 2**63 - 1), got {self.seed}.")

@@ -59,7 +59,8 @@ _INTERNAL_KEYS = (
 ).split()
 _AUX_LAYERS_KEY = "eagle_aux_hidden_state_layer_ids"
 _NO_MODEL = "num_speculative_tokens was provided but without speculative model"
-MAX_SPECULATIVE_TOKENS = 1024  # drafted tokens one step may verify per request (vLLM sets no bound)
+# drafted tokens one step may verify per request (vLLM sets no bound)
+MAX_SPECULATIVE_TOKENS = 1024
 # Range rules: key -> (check, rule in vLLM's message style).
 _BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_model_len": (lambda v: v is None or v >= 1, "must be >= 1"),
@@ -102,7 +103,8 @@ class SpeculativeConfig:
     model: str | None = None
     num_speculative_tokens: int | None = None
     draft_tensor_parallel_size: int | None = None
-    max_model_len: int | None = None  # resolved: the draft's effective max length
+    # resolved: the draft's effective max length
+    max_model_len: int | None = None
     quantization: str | None = None
     revision: str | None = None
     code_revision: str | None = None
@@ -116,9 +118,11 @@ class SpeculativeConfig:
     enable_adaptive_verification: bool = True
     disable_padded_drafter_batch: bool = False
     disable_logprobs: bool = True
-    prompt_lookup_min: int | None = None  # resolved: 0 for non-ngram methods, as in vLLM
+    # resolved: 0 for non-ngram methods, as in vLLM
+    prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
-    speculative_token_tree: str | None = None  # resolved: str(list of tuples), sorted breadth-first
+    # resolved: str(list of tuples), sorted breadth-first
+    speculative_token_tree: str | None = None
     parallel_drafting: bool = False
     rejection_sample_method: str = "strict"
     synthetic_acceptance_rate: float | None = None
@@ -395,7 +399,8 @@ def _resolve_num_tokens(method: str, values: dict[str, Any], draft: _DraftInfo) 
     num_tokens = 1 if method == "extract_hidden_states" else num_tokens
     n_predict = draft.n_predict if method in DRAFT_WEIGHT_METHODS else None
     if n_predict is not None and num_tokens is None:
-        num_tokens = n_predict  # default to the max value defined in the draft model config
+        # default to the max value defined in the draft model config
+        num_tokens = n_predict
     elif n_predict is not None and num_tokens > n_predict and num_tokens % n_predict != 0:
         raise ValueError(f"num_speculative_tokens:{num_tokens} must be divisible by {n_predict=}")
     if num_tokens is None:
@@ -405,7 +410,8 @@ def _resolve_num_tokens(method: str, values: dict[str, Any], draft: _DraftInfo) 
         )
     if num_tokens <= 0:
         raise ValueError(f"Expected num_speculative_tokens to be greater than zero ({num_tokens}).")
-    if num_tokens > MAX_SPECULATIVE_TOKENS:  # the default chain tree alone grows as k^2
+    # the default chain tree alone grows as k^2
+    if num_tokens > MAX_SPECULATIVE_TOKENS:
         raise ValueError(
             f"num_speculative_tokens={num_tokens} is more than this build verifies per step "
             f"(1..{MAX_SPECULATIVE_TOKENS})."

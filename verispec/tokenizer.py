@@ -43,7 +43,8 @@ EOG_TOKEN_TEXTS = (
     "<end_of_utterance>",
 )
 
-_GPT2_SPLIT = None  # ByteLevel(use_regex=True) applies the GPT-2 regex itself
+# ByteLevel(use_regex=True) applies the GPT-2 regex itself
+_GPT2_SPLIT = None
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -116,7 +117,8 @@ class Tokenizer:
             raise ValueError(f"{root}: no tokenizer.json found")
         try:
             backend = HFTokenizer.from_file(str(tokenizer_file))
-        except Exception as e:  # the tokenizers library raises a bare Exception for malformed files
+        # the tokenizers library raises a bare Exception for malformed files
+        except Exception as e:
             raise ValueError(f"{tokenizer_file}: not a valid tokenizer file ({e})") from None
         config = _read_json(root / "tokenizer_config.json")
         generation = _read_json(root / "generation_config.json")
@@ -346,7 +348,8 @@ def _as_id_list(value: Any) -> list[int]:
 
 def _hf_chat_template(root: Path, config: dict) -> str | None:
     template = config.get("chat_template")
-    if isinstance(template, list):  # [{"name": "default", "template": "..."}, ...]
+    # [{"name": "default", "template": "..."}, ...]
+    if isinstance(template, list):
         named = {entry.get("name"): entry.get("template") for entry in template}
         template = named.get("default") or next(iter(named.values()), None)
     if template:

@@ -63,7 +63,8 @@ def _mtbench(n: int, skip: int = 0) -> list[str]:
     return []
 
 
-TRAIN_SKIP_CHAT, TRAIN_SKIP_CODE = 40, 100  # the benchmark workloads read the items before these
+# the benchmark workloads read the items before these
+TRAIN_SKIP_CHAT, TRAIN_SKIP_CODE = 40, 100
 
 
 def training_conversations(n_chat: int, n_code: int) -> list[list[dict]]:
@@ -121,7 +122,8 @@ def build_workload(name: str, n: int) -> list[list[dict]]:
         qs = _mtbench(n) or _CHAT_FALLBACK
         qs = (qs * (n // len(qs) + 1))[:n]
         return [[{"role": "user", "content": q}] for q in qs]
-    if name == "repeat-edit":  # outputs repeat across requests: the suffix-decoding use case
+    # outputs repeat across requests: the suffix-decoding use case
+    if name == "repeat-edit":
         code = _code_snippets(max(4, n // 4))
         instr = "Convert this function to use f-strings where possible and return the full updated code."
         return [

@@ -85,9 +85,14 @@ def test_broken_verifier_fails_sampled_law(capsys, monkeypatch, tiny_llama, tiny
 
 @pytest.mark.parametrize(
     "extra, why",
-    [({"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.9}, "synthetic"),
-     ({"rejection_sample_method": "probabilistic", "enable_entropy_verify": True}, "enable_entropy_verify")],
-)  # fmt: skip
+    [
+        ({"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.9}, "synthetic"),
+        (
+            {"rejection_sample_method": "probabilistic", "enable_entropy_verify": True},
+            "enable_entropy_verify",
+        ),
+    ],
+)
 def test_lossy_configs_are_reported_as_lossy(capsys, tiny_llama, tiny_draft, extra, why):
     rc, out, err = _audit(
         capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft, **extra), "--samples", "200", "--max-tokens", "8"
@@ -115,13 +120,15 @@ def test_prompts_file(capsys, tmp_path, tiny_llama, tiny_draft):
 
 @pytest.mark.parametrize(
     "args, needle",
-    [([], "audit needs a speculative configuration"),
-     (["-sc", "{bad"], "speculative_config"),
-     (["-sc", '{"method": "ngram"}', "--top-p", "0"], "--top-p"),
-     (["-sc", '{"method": "ngram"}', "--samples", "-1"], "--samples"),
-     (["-sc", '{"method": "ngram"}', "--prompts", "/nonexistent/p.txt"], "no such file"),
-     (["-sc", '{"method": "ngram"}', "--samples", "many"], "--samples")],
-)  # fmt: skip
+    [
+        ([], "audit needs a speculative configuration"),
+        (["-sc", "{bad"], "speculative_config"),
+        (["-sc", '{"method": "ngram"}', "--top-p", "0"], "--top-p"),
+        (["-sc", '{"method": "ngram"}', "--samples", "-1"], "--samples"),
+        (["-sc", '{"method": "ngram"}', "--prompts", "/nonexistent/p.txt"], "no such file"),
+        (["-sc", '{"method": "ngram"}', "--samples", "many"], "--samples"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(capsys, tiny_llama, args, needle):
     if "--samples" in args and args[-1] == "many":
         with pytest.raises(SystemExit) as e:

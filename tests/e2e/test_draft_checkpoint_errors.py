@@ -40,8 +40,11 @@ def test_token_tree_limits(tiny_llama, tiny_eagle):
         {**eagle, "speculative_token_tree": "[(0,), (400,)]"},
         "child rank 400 .* the drafter has 320",
     )
-    _fails(tiny_llama, {**eagle, "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 0, 0)]"},
-           "3 levels deep but num_speculative_tokens is 2")  # fmt: skip
+    _fails(
+        tiny_llama,
+        {**eagle, "speculative_token_tree": "[(0,), (1,), (0, 0), (0, 0, 0)]"},
+        "3 levels deep but num_speculative_tokens is 2",
+    )
     ngram = {
         "method": "ngram",
         "num_speculative_tokens": 2,
@@ -120,10 +123,21 @@ def test_extract_hidden_states_settings(tiny_llama, tmp_path):
         "kv_connector": "ExampleHiddenStatesConnector",
         "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
     }
-    _fails(tiny_llama, spec, "not a writable folder",
-           kv_transfer_config={**ok, "kv_connector_extra_config": {"shared_storage_path": "/proc"}})  # fmt: skip
-    _fails(tiny_llama, spec, r"unknown key\(s\) \['foo'\]",
-           kv_transfer_config={**ok, "kv_connector_extra_config": {"shared_storage_path": str(tmp_path), "foo": 1}})  # fmt: skip
+    _fails(
+        tiny_llama,
+        spec,
+        "not a writable folder",
+        kv_transfer_config={**ok, "kv_connector_extra_config": {"shared_storage_path": "/proc"}},
+    )
+    _fails(
+        tiny_llama,
+        spec,
+        r"unknown key\(s\) \['foo'\]",
+        kv_transfer_config={
+            **ok,
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path), "foo": 1},
+        },
+    )
     _fails(
         tiny_llama,
         {**spec, "model": tiny_llama},

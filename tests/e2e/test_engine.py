@@ -125,7 +125,8 @@ def test_logit_bias_and_allowed_token_ids(llm):
     assert run(logit_bias={7: 100.0}) == [7] * 6
     assert run(logit_bias={toks[0]: -100.0})[0] != toks[0]
     assert run(logit_bias={toks[0]: 0.0}) == toks
-    assert run(allowed_token_ids=[toks[0], 9])[0] == toks[0]  # the argmax, still allowed
+    # the argmax, still allowed
+    assert run(allowed_token_ids=[toks[0], 9])[0] == toks[0]
     allowed = {11, 12, 13}
     sampled = run(allowed_token_ids=sorted(allowed), temperature=1.0, seed=3, max_tokens=20)
     assert set(sampled) <= allowed and len(set(sampled)) > 1
@@ -133,7 +134,8 @@ def test_logit_bias_and_allowed_token_ids(llm):
     assert 67 not in run(logit_bias={67: 100.0}, bad_words=["a"])
     two = dict(allowed_token_ids=[86, 259], temperature=1.0, seed=1, max_tokens=20)
     free, banned = run(**two), run(**two, bad_words=["the"])
-    assert any(free[i : i + 2] == [86, 259] for i in range(19))  # the test means something
+    # the test means something
+    assert any(free[i : i + 2] == [86, 259] for i in range(19))
     assert not any(banned[i : i + 2] == [86, 259] for i in range(19)) and 86 in banned
     for kw, field in (
         ({"logit_bias": {10**6: 1.0}}, "logit_bias"),
@@ -176,7 +178,8 @@ def test_logprobs_and_n(llm):
     lps = out.outputs[0].logprobs
     assert len(lps) == 4
     for tok, entry in zip(out.outputs[0].token_ids, lps):
-        assert tok in entry and entry[tok].rank == 1  # greedy picks the top token
+        # greedy picks the top token
+        assert tok in entry and entry[tok].rank == 1
         assert len(entry) >= 3
     multi = llm.generate(p, SamplingParams(temperature=1.0, n=3, max_tokens=5, seed=7, ignore_eos=True))[0]
     assert [c.index for c in multi.outputs] == [0, 1, 2] and len(
@@ -392,5 +395,6 @@ def test_generating_on_another_thread_warns_once(tiny_llama):
     msgs = [str(w.message) for w in caught[0] if "another thread" in str(w.message)]
     assert len(msgs) == 1 and "same thread" in msgs[0]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the loading thread: no warning
+        # the loading thread: no warning
+        warnings.simplefilter("error")
         llm.generate([{"prompt_token_ids": [1, 2, 3]}], sp, use_tqdm=False)

@@ -19,8 +19,11 @@ def _llm(model: str, folder, layer_ids=(2, 0, 3), **kw) -> LLM:
     spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1}
     if layer_ids is not None:
         spec["draft_model_config"] = {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}}
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(folder)}}  # fmt: skip
+    kv = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(folder)},
+    }
     return LLM(model, max_model_len=128, speculative_config=spec, kv_transfer_config=kv, **kw)
 
 
@@ -34,11 +37,14 @@ def test_states_match_transformers_hidden_states(tiny_llama, tmp_path):
     for out in outs:
         saved = load_file(out.kv_transfer_params["hidden_states_path"])
         ids = out.prompt_token_ids
-        assert saved["token_ids"].tolist() == ids  # max_tokens=1: exactly the prompt, as in vLLM
-        states = saved["hidden_states"]  # [T, 3 layers in the given order, H]
+        # max_tokens=1: exactly the prompt, as in vLLM
+        assert saved["token_ids"].tolist() == ids
+        # [T, 3 layers in the given order, H]
+        states = saved["hidden_states"]
         assert states.shape == (len(ids), 3, 64)
         with torch.no_grad():
-            hf = ref(torch.tensor([ids]), output_hidden_states=True).hidden_states  # hf[i]: input of layer i
+            # hf[i]: input of layer i
+            hf = ref(torch.tensor([ids]), output_hidden_states=True).hidden_states
         torch.testing.assert_close(states[:, 0], hf[2][0], atol=1e-4, rtol=0)
         torch.testing.assert_close(states[:, 1], hf[0][0], atol=1e-4, rtol=0)
         # id 3 = num_layers: the stream after the last layer, before the final norm (hf[3] has the norm applied)
@@ -52,7 +58,8 @@ def test_generated_tokens_chunked_prompts_and_plain_output(tiny_llama, tmp_path)
     whole = _llm(tiny_llama, tmp_path / "a").generate(PROMPTS, sp, use_tqdm=False)
     chunked = _llm(tiny_llama, tmp_path / "b", max_num_batched_tokens=8).generate(PROMPTS, sp, use_tqdm=False)
     for out, out_c, tokens in zip(whole, chunked, expected):
-        assert out.outputs[0].token_ids == tokens  # nothing is speculated: the output is plain decoding's
+        # nothing is speculated: the output is plain decoding's
+        assert out.outputs[0].token_ids == tokens
         a = load_file(out.kv_transfer_params["hidden_states_path"])
         b = load_file(out_c.kv_transfer_params["hidden_states_path"])
         # every token the target processed: the prompt and each generated token but the last
@@ -62,7 +69,8 @@ def test_generated_tokens_chunked_prompts_and_plain_output(tiny_llama, tmp_path)
 
 def test_default_layers_are_eagle3s(tiny_llama, tmp_path):
     llm = _llm(tiny_llama, tmp_path / "hs", layer_ids=None)
-    assert llm.engine.proposer.layer_ids == (2, 1, 0)  # (2, L // 2, L - 3) for 3 layers
+    # (2, L // 2, L - 3) for 3 layers
+    assert llm.engine.proposer.layer_ids == (2, 1, 0)
     out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1), use_tqdm=False)[0]
     assert load_file(out.kv_transfer_params["hidden_states_path"])["hidden_states"].shape == (3, 3, 64)
 
@@ -71,19 +79,44 @@ def test_default_layers_are_eagle3s(tiny_llama, tmp_path):
     "kw, match",
     [
         ({"kv_transfer_config": None}, "needs kv_transfer_config"),
-        ({"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1"}}, "kv_connector must be 'ExampleHiddenStatesConnector'"),
-        ({"kv_transfer_config": {"kv_connector": "ExampleHiddenStatesConnector", "kv_port": 1}}, "unknown key"),
-        ({"kv_transfer_config": {"kv_connector": "ExampleHiddenStatesConnector"}}, "shared_storage_path is required"),
-        ({"kv_transfer_config": {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_consumer",
-                                 "kv_connector_extra_config": {"shared_storage_path": "x"}}}, "kv_role"),
+        (
+            {"kv_transfer_config": {"kv_connector": "LMCacheConnectorV1"}},
+            "kv_connector must be 'ExampleHiddenStatesConnector'",
+        ),
+        (
+            {"kv_transfer_config": {"kv_connector": "ExampleHiddenStatesConnector", "kv_port": 1}},
+            "unknown key",
+        ),
+        (
+            {"kv_transfer_config": {"kv_connector": "ExampleHiddenStatesConnector"}},
+            "shared_storage_path is required",
+        ),
+        (
+            {
+                "kv_transfer_config": {
+                    "kv_connector": "ExampleHiddenStatesConnector",
+                    "kv_role": "kv_consumer",
+                    "kv_connector_extra_config": {"shared_storage_path": "x"},
+                }
+            },
+            "kv_role",
+        ),
         ({"layer_ids": [1, 7]}, r"\[7\] out of range: the target has 3 layers"),
     ],
-)  # fmt: skip
+)
 def test_errors_name_the_key(tiny_llama, tmp_path, kw, match):
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": kw.get("layer_ids", [1])}}}  # fmt: skip
-    kv = kw.get("kv_transfer_config", {"kv_connector": "ExampleHiddenStatesConnector",
-                                       "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)}})  # fmt: skip
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": kw.get("layer_ids", [1])}},
+    }
+    kv = kw.get(
+        "kv_transfer_config",
+        {
+            "kv_connector": "ExampleHiddenStatesConnector",
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+        },
+    )
     with pytest.raises(ValueError, match=match):
         LLM(tiny_llama, max_model_len=128, speculative_config=spec, kv_transfer_config=kv)
 

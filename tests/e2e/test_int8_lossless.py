@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e.test_spec_lossless import _prompts
 from verispec import LLM, SamplingParams
 from verispec.kernels.build import int8_isa
 
@@ -12,19 +13,6 @@ pytestmark = pytest.mark.skipif(int8_isa() is None, reason="no int8 kernel (VNNI
 
 BATCHES = (1, 4)
 SP = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-
-
-def _prompts(n: int, seed: int) -> list[dict]:
-    """Prompts with repeated spans, so n-gram and suffix drafts exist and get both accepted and rejected."""
-    import torch
-
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        motif = torch.randint(3, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-        noise = torch.randint(3, 300, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
-        out.append({"prompt_token_ids": noise + motif * 4 + noise[:3]})
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,8 @@ def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
         tiny_llama,
         max_model_len=256,
         max_num_seqs=4,
-        max_num_batched_tokens=16,  # prompts in chunks: the states arrive over several forwards
+        # prompts in chunks: the states arrive over several forwards
+        max_num_batched_tokens=16,
         speculative_config={"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 4},
     )
     prop = llm.engine.proposer
@@ -51,17 +52,21 @@ def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     checked = 0
     for tokens, h, drafts in calls:
-        n = len(tokens) - 1  # the newest token x_n: its target state is not computed yet
+        # the newest token x_n: its target state is not computed yet
+        n = len(tokens) - 1
         assert h.shape[0] == n
         if not drafts:
             continue
-        ids = tokens[1:] + drafts[:-1]  # entry p reads x_{p+1}; the feedback entries read d_1 .. d_{k-1}
+        # entry p reads x_{p+1}; the feedback entries read d_1 .. d_{k-1}
+        ids = tokens[1:] + drafts[:-1]
         with torch.no_grad():
             embeds = prop.draft.embed(torch.tensor(ids))
             head_in, _ = eagle3_reference(w, cfg, embeds, [*h, *[None] * (len(drafts) - 1)])
-        logits = head_in[n - 1 :] @ w["lm_head.weight"].T  # [k, draft vocab]: drafts 1..k
+        # [k, draft vocab]: drafts 1..k
+        logits = head_in[n - 1 :] @ w["lm_head.weight"].T
         for d, row in zip(drafts, logits):
-            assert d < row.shape[0] and row[d] >= row.max() - 1e-4  # the argmax (up to float ties)
+            # the argmax (up to float ties)
+            assert d < row.shape[0] and row[d] >= row.max() - 1e-4
             checked += 1
     assert checked > 20
 
@@ -105,7 +110,8 @@ def test_eagle3_draft_follows_a_quantized_targets_weights(tiny_llama, tiny_eagle
 
     if not kernels_available():
         pytest.skip("no native kernels on this machine")
-    monkeypatch.setattr(linear, "keeps_quantized", lambda module: True)  # the tiny target is float32
+    # the tiny target is float32
+    monkeypatch.setattr(linear, "keeps_quantized", lambda module: True)
     spec = {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 3}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=4, speculative_config=spec)
     draft = llm.engine.proposer.draft

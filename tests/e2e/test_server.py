@@ -126,7 +126,8 @@ def servers(ckpt, tmp_path_factory):
         f"model: {ckpt}\nserved-model-name: tiny\nmax_model_len: 256\nmax-num-seqs: 4\n"
         f"api-key: {API_KEY}\ndisable-uvicorn-access-log: true\nmax-request-body-bytes: {BODY_LIMIT}\n"
     )
-    spec_cfg = d / "spec.yaml"  # nested mapping for the speculative config
+    # nested mapping for the speculative config
+    spec_cfg = d / "spec.yaml"
     spec_cfg.write_text(
         "served_model_name: [tiny, tiny-alias]\nmax-model-len: 256\nmax-num-seqs: 2\n"
         "max-queue: 1\nspeculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n"
@@ -168,7 +169,8 @@ def test_models_health_version_and_config_precedence(plain, spec):
     assert [m.id for m in plain.client().models.list().data] == ["tiny"]
     assert [m.id for m in spec.client().models.list().data] == ["tiny", "tiny-alias"]
     health = httpx.get(f"{plain.url}/health").json()
-    assert health["status"] == "ok" and health["num_kv_slots"] == 8  # --max-num-seqs beats the file's 4
+    # --max-num-seqs beats the file's 4
+    assert health["status"] == "ok" and health["num_kv_slots"] == 8
     assert httpx.get(f"{spec.url}/health").json()["num_kv_slots"] == 2
     assert httpx.get(f"{plain.url}/version").json()["version"]
     text = httpx.get(f"{spec.url}/metrics").text
@@ -261,14 +263,16 @@ def test_chat_greedy_equal_offline(which, servers, llm):
         max_tokens=20,
         temperature=0,
         stream=True,
-        stream_options={"include_usage": True, "continuous_usage_stats": True},  # vLLM's extension
+        # vLLM's extension
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
         extra_body={"ignore_eos": True},
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref.outputs[0].text
     assert chunks[-2].choices[0].finish_reason == "length" and chunks[-1].usage.completion_tokens == 20
-    so_far = [c.usage.completion_tokens for c in chunks[1:-1]]  # tokens delivered so far, in every chunk
+    # tokens delivered so far, in every chunk
+    so_far = [c.usage.completion_tokens for c in chunks[1:-1]]
     assert so_far == sorted(so_far) and so_far[-1] == 20
 
 
@@ -291,9 +295,8 @@ def test_n_seeds_and_stop_strings(plain, llm):
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.text for c in r.choices] == [o.text for o in ref.outputs]
     assert r.usage.completion_tokens == 48
-    assert [c.text for c in client.completions.create(**kw).choices] == [
-        o.text for o in ref.outputs
-    ]  # seeded
+    # seeded
+    assert [c.text for c in client.completions.create(**kw).choices] == [o.text for o in ref.outputs]
     texts = ["", "", ""]
     for chunk in client.completions.create(**kw, stream=True):
         for c in chunk.choices:
@@ -329,7 +332,8 @@ def test_n_seeds_and_stop_strings(plain, llm):
         )
         if c.choices
     )
-    assert streamed == want  # the stop string never leaks, not even partially
+    # the stop string never leaks, not even partially
+    assert streamed == want
 
 
 def test_prompt_batches_and_content_parts(plain, llm):
@@ -348,7 +352,8 @@ def test_prompt_batches_and_content_parts(plain, llm):
         max_tokens=6,
         extra_body={"ignore_eos": True},
     )
-    assert [c.index for c in r.choices] == [0, 1, 2, 3]  # prompt-major, as OpenAI / vLLM order them
+    # prompt-major, as OpenAI / vLLM order them
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
     assert [c.text for c in r.choices] == [o.text for ref in refs for o in ref.outputs]
     assert r.usage.prompt_tokens == sum(len(ref.prompt_token_ids) for ref in refs)
     parts = [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]
@@ -422,7 +427,8 @@ def test_32_concurrent_streaming_clients(plain, llm):
                 usage = chunk.usage
         return text, usage
 
-    async def bad(client):  # invalid requests interleaved with the good ones must not disturb them
+    # invalid requests interleaved with the good ones must not disturb them
+    async def bad(client):
         with pytest.raises(openai.BadRequestError):
             await client.completions.create(model="tiny", prompt="x", max_tokens=-3)
         with pytest.raises(openai.BadRequestError):
@@ -436,7 +442,8 @@ def test_32_concurrent_streaming_clients(plain, llm):
 
     results = asyncio.run(main())
     for (text, usage), ref, n in zip(results, refs, lens):
-        assert text == ref.outputs[0].text  # not corrupted by batching with 31 others
+        # not corrupted by batching with 31 others
+        assert text == ref.outputs[0].text
         assert usage.completion_tokens == n
     after = plain.metrics()
 
@@ -466,7 +473,8 @@ def test_disconnect_aborts_and_frees_cache(plain):
     it = iter(stream)
     next(it), next(it)
     assert plain.metric("verispec:kv_cache_free_slots") == 7
-    stream.close()  # client goes away mid-stream
+    # client goes away mid-stream
+    stream.close()
     wait_for(lambda: plain.metric("vllm:request_aborted_total") == aborted0 + 1, what="streaming abort")
     assert plain.metric("vllm:request_success_total", finished_reason="abort") == success0 + 1
     assert (
@@ -504,7 +512,8 @@ def test_overload_returns_503(spec):
                 stream=True,
                 extra_body={"ignore_eos": True},
             )
-            next(iter(s))  # the role chunk: the request is in
+            # the role chunk: the request is in
+            next(iter(s))
             streams.append(s)
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model="tiny", messages=msgs, max_tokens=5)
@@ -584,7 +593,8 @@ HOSTILE = [
     ),
 ]
 MSG = [{"role": "user", "content": "hi"}]
-UNSUPPORTED = [  # fields that would change the output: a 400 naming them, never silently ignored
+# fields that would change the output: a 400 naming them, never silently ignored
+UNSUPPORTED = [
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"999999": 1}}, "logit_bias"),
     ("/v1/completions", {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids"),
@@ -889,13 +899,16 @@ def test_errors_through_openai_client(plain):
         headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
     )
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
-    assert httpx.get(f"{plain.url}/v1/models").status_code == 401  # no key
+    # no key
+    assert httpx.get(f"{plain.url}/v1/models").status_code == 401
     assert (
         httpx.get(f"{plain.url}/v1/models", headers={"Authorization": "Bearer nope"}).json()["error"]["code"]
         == 401
     )
-    assert httpx.get(f"{plain.url}/metrics").status_code == 200  # not behind the key, like vLLM
-    r = client.completions.create(model="tiny", prompt="still alive", max_tokens=3)  # the server survived
+    # not behind the key, like vLLM
+    assert httpx.get(f"{plain.url}/metrics").status_code == 200
+    # the server survived
+    r = client.completions.create(model="tiny", prompt="still alive", max_tokens=3)
     assert r.usage.completion_tokens <= 3
 
 
@@ -972,9 +985,8 @@ def test_cli_config_resolution(tmp_path, monkeypatch):
         bad.write_text(text)
         with pytest.raises(ValueError, match=needle):
             resolve_config(p.parse_args(["--config", str(bad)]))
-    args = build_parser().parse_args(
-        ["serve", "m", "--port", "1234", "-sc", "{}"]
-    )  # the main CLI's subcommand
+    # the main CLI's subcommand
+    args = build_parser().parse_args(["serve", "m", "--port", "1234", "-sc", "{}"])
     assert args.port == 1234 and callable(args.func)
 
 
@@ -1039,7 +1051,8 @@ def test_smollm2_chat_with_and_without_speculation(smollm2_gguf_file, tmp_path):
     )
     result: dict = {}
 
-    def offline():  # load the reference while the server starts
+    # load the reference while the server starts
+    def offline():
         ref_llm = LLM("smollm2-135m-instruct", max_model_len=512, max_num_seqs=2)
         result["ref"] = ref_llm.chat(messages, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)[
             0
@@ -1057,7 +1070,8 @@ def test_smollm2_chat_with_and_without_speculation(smollm2_gguf_file, tmp_path):
         ref = result["ref"].outputs[0]
         assert r.choices[0].message.content == ref.text and r.choices[0].message.content
         assert r.usage.completion_tokens == len(ref.token_ids)
-        assert server.metric("vllm:spec_decode_num_drafts_total") > 0  # speculation really ran
+        # speculation really ran
+        assert server.metric("vllm:spec_decode_num_drafts_total") > 0
     finally:
         t.join()
         server.stop()
@@ -1068,12 +1082,25 @@ def test_extract_hidden_states_server(ckpt, tmp_path):
     the response carries kv_transfer_params with the saved file, as vLLM's server does."""
     from safetensors.torch import load_file
 
-    spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}}}  # fmt: skip
-    kv = {"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
-          "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "hs")}}  # fmt: skip
-    args = [ckpt, "--max-model-len", "128", "--speculative-config", json.dumps(spec), "--kv-transfer-config",
-            json.dumps(kv)]  # fmt: skip
+    spec = {
+        "method": "extract_hidden_states",
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 2]}},
+    }
+    kv = {
+        "kv_connector": "ExampleHiddenStatesConnector",
+        "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path / "hs")},
+    }
+    args = [
+        ckpt,
+        "--max-model-len",
+        "128",
+        "--speculative-config",
+        json.dumps(spec),
+        "--kv-transfer-config",
+        json.dumps(kv),
+    ]
     server = Server(args, tmp_path / "hs.log").wait_ready()
     try:
         body = {"model": ckpt, "prompt": [5, 17, 9, 44], "max_tokens": 1, "temperature": 0}

@@ -59,9 +59,8 @@ def test_greedy_equality(tiny_llama, tiny_draft, reference, method, k):
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens > 0
     if method == "draft_model_self":
-        assert (
-            spec.num_accepted_tokens == spec.num_draft_tokens
-        )  # a model drafting for itself is always right
+        # a model drafting for itself is always right
+        assert spec.num_accepted_tokens == spec.num_draft_tokens
     if method == "draft_model_poor":
         assert spec.num_accepted_tokens < spec.num_draft_tokens
 
@@ -99,9 +98,8 @@ def test_mixed_greedy_and_sampled_batch(tiny_llama, tiny_draft, reference):
     for i in range(0, 16, 2):
         assert outs[i].outputs[0].token_ids == reference[16][i]
     again = llm.generate(prompts, sps, use_tqdm=False)
-    assert [o.outputs[0].token_ids for o in again] == [
-        o.outputs[0].token_ids for o in outs
-    ]  # seeded: reproducible
+    # seeded: reproducible
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in outs]
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model_poor"])
@@ -124,7 +122,8 @@ def test_greedy_equality_with_logit_bias_allowed_tokens_and_bad_words(tiny_llama
         ignore_eos=True,
         allowed_token_ids=list(range(3, 200)),
         logit_bias={5: 3.0, 17: -2.0, 40: 1.5},
-        bad_words=["a", "the", "hello"],  # "a" is one token (67): banned at every verify position
+        # "a" is one token (67): banned at every verify position
+        bad_words=["a", "the", "hello"],
     )
     prompts = _prompts(4, seed=11)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16).generate(prompts, sp, use_tqdm=False)
@@ -140,7 +139,8 @@ def test_disable_by_batch_size(tiny_llama, reference):
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
-    assert sum(o.num_draft_tokens > 0 for o in outs) == 2  # only the first two requests speculate
+    # only the first two requests speculate
+    assert sum(o.num_draft_tokens > 0 for o in outs) == 2
 
 
 def test_metrics_and_per_request_counts(tiny_llama):
@@ -212,10 +212,15 @@ def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000) -> Non
 
 
 @pytest.mark.parametrize(
-    "method, top_p, block, parallel", [("probabilistic", 1.0, False, False), ("strict", 1.0, False, False),
-                                       ("probabilistic", 0.9, False, False), ("probabilistic", 1.0, True, False),
-                                       ("probabilistic", 1.0, False, True)]
-)  # fmt: skip
+    "method, top_p, block, parallel",
+    [
+        ("probabilistic", 1.0, False, False),
+        ("strict", 1.0, False, False),
+        ("probabilistic", 0.9, False, False),
+        ("probabilistic", 1.0, True, False),
+        ("probabilistic", 1.0, False, True),
+    ],
+)
 def test_sampled_tokens_follow_target_distribution(
     tiny_llama, tiny_draft, tiny_pard_draft, method, top_p, block, parallel
 ):
@@ -240,7 +245,8 @@ def test_sampled_tokens_follow_target_distribution(
     )
     _assert_second_token_law(llm, top_p)
     spec = llm.engine.counters.spec
-    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens  # the draft is poor but not useless
+    # the draft is poor but not useless
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
 
 
 def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_draft):
@@ -268,13 +274,17 @@ def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_d
     # accepted / drafted per draft lies in [0, 1]: its std is at most 0.5
     assert abs(s.acceptance_rate - r) < 5 * 0.5 / s.num_drafts**0.5, (s.acceptance_rate, s.num_drafts)
     rates = s.per_position_rates()
-    assert rates[0] > rates[1] > rates[2]  # position-decaying
+    # position-decaying
+    assert rates[0] > rates[1] > rates[2]
 
 
 @pytest.mark.parametrize(
-    "spelling, k", [({"rejection_sample_method": "standard", "draft_sample_method": "greedy"}, 2),
-                    ({"rejection_sample_method": "block"}, 3)]
-)  # fmt: skip
+    "spelling, k",
+    [
+        ({"rejection_sample_method": "standard", "draft_sample_method": "greedy"}, 2),
+        ({"rejection_sample_method": "block"}, 3),
+    ],
+)
 def test_vllm_spellings_keep_the_target_distribution(tiny_llama, tiny_draft, spelling, k):
     """Current vLLM's 'standard' (Leviathan / Chen) with argmax drafts (q one-hot) and 'block' (Block Verification)
     run this build's probabilistic verification and keep the target's law."""
@@ -357,7 +367,8 @@ def test_suffix_greedy_equality_and_learning(tiny_llama, batch):
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     first = llm.generate(prompts, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in first] == ref
-    second = llm.generate(prompts, sp, use_tqdm=False)  # outputs now sit in the global tree
+    # outputs now sit in the global tree
+    second = llm.generate(prompts, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in second] == ref
     acc1 = sum(o.num_accepted_tokens for o in first) / max(1, sum(o.num_draft_tokens for o in first))
     acc2 = sum(o.num_accepted_tokens for o in second) / max(1, sum(o.num_draft_tokens for o in second))
@@ -404,12 +415,18 @@ def test_medusa_method_is_inferred_and_drafts_get_accepted(tiny_llama, tmp_path)
     out = llm.generate(prompt, sp, use_tqdm=False)[0]
     assert out.outputs[0].token_ids == plain.generate(prompt, sp, use_tqdm=False)[0].outputs[0].token_ids
     repeats = sum(a == b for a, b in zip(out.outputs[0].token_ids, out.outputs[0].token_ids[1:]))
-    assert repeats > 0 and out.num_accepted_tokens > 0  # this seed: 16 repeats, 13 drafts accepted
+    # this seed: 16 repeats, 13 drafts accepted
+    assert repeats > 0 and out.num_accepted_tokens > 0
 
 
 def test_medusa_sampled_with_probabilistic_runs(tiny_llama, tiny_medusa):
-    cfg = {"method": "medusa", "model": tiny_medusa, "num_speculative_tokens": 4,
-           "rejection_sample_method": "probabilistic", "enable_block_verify": True}  # fmt: skip
+    cfg = {
+        "method": "medusa",
+        "model": tiny_medusa,
+        "num_speculative_tokens": 4,
+        "rejection_sample_method": "probabilistic",
+        "enable_block_verify": True,
+    }
     llm = LLM(tiny_llama, max_model_len=256, speculative_config=cfg)
     sp = SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True, seed=1)
     a = llm.generate(_prompts(2), sp, use_tqdm=False)
@@ -466,7 +483,8 @@ def test_eagle3_config_errors(tiny_llama, tmp_path):
         )
 
 
-@pytest.mark.parametrize("k", [None, 3])  # None: num_speculative_tokens from num_nextn_predict_layers (1)
+# None: num_speculative_tokens from num_nextn_predict_layers (1)
+@pytest.mark.parametrize("k", [None, 3])
 @pytest.mark.parametrize("batch", [1, 4])
 def test_mtp_greedy_equality(tiny_mimo, k, batch):
     plain = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16)
@@ -532,13 +550,27 @@ def test_parallel_drafting_errors(tiny_llama, tiny_draft, tiny_eagle):
     with pytest.raises(
         ValueError, match="For parallel drafting, the draft model config must have `pard_token`"
     ):
-        LLM(tiny_llama, speculative_config={"method": "draft_model", "model": tiny_draft,
-                                            "num_speculative_tokens": 2, "parallel_drafting": True})  # fmt: skip
+        LLM(
+            tiny_llama,
+            speculative_config={
+                "method": "draft_model",
+                "model": tiny_draft,
+                "num_speculative_tokens": 2,
+                "parallel_drafting": True,
+            },
+        )
     with pytest.raises(
         ValueError, match="parallel_drafting with method 'eagle' .* is not supported by this build"
     ):
-        LLM(tiny_llama, speculative_config={"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 2,
-                                            "parallel_drafting": True})  # fmt: skip
+        LLM(
+            tiny_llama,
+            speculative_config={
+                "method": "eagle",
+                "model": tiny_eagle,
+                "num_speculative_tokens": 2,
+                "parallel_drafting": True,
+            },
+        )
 
 
 TREE = "[(0,), (1,), (2,), (3,), (4,), (5,), (0, 0), (1, 0), (2, 0)]"
@@ -555,9 +587,11 @@ def pass_through_eagle(tiny_llama, tmp_path_factory) -> str:
     )
 
 
+# 8 x 10 rows exceed the step budget (32): the top-1 chain is verified
 @pytest.mark.parametrize(
-    "batch", [1, 3, 8]
-)  # 8 x 10 rows exceed the step budget (32): the top-1 chain is verified
+    "batch",
+    [1, 3, 8],
+)
 def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_through_eagle, monkeypatch, batch):
     """A tree (6 root children, 3 of them with a child) drafted by EAGLE and verified in one forward: the output is
     plain decoding's, and accepted paths through a non-first branch had their K/V moved into place."""
@@ -579,9 +613,12 @@ def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_throu
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
     stats = llm.engine.counters.spec
-    if batch * 10 <= 32:  # whole trees (the last steps, with room for fewer than 2 drafts, verify chains)
-        assert stats.num_draft_tokens > 5 * stats.num_drafts and moves  # and some non-first branches won
-    else:  # mostly chains: 8 trees of 10 rows exceed the step budget (steps with fewer running requests need not)
+    # whole trees (the last steps, with room for fewer than 2 drafts, verify chains)
+    if batch * 10 <= 32:
+        # and some non-first branches won
+        assert stats.num_draft_tokens > 5 * stats.num_drafts and moves
+    # mostly chains: 8 trees of 10 rows exceed the step budget (steps with fewer running requests need not)
+    else:
         assert stats.num_draft_tokens < 3 * stats.num_drafts
 
 
@@ -636,32 +673,44 @@ def test_token_tree_config_errors(tiny_llama, tiny_eagle):
         ValueError, match="tree drafting is supported with methods eagle, eagle3, mtp, not 'ngram'"
     ):
         LLM(tiny_llama, speculative_config=ngram)
-    prob = {"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 2, "speculative_token_tree": TREE,
-            "rejection_sample_method": "probabilistic"}  # fmt: skip
+    prob = {
+        "method": "eagle",
+        "model": tiny_eagle,
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": TREE,
+        "rejection_sample_method": "probabilistic",
+    }
     with pytest.raises(ValueError, match="trees are verified with rejection_sample_method 'strict'"):
         LLM(tiny_llama, speculative_config=prob)
 
 
-DRAFTERS = {"medusa": "tiny_medusa", "mlp_speculator": "tiny_mlp_speculator", "eagle": "tiny_eagle",
-            "eagle3": "tiny_eagle3"}  # fmt: skip
+DRAFTERS = {
+    "medusa": "tiny_medusa",
+    "mlp_speculator": "tiny_mlp_speculator",
+    "eagle": "tiny_eagle",
+    "eagle3": "tiny_eagle3",
+}
 
 
 @pytest.mark.parametrize("batch", BATCHES)
-@pytest.mark.parametrize(  # k None: mlp_speculator's n_predict (4), the method inferred from its model_type
+# k None: mlp_speculator's n_predict (4), the method inferred from its model_type
+@pytest.mark.parametrize(
     "method, k", [(m, k) for m in DRAFTERS for k in (1, 3, 4)] + [("mlp_speculator", None)]
 )
 def test_model_drafter_greedy_equality(request, tiny_llama, reference, method, k, batch):
     cfg = {"model": request.getfixturevalue(DRAFTERS[method])}
-    if k is not None:  # else method and num_speculative_tokens come from the checkpoint, as in vLLM
+    # else method and num_speculative_tokens come from the checkpoint, as in vLLM
+    if k is not None:
         cfg.update(method=method, num_speculative_tokens=k)
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     assert llm.engine.opts.num_speculative_tokens == (k or 4)
     if method == "eagle3":
+        # vLLM's default (2, L // 2, L - 3) for 3 layers
         assert llm.engine.proposer.needs.aux_layers == (
             2,
             1,
             0,
-        )  # vLLM's default (2, L // 2, L - 3) for 3 layers
+        )
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[batch]
@@ -680,7 +729,8 @@ def _pass_through(kind: str, target: str, folder) -> tuple[str, dict]:
             "method": "eagle",
             "model": str(write_tiny_eagle(folder, Path(target), copy_hidden=True)),
         }
-    if kind == "eagle3":  # the third stream is the last layer's output (aux id num_layers)
+    # the third stream is the last layer's output (aux id num_layers)
+    if kind == "eagle3":
         draft = write_tiny_eagle3(folder, Path(target), copy_final=True, layer_ids=[0, 1, 3])
         return target, {"method": "eagle3", "model": str(draft)}
     return str(write_tiny_mimo(folder, pass_through=True)), {"method": "mtp"}
@@ -711,18 +761,28 @@ def test_state_drafters_read_the_state_behind_the_newest_token(tiny_llama, tmp_p
     outs = llm.generate(prompts, sp, use_tqdm=False)
     plain = LLM(model, max_model_len=256).generate(prompts, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
-    assert seen and all(d in ([], [newest]) for newest, d in seen)  # [] where max_tokens leaves no room
+    # [] where max_tokens leaves no room
+    assert seen and all(d in ([], [newest]) for newest, d in seen)
     assert sum(o.num_accepted_tokens for o in outs) > 0
 
 
 @pytest.mark.parametrize(
-    "method, rule", [("eagle", "probabilistic"), ("eagle3", "strict"), ("medusa", "probabilistic"),
-                     ("mlp_speculator", "strict")]
-)  # fmt: skip
+    "method, rule",
+    [
+        ("eagle", "probabilistic"),
+        ("eagle3", "strict"),
+        ("medusa", "probabilistic"),
+        ("mlp_speculator", "strict"),
+    ],
+)
 def test_model_drafter_sampled_tokens_follow_target_distribution(request, tiny_llama, method, rule):
     """The model-based drafters' argmax drafts (q one-hot) keep the target's law under both rejection rules."""
-    spec = {"method": method, "model": request.getfixturevalue(DRAFTERS[method]), "num_speculative_tokens": 2,
-            "rejection_sample_method": rule}  # fmt: skip
+    spec = {
+        "method": method,
+        "model": request.getfixturevalue(DRAFTERS[method]),
+        "num_speculative_tokens": 2,
+        "rejection_sample_method": rule,
+    }
     llm = LLM(
         tiny_llama,
         max_model_len=64,

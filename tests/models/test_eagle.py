@@ -27,17 +27,24 @@ def test_draft_forward_matches_transformers(tiny_llama, tmp_path):
     embeds, hidden = torch.randn(n, h, generator=g), torch.randn(n, h, generator=g)
     _, positions, ctx, _ = runner.build_context([RowInput(1, 0, list(range(n)))])
     with torch.no_grad():
+        # [n, H] each: EAGLE-1 feeds its features back
         ours, state = draft(
-            embeds, hidden, positions, ctx, cache.kv
-        )  # [n, H] each: EAGLE-1 feeds its features back
+            embeds,
+            hidden,
+            positions,
+            ctx,
+            cache.kv,
+        )
     assert ours is state
 
     w = load_file(str(folder / "model.safetensors"))
     cfg = json.loads((folder / "config.json").read_text())
     ref = LlamaModel(LlamaConfig(**{k: v for k, v in cfg.items() if k != "architectures"})).eval()
     ref.load_state_dict({k: v for k, v in w.items() if k.startswith("layers.")}, strict=False)
-    ref.layers[0].input_layernorm = torch.nn.Identity()  # EAGLE's first block has no input norm
-    ref.norm = torch.nn.Identity()  # and the draft no final norm
+    # EAGLE's first block has no input norm
+    ref.layers[0].input_layernorm = torch.nn.Identity()
+    # and the draft no final norm
+    ref.norm = torch.nn.Identity()
     x = torch.cat([embeds, hidden], -1) @ w["fc.weight"].T + w["fc.bias"]
     with torch.no_grad():
         expected = ref(inputs_embeds=x[None]).last_hidden_state[0]

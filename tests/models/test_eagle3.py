@@ -39,7 +39,8 @@ def test_draft_block_matches_its_formula(tiny_llama, tmp_path):
 def test_draft_vocabulary_maps_through_d2t(tiny_llama, tmp_path):
     folder = write_tiny_eagle3(tmp_path / "e", Path(tiny_llama), draft_vocab=10)
     w = load_file(str(folder / "model.safetensors"))
-    w["d2t"] = torch.arange(10) * 7  # draft id i is target id 8 i
+    # draft id i is target id 8 i
+    w["d2t"] = torch.arange(10) * 7
     save_file(w, str(folder / "model.safetensors"))
     draft = load_eagle3(folder, torch.device("cpu"), torch.float32, 64)
     ids = draft.draft_ids(torch.randn(50, 64))

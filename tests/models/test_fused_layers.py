@@ -48,9 +48,11 @@ def _script(ck, fused: bool) -> tuple[list, int]:
         ids = torch.randint(0, 49152, (3, 40), generator=g).tolist()
         outs = []
         prefill = [RowInput(0, 0, ids[0][:11]), RowInput(2, 0, ids[1][:23]), RowInput(1, 0, ids[2][:5])]
-        outs.append(runner.run(prefill, aux_layers=(1, 15)))  # mixed lengths: packed tokens, attention padded
+        # mixed lengths: packed tokens, attention padded
+        outs.append(runner.run(prefill, aux_layers=(1, 15)))
         lens = [11, 23, 5]
-        for step in range(3):  # decode steps, three rows of different context lengths
+        # decode steps, three rows of different context lengths
+        for step in range(3):
             rows = [
                 RowInput(s, n + step, [ids[i][n + step]]) for i, (s, n) in enumerate(zip((0, 2, 1), lens))
             ]

@@ -237,7 +237,8 @@ def test_gemma3_tokenizer_matches_transformers(gemma3_checkpoint, gemma3_hf_toke
     tokenizer = gemma3_checkpoint.tokenizer
     _assert_tokenizer_matches(tokenizer, gemma3_hf_tokenizer)
     assert tokenizer.add_bos_token and tokenizer.encode("hi")[0] == tokenizer.bos_token_id
-    assert gemma3_checkpoint.eos_token_ids == [1, 106]  # <eos>, <end_of_turn>
+    # <eos>, <end_of_turn>
+    assert gemma3_checkpoint.eos_token_ids == [1, 106]
 
 
 @pytest.mark.slow

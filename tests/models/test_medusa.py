@@ -19,11 +19,11 @@ def test_heads_compute_vllm_medusa(tiny_medusa):
     x = torch.randn(3, heads.cfg.hidden_size, generator=torch.Generator().manual_seed(0))
     expected = []
     for h in range(5):
-        y = x + torch.nn.functional.silu(
-            x @ w[f"medusa_heads.blocks.{h}.layers.0.weight"].T
-        )  # one residual layer
+        # one residual layer
+        y = x + torch.nn.functional.silu(x @ w[f"medusa_heads.blocks.{h}.layers.0.weight"].T)
         expected.append((y @ w[f"medusa_heads.lm_heads.{h}.weight"].T).argmax(-1))
-    assert torch.equal(heads(x), torch.stack(expected, 1))  # [B, num_heads] drafts, head h at column h
+    # [B, num_heads] drafts, head h at column h
+    assert torch.equal(heads(x), torch.stack(expected, 1))
 
 
 def test_config_key_aliases_and_defaults():

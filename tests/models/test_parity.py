@@ -29,7 +29,8 @@ def test_prefill_and_chunks_after_truncation(tiny_checkpoints, arch):
     runner, ref = _pair(tiny_checkpoints[arch])
     ids = torch.randint(0, 300, (3, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        want = ref(ids).logits  # [3, 24, V]
+        # [3, 24, V]
+        want = ref(ids).logits
     # three requests of different lengths in non-adjacent slots, in one padded forward
     out = runner.run(
         [
@@ -61,11 +62,13 @@ def test_hidden_states_of_requested_layers(tiny_checkpoints, arch):
     runner, ref = _pair(tiny_checkpoints[arch])
     ids = torch.randint(0, 300, (1, 10), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        want = ref(ids, output_hidden_states=True).hidden_states  # embeddings, then each layer's output
+        # embeddings, then each layer's output
+        want = ref(ids, output_hidden_states=True).hidden_states
     out = runner.run([RowInput(0, 0, ids[0].tolist())], aux_layers=(0, 2))
     assert (out.aux_hidden[0] - want[0][0]).abs().max() < ATOL
     assert (out.aux_hidden[1] - want[2][0]).abs().max() < ATOL
-    assert (out.hidden - want[-1][0]).abs().max() < ATOL  # final normed state
+    # final normed state
+    assert (out.hidden - want[-1][0]).abs().max() < ATOL
 
 
 def test_tree_attention_matches_separate_chains(tiny_checkpoints):

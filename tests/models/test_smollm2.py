@@ -46,7 +46,8 @@ def test_greedy_matches_transformers(smollm2_gguf_path, smol_prompts, smol_greed
     for ids, ours in zip(smol_prompts, smol_greedy):
         with torch.inference_mode():
             out = ref.generate(torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=2)
-        assert out[0, len(ids) :].tolist() == ours  # both stop after (and include) EOS
+        # both stop after (and include) EOS
+        assert out[0, len(ids) :].tolist() == ours
 
 
 @pytest.mark.parametrize(
@@ -105,6 +106,7 @@ def test_suffix_greedy_equality_batches(smollm2_gguf_path, smol, batch):
     sp = SamplingParams(temperature=0, max_tokens=24)
     want = [o.outputs[0].token_ids for o in smol.generate(prompts, sp, use_tqdm=False)]
     llm = LLM(smollm2_gguf_path, max_model_len=512, max_num_seqs=8, speculative_config={"method": "suffix"})
-    for _ in range(2):  # the second round drafts from the global tree of the first
+    # the second round drafts from the global tree of the first
+    for _ in range(2):
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == want
     assert llm.engine.counters.spec.num_accepted_tokens > 0

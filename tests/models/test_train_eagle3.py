@@ -49,7 +49,8 @@ def test_training_forward_is_the_draft_the_proposer_runs(trained):
         for p in (0, 5, 17):
             entries = [*s.aux[: p + 1], None, None]
             head_in, _ = eagle3_reference(w, cfg, embeds[1 : p + 4], entries)
-            ref = head_in[p:] @ w["lm_head.weight"].T  # steps 1, 2, 3 of base p
+            # steps 1, 2, 3 of base p
+            ref = head_in[p:] @ w["lm_head.weight"].T
             for k in range(3):
                 torch.testing.assert_close(logits[k][p], ref[k], atol=1e-4, rtol=1e-4)
     assert (d2t + torch.arange(len(d2t)) < llm.ckpt.model.cfg.vocab_size).all()

@@ -80,7 +80,8 @@ def test_chunked_feeding_matches(tokenizer, seed):
     detok = IncrementalDetokenizer(tokenizer)
     pos, deltas = 0, []
     while pos < len(ids):
-        step = rng.randint(1, 6)  # speculative decoding accepts several tokens at once
+        # speculative decoding accepts several tokens at once
+        step = rng.randint(1, 6)
         deltas.append(detok.add_tokens(ids[pos : pos + step]))
         pos += step
     assert "".join(deltas) == detok.text == text

@@ -19,7 +19,8 @@ def rand(*shape):
     return torch.randn(*shape, generator=gen)
 
 
-@pytest.mark.parametrize("n", [7, 75])  # 75 rows: split over the threads
+# 75 rows: split over the threads
+@pytest.mark.parametrize("n", [7, 75])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_add_rmsnorm(with_residual, n):
     norm = RMSNorm(64, 1e-6)
@@ -31,19 +32,24 @@ def test_add_rmsnorm(with_residual, n):
     torch.testing.assert_close(out, norm.reference(ref_s), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("n", "i"), [(5, 48), (3, 67), (300, 256)])  # 67: a scalar tail; 300 x 256: threaded
+# 67: a scalar tail; 300 x 256: threaded
+@pytest.mark.parametrize(("n", "i"), [(5, 48), (3, 67), (300, 256)])
 def test_silu_mul(n, i):
     x = rand(n, 2 * i) * 6
-    x[0, :6] = torch.tensor([-1e4, -100.0, -88.5, 88.5, 100.0, 1e4])  # exp over- and underflow
+    # exp over- and underflow
+    x[0, :6] = torch.tensor([-1e4, -100.0, -88.5, 88.5, 100.0, 1e4])
     out = ops.silu_mul(x)
     torch.testing.assert_close(out, torch.nn.functional.silu(x[:, :i]) * x[:, i:], rtol=2e-6, atol=1e-6)
-    assert torch.equal(ops.silu_mul(x[1:2]), out[1:2])  # a row does not depend on the others
+    # a row does not depend on the others
+    assert torch.equal(ops.silu_mul(x[1:2]), out[1:2])
 
 
-@pytest.mark.parametrize(("s", "q"), [(3, 4), (4, 17)])  # 68 rows: split over the threads
+# 68 rows: split over the threads
+@pytest.mark.parametrize(("s", "q"), [(3, 4), (4, 17)])
 def test_rope_in_place_matches_reference(s, q):
     h, d = 5, 32
-    x = rand(s, q, h + 2, d).transpose(1, 2)  # a strided view, like the fused qkv
+    # a strided view, like the fused qkv
+    x = rand(s, q, h + 2, d).transpose(1, 2)
     cos, ssin = rope_cos_sin(torch.arange(s * q).view(s, q) + 7, rope_inv_freq(d, 10000.0))
     ref = apply_rope(x[:, :h].clone(), cos, ssin)
     untouched = x[:, h:].clone()
@@ -52,11 +58,14 @@ def test_rope_in_place_matches_reference(s, q):
     assert torch.equal(x[:, h:], untouched)
 
 
-@pytest.mark.parametrize("q", [2, 16])  # 3 x 16 rows: one sequence per thread
+# 3 x 16 rows: one sequence per thread
+@pytest.mark.parametrize("q", [2, 16])
 def test_write_kv_matches_index_put(q):
     cache = rand(4, 6, 40, 16)
-    x = rand(3, q, 6, 16).transpose(1, 2)  # [S=3, H=6, Q, D]
-    pos = torch.stack([torch.arange(q) + o for o in (3, 0, 40 - q)])  # [S, Q]
+    # [S=3, H=6, Q, D]
+    x = rand(3, q, 6, 16).transpose(1, 2)
+    # [S, Q]
+    pos = torch.stack([torch.arange(q) + o for o in (3, 0, 40 - q)])
     ref = cache.clone()
     ref[1:4][torch.arange(3).view(3, 1), :, pos] = x.transpose(1, 2)
     assert ops.write_kv(cache[1:4], x, pos)
@@ -69,17 +78,21 @@ def test_write_kv_matches_index_put(q):
 )
 def test_attention_matches_sdpa(s, q, t, d, softcap):
     hq, hkv = 6, 2
-    qt = rand(s, q, hq + 2 * hkv, d).transpose(1, 2)[:, :hq]  # strided like the decoder's view
+    # strided like the decoder's view
+    qt = rand(s, q, hq + 2 * hkv, d).transpose(1, 2)[:, :hq]
     cache = rand(s, 2 * hkv, t + 5, d)[:, :, :t]
     k, v = cache[:, :hkv], cache[:, hkv:]
-    causal = torch.ones(q, t, dtype=torch.bool).tril(t - q)  # the last q positions are the new tokens
+    # the last q positions are the new tokens
+    causal = torch.ones(q, t, dtype=torch.bool).tril(t - q)
     mask = causal.expand(s, 1, q, t).clone()
-    mask[0, 0, 0, 2] = False  # an arbitrary tree-style hole
+    # an arbitrary tree-style hole
+    mask[0, 0, 0, 2] = False
     out = ops.attention(qt, k, v, mask, 0.125, softcap)
     ref = torch_attention(qt, k, v, mask, 0.125, softcap).transpose(1, 2).reshape(s, q, hq * d)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     one = ops.attention(qt[:1], k[:1], v[:1], mask[:1], 0.125, softcap)
-    assert torch.equal(one, out[:1])  # a row does not depend on the others
+    # a row does not depend on the others
+    assert torch.equal(one, out[:1])
     # nor on how many (masked-off) cache positions the view spans: T is the batch's longest context
     wide = torch.cat([cache, rand(s, 2 * hkv, 11, d)], dim=2)
     wide_mask = torch.cat([mask, torch.zeros(s, 1, q, 11, dtype=torch.bool)], dim=-1)
@@ -94,26 +107,32 @@ def test_attention_fully_masked_row_is_zero():
 
 def test_inapplicable_inputs_fall_back():
     assert ops.silu_mul(rand(2, 8).double()) is None
-    assert ops.add_rmsnorm(rand(2, 12), None, rand(12), 1e-6) is None  # D % 8 != 0
+    # D % 8 != 0
+    assert ops.add_rmsnorm(rand(2, 12), None, rand(12), 1e-6) is None
 
 
 @pytest.mark.parametrize(("n", "v"), [(1, 7), (3, 49152), (8, 1000), (2, 8)])
 def test_argmax_matches_torch(n, v):
     x = rand(n, v)
-    x[0, v // 2] = x[0].max() + 1  # a clear winner
+    # a clear winner
+    x[0, v // 2] = x[0].max() + 1
     if n > 1:
         x[1, :] = 0.0
-        x[1, v - 1] = x[1, 3] = 2.0  # a tie: the first index wins
+        # a tie: the first index wins
+        x[1, v - 1] = x[1, 3] = 2.0
     if n > 2:
-        x[2, :] = float("-inf")  # nothing finite: index 0
+        # nothing finite: index 0
+        x[2, :] = float("-inf")
     got = ops.argmax(x)
     assert torch.equal(got, x.argmax(dim=-1))
-    assert torch.equal(ops.argmax(x[::2]), x[::2].argmax(dim=-1))  # strided rows
+    # strided rows
+    assert torch.equal(ops.argmax(x[::2]), x[::2].argmax(dim=-1))
 
 
 def test_argmax_nan_counts_as_largest():
     x = rand(2, 100)
     x[0, 41] = x[0, 77] = float("nan")
-    x[1, 99] = float("nan")  # in the scalar tail of an 8-lane pass
+    # in the scalar tail of an 8-lane pass
+    x[1, 99] = float("nan")
     assert torch.equal(ops.argmax(x), x.argmax(dim=-1))
     assert ops.argmax(x).tolist() == [41, 99]

@@ -40,7 +40,8 @@ def test_per_position_draft_counts():
     s.observe_draft(4, 2)
     s.observe_draft(2, 2)
     s.observe_draft(1, 0)
-    s.observe_draft(0, 0)  # no draft: not counted
+    # no draft: not counted
+    s.observe_draft(0, 0)
     assert s.num_drafts == 3 and s.num_draft_tokens == 7 and s.num_accepted_tokens == 4
     assert s.num_draft_tokens_per_pos == [3, 2, 1, 1]
     assert s.num_accepted_tokens_per_pos == [2, 2, 0, 0]
@@ -57,7 +58,8 @@ def test_per_position_draft_counts():
 
 def test_tree_draft_counts_positions_by_depth():
     s = SpecDecodingStats(5)
-    s.observe_draft(5, 2, num_draft_positions=3)  # 5 tree nodes, depth 3, a path of 2 accepted
+    # 5 tree nodes, depth 3, a path of 2 accepted
+    s.observe_draft(5, 2, num_draft_positions=3)
     assert s.num_draft_tokens == 5 and s.num_draft_tokens_per_pos == [1, 1, 1, 0, 0]
     assert s.num_accepted_tokens_per_pos == [1, 1, 0, 0, 0]
 

@@ -11,7 +11,8 @@ def _ref(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
         if n > L - 1:
             continue
         suffix = context[L - n :]
-        for i in range(L - n):  # occurrence [i, i+n) ends at i+n-1 <= L-2
+        # occurrence [i, i+n) ends at i+n-1 <= L-2
+        for i in range(L - n):
             if context[i : i + n] == suffix:
                 return context[i + n : i + n + k]
     return []
@@ -21,17 +22,25 @@ def _ref(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     "context,min_n,max_n,k,expected",
     [
         ([1, 2, 3, 4, 1, 2, 3], 2, 2, 3, [4, 1, 2]),
-        ([1, 2, 3, 4, 2, 3], 2, 3, 4, [4, 2, 3]),  # fewer than k: the context ends
-        ([1, 2, 3, 4, 1, 2, 3, 5, 6], 2, 2, 2, []),  # no earlier [5, 6]
-        ([1, 2, 3, 4, 1, 2, 3], 1, 3, 2, [4, 1]),  # longest n = 3 wins
-        ([9, 1, 7, 1, 8, 1], 1, 1, 1, [7]),  # tie on n: earliest occurrence
-        ([5, 5, 5, 5], 1, 3, 2, [5]),  # occurrence overlapping the suffix; 1 token left
-        ([1, 2, 3, 1, 2, 3], 1, 4, 2, [1, 2]),  # n = 4 absent, n = 3 found
+        # fewer than k: the context ends
+        ([1, 2, 3, 4, 2, 3], 2, 3, 4, [4, 2, 3]),
+        # no earlier [5, 6]
+        ([1, 2, 3, 4, 1, 2, 3, 5, 6], 2, 2, 2, []),
+        # longest n = 3 wins
+        ([1, 2, 3, 4, 1, 2, 3], 1, 3, 2, [4, 1]),
+        # tie on n: earliest occurrence
+        ([9, 1, 7, 1, 8, 1], 1, 1, 1, [7]),
+        # occurrence overlapping the suffix; 1 token left
+        ([5, 5, 5, 5], 1, 3, 2, [5]),
+        # n = 4 absent, n = 3 found
+        ([1, 2, 3, 1, 2, 3], 1, 4, 2, [1, 2]),
         ([1, 2, 3], 1, 2, 3, []),
         ([4], 1, 1, 3, []),
         ([], 1, 1, 3, []),
-        ([1, 2, 1, 2], 2, 2, 0, []),  # k = 0
-        ([1, 2, 1], 3, 5, 2, []),  # n too long for the context
+        # k = 0
+        ([1, 2, 1, 2], 2, 2, 0, []),
+        # n too long for the context
+        ([1, 2, 1], 3, 5, 2, []),
     ],
 )
 def test_table(context, min_n, max_n, k, expected):

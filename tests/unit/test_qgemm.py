@@ -44,7 +44,8 @@ def test_every_int8_weight_value_is_exact(lib):
     """All 256 int8 values (-128 too, which llama.cpp's Q8_0 never writes but a file may hold) in every position of
     a block and of a 16-column group: the kernel multiplies exactly the GGUF weights."""
     n, k = 32, 256
-    q = (np.arange(n * k).reshape(n, k) * 7 % 256 - 128).astype(np.int8)  # [N, K], each value in many places
+    # [N, K], each value in many places
+    q = (np.arange(n * k).reshape(n, k) * 7 % 256 - 128).astype(np.int8)
     raw = np.zeros((n, k // 32, 34), np.uint8)
     raw[..., 0:2] = np.float16(0.5).reshape(1).view(np.uint8)
     raw[..., 2:] = q.reshape(n, k // 32, 32).view(np.uint8)
@@ -66,7 +67,8 @@ def test_repacked_blocks_dequantize_exactly(qtype):
 @pytest.mark.parametrize("n", [21, 48])
 def test_kernel_sees_exactly_the_gguf_weights(lib, qtype, n):
     qw, ref = make_weight(qtype, n, 64)
-    eye = torch.eye(qw.shape[1])  # x = I picks out W^T column by column
+    # x = I picks out W^T column by column
+    eye = torch.eye(qw.shape[1])
     assert torch.equal(product(qw, eye, lib).T, ref)
 
 
@@ -74,7 +76,8 @@ def test_kernel_sees_exactly_the_gguf_weights(lib, qtype, n):
 @pytest.mark.parametrize(
     ("m", "n", "k"),
     [(1, 1, 32), (1, 100, 576), (2, 17, 96), (3, 5, 64), (5, 33, 576), (13, 64, 1536), (37, 19, 128)]
-    + [(1, 48, 576), (4, 16, 32), (8, 96, 192), (10, 32, 64), (12, 48, 96), (45, 32, 64)],  # N % 16 == 0: q4t
+    # N % 16 == 0: q4t
+    + [(1, 48, 576), (4, 16, 32), (8, 96, 192), (10, 32, 64), (12, 48, 96), (45, 32, 64)],
 )
 def test_product_matches_float32(lib, qtype, m, n, k):
     qw, ref = make_weight(qtype, n, k, seed=m)
@@ -94,7 +97,8 @@ def test_rows_do_not_depend_on_the_batch_or_threads(lib, qtype):
         alone = torch.cat([qw.matmul(x[i : i + 1], lib) for i in range(41)])
     finally:
         torch.set_num_threads(threads)
-    assert torch.equal(whole, alone)  # bitwise: a row alone vs in 8-row tiles
+    # bitwise: a row alone vs in 8-row tiles
+    assert torch.equal(whole, alone)
     for size in (2, 3, 4, 5, 7, 9, 10, 11, 20, 21):
         parts = torch.cat([qw.matmul(x[i : i + size], lib) for i in range(0, 41, size)])
         assert torch.equal(whole, parts), size
@@ -108,7 +112,8 @@ def test_rows_and_fusion_keep_the_values():
     order = np.array([3, 1, 2, 0, 7, 5, 6, 4])
     assert torch.equal(a.take_rows(order).dequantize(), ra[order])
     c, _ = make_weight("Q8_0", 4, 64)
-    assert QuantWeight.cat([a, c]) is None  # formats differ: the loader dequantizes instead
+    # formats differ: the loader dequantizes instead
+    assert QuantWeight.cat([a, c]) is None
 
 
 def test_unsupported_shapes_stay_float32():
@@ -147,7 +152,8 @@ def test_tiled_layout_keeps_the_weights(qtype, fmt):
     assert torch.equal(tiled.dequantize(), ref)
     assert np.array_equal(tiled.untiled().blocks, qw.blocks)
     odd, _ = make_weight(qtype, 21, 256)
-    assert odd.tiled() is odd  # N not a multiple of 16
+    # N not a multiple of 16
+    assert odd.tiled() is odd
 
 
 def test_tiled_weights_need_the_amx_build():
@@ -195,7 +201,8 @@ def test_long_prompts_keep_every_row(lib):
 def test_q8_quantizer_matches_ggufs():
     """QuantWeight.quantize_q8 (drafts following a quantized target) makes the blocks gguf's Q8_0 quantizer makes."""
     w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0)) * torch.rand(48, 1) * 3
-    w[3, :32] = 0  # an all-zero block: d = 0
+    # an all-zero block: d = 0
+    w[3, :32] = 0
     raw = quantize(w.numpy(), GGMLQuantizationType.Q8_0)
     ref = QuantWeight.from_gguf(raw, "Q8_0", (48, 96)).dequantize()
     ours = QuantWeight.quantize_q8(w).dequantize()

@@ -71,7 +71,8 @@ def numpy_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     q = round-half-to-even(x * (127 / max|x|)) (q = 0 where max|x| = 0) -> q [M, K] int8, d [M, K/32] float32."""
     m, k = x.shape
     b = x.astype(np.float32).reshape(m, k // QK, QK)
-    amax = np.abs(b).max(-1, keepdims=True)  # [M, nb, 1]
+    # [M, nb, 1]
+    amax = np.abs(b).max(-1, keepdims=True)
     d = amax / np.float32(127)
     inv = np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0)
     q = np.rint(b * inv).astype(np.int8)
@@ -126,14 +127,17 @@ def test_activation_quantization_matches_numpy(lib):
     ref_q, ref_d = numpy_quantize(x.numpy())
     assert np.array_equal(q, ref_q)
     assert np.array_equal(d, ref_d)
-    assert list(q[2, 1:8]) == [2, 4, -2, -4, 0, 0, 2]  # half to even, not half away from zero
+    # half to even, not half away from zero
+    assert list(q[2, 1:8]) == [2, 4, -2, -4, 0, 0, 2]
     assert (q[1, 32:64] == 0).all() and d[1, 1] == 0
     assert q[3, 64:96].min() == -127
     amax, v = x[4, 96:98].numpy()
     assert q[4, 97] == np.rint(v * (np.float32(127) / amax)) != np.rint(v * (np.float32(1) / d[4, 3]))
-    total = q.astype(np.int64).reshape(7, -1, QK).sum(-1)  # [M, nb]
+    # [M, nb]
+    total = q.astype(np.int64).reshape(7, -1, QK).sum(-1)
     assert np.array_equal(c, (128 * total).astype(np.int32))
-    halves = q.astype(np.int64).reshape(7, -1, 2, 16).sum(-1)  # [M, nb, 2]
+    # [M, nb, 2]
+    halves = q.astype(np.int64).reshape(7, -1, 2, 16).sum(-1)
     assert np.array_equal(h0, 32 * halves[..., 0]) and np.array_equal(h1, 32 * halves[..., 1])
     assert np.array_equal(s, d * total.astype(np.float32))
     # the quantization error is at most half a step per value (plus the rounding of the scale)

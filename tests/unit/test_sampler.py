@@ -41,22 +41,29 @@ FILTER_CASES = [
     ({"top_k": 100}, LOGITS5, ALL),
     ({"top_k": 0}, LOGITS5, ALL),
     ({"top_k": -1}, LOGITS5, ALL),
-    ({"top_k": 2}, [1.0, 1.0, 1.0, 0.0, -1.0], {0, 1, 2}),  # ties with the k-th value are kept
+    # ties with the k-th value are kept
+    ({"top_k": 2}, [1.0, 1.0, 1.0, 0.0, -1.0], {0, 1, 2}),
     ({"top_p": 0.01}, LOGITS5, {1}),
     ({"top_p": 0.3}, LOGITS5, {1}),
     ({"top_p": 0.5}, LOGITS5, {1, 3}),
     ({"top_p": 0.8}, LOGITS5, {1, 3, 4}),
     ({"top_p": 0.9}, LOGITS5, {0, 1, 3, 4}),
     ({"top_p": 0.97}, LOGITS5, ALL),
-    ({"top_k": 3, "top_p": 0.6}, LOGITS5, {1, 3}),  # top-p on the top-k-renormalised distribution
+    # top-p on the top-k-renormalised distribution
+    ({"top_k": 3, "top_p": 0.6}, LOGITS5, {1, 3}),
     ({"top_k": 2, "top_p": 0.9}, LOGITS5, {1, 3}),
-    ({"min_p": 0.3}, LOGITS5, {1, 3, 4}),  # threshold 0.12
-    ({"min_p": 0.5}, LOGITS5, {1, 3}),  # threshold 0.2
+    # threshold 0.12
+    ({"min_p": 0.3}, LOGITS5, {1, 3, 4}),
+    # threshold 0.2
+    ({"min_p": 0.5}, LOGITS5, {1, 3}),
     ({"min_p": 1.0}, LOGITS5, {1}),
     ({"min_p": 0.3, "top_k": 4}, LOGITS5, {1, 3, 4}),
-    ({"min_p": 0.2, "top_k": 4}, LOGITS5, {0, 1, 3, 4}),  # threshold 0.08
-    ({"temperature": 0.5, "top_p": 0.6}, LOGITS5, {1, 3}),  # p^2: 0.16/0.285 = 0.56 < 0.6
-    ({"temperature": 0.0, "top_k": 1, "top_p": 0.1, "min_p": 0.9}, LOGITS5, ALL),  # greedy: no filter
+    # threshold 0.08
+    ({"min_p": 0.2, "top_k": 4}, LOGITS5, {0, 1, 3, 4}),
+    # p^2: 0.16/0.285 = 0.56 < 0.6
+    ({"temperature": 0.5, "top_p": 0.6}, LOGITS5, {1, 3}),
+    # greedy: no filter
+    ({"temperature": 0.0, "top_k": 1, "top_p": 0.1, "min_p": 0.9}, LOGITS5, ALL),
 ]
 
 
@@ -66,7 +73,8 @@ def _st(params: list[SamplingParams], vocab_size: int) -> SamplingTensors:
 
 def test_filter_table_batched():
     params = [SamplingParams(**kw) for kw, _, _ in FILTER_CASES]
-    logits = torch.tensor([lg for _, lg, _ in FILTER_CASES])  # [N, 5]
+    # [N, 5]
+    logits = torch.tensor([lg for _, lg, _ in FILTER_CASES])
     st = _st(params, 5)
     probs = logits_to_probs(logits, st)
     assert probs.dtype == torch.float32
@@ -123,10 +131,12 @@ PENALTY_CASES = [
     ({}, [0, 1], [1, 1, 0, 3], BASE),
     ({"repetition_penalty": 2.0}, [0], [0, 1, 0, 0], [1.0, -2.0, 0.5, -0.5]),
     ({"repetition_penalty": 0.5}, [2, 3], [0, 0, 0, 0], [2.0, -1.0, 1.0, -0.25]),
-    ({"frequency_penalty": 0.5}, [0], [0, 2, 1, 0], [2.0, -2.0, 0.0, -0.5]),  # prompt is not counted
+    # prompt is not counted
+    ({"frequency_penalty": 0.5}, [0], [0, 2, 1, 0], [2.0, -2.0, 0.0, -0.5]),
     ({"frequency_penalty": -1.0}, [], [3, 0, 0, 0], [5.0, -1.0, 0.5, -0.5]),
     ({"presence_penalty": 0.5}, [3], [0, 2, 1, 0], [2.0, -1.5, 0.0, -0.5]),
-    ({"presence_penalty": 1.0}, [2], [0, 0, 0, 0], BASE),  # presence ignores the prompt
+    # presence ignores the prompt
+    ({"presence_penalty": 1.0}, [2], [0, 0, 0, 0], BASE),
     (
         {"repetition_penalty": 2.0, "frequency_penalty": 0.1, "presence_penalty": 0.2},
         [3],
@@ -166,12 +176,15 @@ def _naive_draft_counts(counts: torch.Tensor, drafts: torch.Tensor) -> torch.Ten
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_draft_aware_counts_matches_naive(dtype):
     g = torch.Generator().manual_seed(0)
-    B, K, V = 6, 5, 7  # small V so drafts repeat tokens
+    # small V so drafts repeat tokens
+    B, K, V = 6, 5, 7
     counts = torch.randint(0, 4, (B, V), generator=g).to(dtype)
     drafts = torch.randint(0, V, (B, K), generator=g)
-    drafts[1, 3:] = -1  # ragged drafts, -1 padded
+    # ragged drafts, -1 padded
+    drafts[1, 3:] = -1
     drafts[2, :] = -1
-    drafts[4, 1] = drafts[4, 0]  # repeated draft token
+    # repeated draft token
+    drafts[4, 1] = drafts[4, 0]
     got = draft_aware_counts(counts, drafts)
     assert got.shape == (B, K + 1, V) and got.dtype == dtype
     assert torch.equal(got, _naive_draft_counts(counts, drafts))
@@ -214,7 +227,8 @@ def _run_request(
     start = sum(n_rows[:place])
     out = []
     for step in range(steps):
-        logits = torch.randn(sum(n_rows), V)  # other rows: arbitrary logits
+        # other rows: arbitrary logits
+        logits = torch.randn(sum(n_rows), V)
         logits[start : start + 3] = target_logits[step]
         noise = draw_noise(n_rows, generators, V, "cpu")
         tokens, _ = sample_tokens(logits, st, noise)
@@ -227,7 +241,8 @@ def test_seeded_request_independent_of_batch():
     others = [(1, 7), (2, None), (1, None), (4, 99), (1, 42), (2, None), (3, 5)]
     for place in (0, 3, 7):
         assert _run_request(42, others, place) == alone
-    assert _run_request(43, [], 0) != alone  # the seed actually matters
+    # the seed actually matters
+    assert _run_request(43, [], 0) != alone
 
 
 def test_draw_noise_unseeded_uses_default_generator():
@@ -249,7 +264,8 @@ def test_sample_follows_probs_chi_square():
     observed = torch.bincount(tokens, minlength=6).double()
     expected = probs.double() * n
     chi2 = float(((observed - expected) ** 2 / expected).sum())
-    assert chi2 < 20.52, chi2  # df=5, p=0.001
+    # df=5, p=0.001
+    assert chi2 < 20.52, chi2
     # unnormalised input gives the same draw (exponential race is scale invariant)
     assert torch.equal(sample(probs.expand(n, 6) * 4.0, noise), tokens)
 
@@ -267,9 +283,11 @@ def test_greedy_and_sample_tokens_mixed_batch():
     V = 6
     logits = torch.tensor([[0.0, 3.0, 2.9, 0.0, 0.0, 0.0]] * 3)
     params = [
-        SamplingParams(temperature=0.0, repetition_penalty=2.0),  # penalty flips the argmax to 2
+        # penalty flips the argmax to 2
+        SamplingParams(temperature=0.0, repetition_penalty=2.0),
         SamplingParams(temperature=0.0),
-        SamplingParams(temperature=1.0, top_k=1, repetition_penalty=2.0),  # sampled, top-1 after penalty
+        # sampled, top-1 after penalty
+        SamplingParams(temperature=1.0, top_k=1, repetition_penalty=2.0),
     ]
     prompt_mask = torch.zeros(3, V, dtype=torch.bool)
     prompt_mask[:, 1] = True

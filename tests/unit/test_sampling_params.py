@@ -126,5 +126,6 @@ def test_is_greedy(t, greedy):
 def test_is_plain_dataclass():
     a, b = SamplingParams(temperature=0.5, stop="x"), SamplingParams(temperature=0.5, stop=["x"])
     assert a == b
-    a.max_tokens = 99  # plain mutable dataclass
+    # plain mutable dataclass
+    a.max_tokens = 99
     assert a.max_tokens == 99

@@ -33,15 +33,37 @@ def make(config, **kwargs) -> SpeculativeConfig:
 
 def test_every_reference_key_is_accepted():
     expected = {
-        "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "max_model_len",
-        "quantization", "revision", "code_revision", "disable_by_batch_size", "disable_padded_drafter_batch",
-        "disable_logprobs", "prompt_lookup_min", "prompt_lookup_max", "speculative_token_tree",
-        "parallel_drafting", "rejection_sample_method", "synthetic_acceptance_rate", "draft_sample_method",
-        "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-        "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "enforce_eager",
-        "enable_block_verify", "enable_entropy_verify", "posterior_threshold", "posterior_alpha",
-        "draft_model_config", "num_speculative_tokens_per_batch_size", "enable_adaptive_verification",
-    }  # fmt: skip
+        "method",
+        "model",
+        "num_speculative_tokens",
+        "draft_tensor_parallel_size",
+        "max_model_len",
+        "quantization",
+        "revision",
+        "code_revision",
+        "disable_by_batch_size",
+        "disable_padded_drafter_batch",
+        "disable_logprobs",
+        "prompt_lookup_min",
+        "prompt_lookup_max",
+        "speculative_token_tree",
+        "parallel_drafting",
+        "rejection_sample_method",
+        "synthetic_acceptance_rate",
+        "draft_sample_method",
+        "suffix_decoding_max_tree_depth",
+        "suffix_decoding_max_cached_requests",
+        "suffix_decoding_max_spec_factor",
+        "suffix_decoding_min_token_prob",
+        "enforce_eager",
+        "enable_block_verify",
+        "enable_entropy_verify",
+        "posterior_threshold",
+        "posterior_alpha",
+        "draft_model_config",
+        "num_speculative_tokens_per_batch_size",
+        "enable_adaptive_verification",
+    }
     assert ALLOWED_KEYS == expected
     fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
     assert fields == expected - {"draft_model_config"} | {"eagle_aux_hidden_state_layer_ids"}
@@ -123,7 +145,8 @@ def test_non_ngram_methods_zero_the_lookup_bounds():
 def test_deprecated_mtp_methods_warn_and_become_mtp(alias):
     with pytest.warns(FutureWarning, match=f"method `{alias}` is deprecated and replaced with mtp."):
         cfg = make({"method": alias, "num_speculative_tokens": 1})
-    assert cfg.method == "mtp" and cfg.model is None  # None: the target checkpoint's own MTP layers
+    # None: the target checkpoint's own MTP layers
+    assert cfg.method == "mtp" and cfg.model is None
 
 
 def test_mtp_method_does_not_warn():
@@ -168,7 +191,8 @@ def test_explicit_method_is_kept():
         ({"model_type": "mlp_speculator", "n_predict": 3}, 2, 2),
         ({"model_type": "mlp_speculator", "n_predict": 3}, 6, 6),
         ({**DEEPSEEK_V3, "num_nextn_predict_layers": 2}, None, 2),
-        ({"model_type": "longcat_flash"}, None, 1),  # LongCat defaults to one MTP layer
+        # LongCat defaults to one MTP layer
+        ({"model_type": "longcat_flash"}, None, 1),
     ],
 )
 def test_num_speculative_tokens_defaults_to_n_predict(hf, given, expected):
@@ -316,11 +340,19 @@ def test_vllm_rejection_sample_spellings(extra, method, block):
         ({"method": "suffix"}, "greedy"),
         (EAGLE_CFG, "greedy"),
         ({"method": "draft_model", "model": "d", "num_speculative_tokens": 3}, "probabilistic"),
-        ({"method": "draft_model", "model": "d", "num_speculative_tokens": 3, "draft_sample_method": "greedy"}, "greedy"),
+        (
+            {
+                "method": "draft_model",
+                "model": "d",
+                "num_speculative_tokens": 3,
+                "draft_sample_method": "greedy",
+            },
+            "greedy",
+        ),
         ({**NGRAM, "draft_sample_method": "greedy"}, "greedy"),
         ({**EAGLE_CFG, "draft_sample_method": None}, "greedy"),
     ],
-)  # fmt: skip
+)
 def test_draft_sample_method(config, expected):
     cfg = make(config)
     assert cfg.draft_sample_method == expected
@@ -336,15 +368,27 @@ ERRORS = [
     ({"num_spec_tokens": 3, "method": "ngram"}, {}, "Unknown key(s) 'num_spec_tokens'"),
     ({"num_spec_tokens": 3, "method": "ngram"}, {}, "did you mean 'num_speculative_tokens'?"),
     ({"foo": 1, **NGRAM}, {}, "Allowed keys: code_revision, disable_by_batch_size"),
-    ({**NGRAM, "num_speculative_tokens": "3"}, {}, "'num_speculative_tokens' must be an int or null, got '3'"),
+    (
+        {**NGRAM, "num_speculative_tokens": "3"},
+        {},
+        "'num_speculative_tokens' must be an int or null, got '3'",
+    ),
     ({**NGRAM, "num_speculative_tokens": True}, {}, "'num_speculative_tokens' must be an int or null"),
     ({**NGRAM, "num_speculative_tokens": 3.0}, {}, "'num_speculative_tokens' must be an int or null"),
     ({**NGRAM, "disable_logprobs": "yes"}, {}, "'disable_logprobs' must be a bool, got 'yes'"),
     ({**NGRAM, "disable_logprobs": None}, {}, "'disable_logprobs' must be a bool, got None"),
-    ({**NGRAM, "suffix_decoding_min_token_prob": "0.1"}, {}, "'suffix_decoding_min_token_prob' must be a finite float"),
+    (
+        {**NGRAM, "suffix_decoding_min_token_prob": "0.1"},
+        {},
+        "'suffix_decoding_min_token_prob' must be a finite float",
+    ),
     ({**NGRAM, "suffix_decoding_max_spec_factor": float("nan")}, {}, "must be a finite float"),
     ({**NGRAM, "suffix_decoding_max_spec_factor": float("inf")}, {}, "must be a finite float"),
-    ({**NGRAM, "num_speculative_tokens": 10**6}, {}, "num_speculative_tokens=1000000 is more than this build verifies per step (1..1024)"),
+    (
+        {**NGRAM, "num_speculative_tokens": 10**6},
+        {},
+        "num_speculative_tokens=1000000 is more than this build verifies per step (1..1024)",
+    ),
     ({**NGRAM, "method": 5}, {}, "'method' must be a str or null"),
     ({**NGRAM, "speculative_token_tree": 5}, {}, "must be a str or a list of tuples of ints"),
     ({**NGRAM, "rejection_sample_method": None}, {}, "'rejection_sample_method' must be a str, got None"),
@@ -352,74 +396,258 @@ ERRORS = [
     ({"num_speculative_tokens": 3}, {}, "must set `method` or `model` (num_speculative_tokens was provided"),
     ({}, {}, "speculative_config must set `method` or `model`"),
     ({**NGRAM, "method": "lookahead"}, {}, "Unknown speculative method 'lookahead'"),
-    ({"method": "eagle", "num_speculative_tokens": 3}, {}, "num_speculative_tokens was provided but without speculative model"),
+    (
+        {"method": "eagle", "num_speculative_tokens": 3},
+        {},
+        "num_speculative_tokens was provided but without speculative model",
+    ),
     ({"method": "eagle3"}, {}, "Speculative method 'eagle3' requires `model`"),
     ({"method": "draft_model"}, {}, "Speculative method 'draft_model' requires `model`"),
     ({"method": "medusa"}, {}, "Speculative method 'medusa' requires `model`"),
     ({"method": "mlp_speculator"}, {}, "Speculative method 'mlp_speculator' requires `model`"),
     ({"method": "dflash"}, {}, "Speculative method 'dflash' requires `model`"),
-    (EAGLE_CFG, {"supported_methods": ["ngram", "draft_model"]}, "speculative method 'eagle' is not supported by this build yet; supported methods: draft_model, ngram"),
-    ({"method": "mtp", "num_speculative_tokens": 1}, {"draft_hf_config": LLAMA_DRAFT}, "method 'mtp' needs a checkpoint with MTP layers"),
-    ({**EAGLE_CFG, "draft_model_config": {"hf_config": {}}}, {}, "'draft_model_config' is populated internally"),
-    ({"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"x": 1}}}, {}, "accepts it only for method"),
-    ({"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": "2"}}}, {}, "must be a list of layer indices"),
+    (
+        EAGLE_CFG,
+        {"supported_methods": ["ngram", "draft_model"]},
+        "speculative method 'eagle' is not supported by this build yet; supported methods: draft_model, ngram",
+    ),
+    (
+        {"method": "mtp", "num_speculative_tokens": 1},
+        {"draft_hf_config": LLAMA_DRAFT},
+        "method 'mtp' needs a checkpoint with MTP layers",
+    ),
+    (
+        {**EAGLE_CFG, "draft_model_config": {"hf_config": {}}},
+        {},
+        "'draft_model_config' is populated internally",
+    ),
+    (
+        {"method": "extract_hidden_states", "draft_model_config": {"hf_config": {"x": 1}}},
+        {},
+        "accepts it only for method",
+    ),
+    (
+        {
+            "method": "extract_hidden_states",
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": "2"}},
+        },
+        {},
+        "must be a list of layer indices",
+    ),
     # ngram
     ({**NGRAM, "prompt_lookup_min": 0}, {}, "prompt_lookup_min=0 must be > 0"),
     ({**NGRAM, "prompt_lookup_min": 1, "prompt_lookup_max": 0}, {}, "prompt_lookup_max=0 must be > 0"),
-    ({**NGRAM, "prompt_lookup_min": 4, "prompt_lookup_max": 2}, {}, "prompt_lookup_min=4 must be <= prompt_lookup_max=2"),
+    (
+        {**NGRAM, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+        {},
+        "prompt_lookup_min=4 must be <= prompt_lookup_max=2",
+    ),
     # num_speculative_tokens
-    ({**NGRAM, "num_speculative_tokens": 0}, {}, "Expected num_speculative_tokens to be greater than zero (0)."),
-    ({**EAGLE_CFG, "num_speculative_tokens": -1}, {}, "Expected num_speculative_tokens to be greater than zero (-1)."),
-    ({"method": "ngram"}, {}, "num_speculative_tokens must be provided with speculative model unless the draft model config contains an n_predict parameter."),
-    ({"method": "eagle", "model": EAGLE}, {"draft_hf_config": LLAMA_DRAFT}, "unless the draft model config contains an n_predict"),
-    ({"method": "mtp", "num_speculative_tokens": 3}, {"draft_hf_config": {**DEEPSEEK_V3, "num_nextn_predict_layers": 2}}, "num_speculative_tokens:3 must be divisible by n_predict=2"),
-    ({"model": "x", "num_speculative_tokens": 4}, {"draft_hf_config": {"n_predict": 3}}, "num_speculative_tokens:4 must be divisible by n_predict=3"),
-    ({"method": "extract_hidden_states", "num_speculative_tokens": 2}, {}, "extract_hidden_states requires num_speculative_tokens=1, got 2"),
-    ({"model": "x", "num_speculative_tokens": 1}, {"draft_hf_config": {"n_predict": "3"}}, "draft_hf_config n_predict='3' must be a positive int"),
+    (
+        {**NGRAM, "num_speculative_tokens": 0},
+        {},
+        "Expected num_speculative_tokens to be greater than zero (0).",
+    ),
+    (
+        {**EAGLE_CFG, "num_speculative_tokens": -1},
+        {},
+        "Expected num_speculative_tokens to be greater than zero (-1).",
+    ),
+    (
+        {"method": "ngram"},
+        {},
+        "num_speculative_tokens must be provided with speculative model unless the draft model config contains an n_predict parameter.",
+    ),
+    (
+        {"method": "eagle", "model": EAGLE},
+        {"draft_hf_config": LLAMA_DRAFT},
+        "unless the draft model config contains an n_predict",
+    ),
+    (
+        {"method": "mtp", "num_speculative_tokens": 3},
+        {"draft_hf_config": {**DEEPSEEK_V3, "num_nextn_predict_layers": 2}},
+        "num_speculative_tokens:3 must be divisible by n_predict=2",
+    ),
+    (
+        {"model": "x", "num_speculative_tokens": 4},
+        {"draft_hf_config": {"n_predict": 3}},
+        "num_speculative_tokens:4 must be divisible by n_predict=3",
+    ),
+    (
+        {"method": "extract_hidden_states", "num_speculative_tokens": 2},
+        {},
+        "extract_hidden_states requires num_speculative_tokens=1, got 2",
+    ),
+    (
+        {"model": "x", "num_speculative_tokens": 1},
+        {"draft_hf_config": {"n_predict": "3"}},
+        "draft_hf_config n_predict='3' must be a positive int",
+    ),
     # sizes
-    ({**NGRAM, "disable_by_batch_size": 1}, {}, "Expect the batch size threshold of disabling speculative decoding is > 1, but got disable_by_batch_size=1"),
-    ({**EAGLE_CFG, "draft_tensor_parallel_size": 3}, {"target_tensor_parallel_size": 2}, "speculative_draft_tensor_parallel_size=3 cannot be other value than 1 or target model tensor_parallel_size"),
-    ({**NGRAM, "draft_tensor_parallel_size": 0}, {}, "cannot be other value than 1 or target model tensor_parallel_size"),
-    ({**EAGLE_CFG, "max_model_len": 4096}, {"draft_hf_config": LLAMA_DRAFT}, "speculative_max_model_len=4096 cannot be larger than draft_max_model_len=2048"),
-    ({**EAGLE_CFG, "max_model_len": 2048}, {"target_max_model_len": 1024}, "speculative_max_model_len=2048 cannot be larger than target_max_model_len=1024"),
+    (
+        {**NGRAM, "disable_by_batch_size": 1},
+        {},
+        "Expect the batch size threshold of disabling speculative decoding is > 1, but got disable_by_batch_size=1",
+    ),
+    (
+        {**EAGLE_CFG, "draft_tensor_parallel_size": 3},
+        {"target_tensor_parallel_size": 2},
+        "speculative_draft_tensor_parallel_size=3 cannot be other value than 1 or target model tensor_parallel_size",
+    ),
+    (
+        {**NGRAM, "draft_tensor_parallel_size": 0},
+        {},
+        "cannot be other value than 1 or target model tensor_parallel_size",
+    ),
+    (
+        {**EAGLE_CFG, "max_model_len": 4096},
+        {"draft_hf_config": LLAMA_DRAFT},
+        "speculative_max_model_len=4096 cannot be larger than draft_max_model_len=2048",
+    ),
+    (
+        {**EAGLE_CFG, "max_model_len": 2048},
+        {"target_max_model_len": 1024},
+        "speculative_max_model_len=2048 cannot be larger than target_max_model_len=1024",
+    ),
     ({**NGRAM, "max_model_len": 0}, {}, "max_model_len=0 must be >= 1"),
     (NGRAM, {"target_tensor_parallel_size": 0}, "target_tensor_parallel_size=0 must be an int >= 1"),
     (NGRAM, {"target_max_model_len": 0}, "target_max_model_len=0 must be an int >= 1"),
     # rejection sampling, suffix decoding, block / entropy verify
-    ({**NGRAM, "rejection_sample_method": "lenient"}, {}, "rejection_sample_method must be one of 'strict', 'probabilistic', 'synthetic', got 'lenient'"),
-    ({**NGRAM, "rejection_sample_method": "synthetic"}, {}, "synthetic_acceptance_rate must be in [0, 1], but got None"),
-    ({**NGRAM, "rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 1.5}, {}, "synthetic_acceptance_rate must be in [0, 1], but got 1.5"),
-    ({**NGRAM, "synthetic_acceptance_rate": 0.5}, {}, "synthetic_acceptance_rate is only valid with rejection_sample_method='synthetic'"),
-    ({"method": "suffix", "suffix_decoding_max_tree_depth": 0}, {}, "suffix_decoding_max_tree_depth=0 must be >= 1"),
-    ({"method": "suffix", "suffix_decoding_max_cached_requests": -1}, {}, "suffix_decoding_max_cached_requests=-1 must be >= 0"),
-    ({"method": "suffix", "suffix_decoding_max_spec_factor": -0.5}, {}, "suffix_decoding_max_spec_factor=-0.5 must be >= 0"),
-    ({"method": "suffix", "suffix_decoding_min_token_prob": 1.5}, {}, "suffix_decoding_min_token_prob=1.5 must be in [0, 1]"),
+    (
+        {**NGRAM, "rejection_sample_method": "lenient"},
+        {},
+        "rejection_sample_method must be one of 'strict', 'probabilistic', 'synthetic', got 'lenient'",
+    ),
+    (
+        {**NGRAM, "rejection_sample_method": "synthetic"},
+        {},
+        "synthetic_acceptance_rate must be in [0, 1], but got None",
+    ),
+    (
+        {**NGRAM, "rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 1.5},
+        {},
+        "synthetic_acceptance_rate must be in [0, 1], but got 1.5",
+    ),
+    (
+        {**NGRAM, "synthetic_acceptance_rate": 0.5},
+        {},
+        "synthetic_acceptance_rate is only valid with rejection_sample_method='synthetic'",
+    ),
+    (
+        {"method": "suffix", "suffix_decoding_max_tree_depth": 0},
+        {},
+        "suffix_decoding_max_tree_depth=0 must be >= 1",
+    ),
+    (
+        {"method": "suffix", "suffix_decoding_max_cached_requests": -1},
+        {},
+        "suffix_decoding_max_cached_requests=-1 must be >= 0",
+    ),
+    (
+        {"method": "suffix", "suffix_decoding_max_spec_factor": -0.5},
+        {},
+        "suffix_decoding_max_spec_factor=-0.5 must be >= 0",
+    ),
+    (
+        {"method": "suffix", "suffix_decoding_min_token_prob": 1.5},
+        {},
+        "suffix_decoding_min_token_prob=1.5 must be in [0, 1]",
+    ),
     ({**NGRAM, "posterior_threshold": 0}, {}, "posterior_threshold=0.0 must be in (0, 1]"),
     ({**NGRAM, "posterior_alpha": -1}, {}, "posterior_alpha=-1.0 must be >= 0"),
-    ({**NGRAM, "enable_block_verify": True}, {}, "enable_block_verify changes the acceptance test of rejection_sample_method='probabilistic' (p/q), but rejection_sample_method is 'strict'"),
-    ({**NGRAM, "rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.5, "enable_entropy_verify": True}, {}, "set it to 'probabilistic' or remove enable_entropy_verify"),
-    ({**NGRAM, "parallel_drafting": True}, {}, "parallel_drafting is only compatible with EAGLE and draft-model methods"),
-    ({**NGRAM, "rejection_sample_method": "typical"}, {}, "vLLM's newer spellings are accepted too: 'standard' = 'probabilistic', 'block' = 'probabilistic'"),
-    ({**NGRAM, "rejection_sample_method": "block", "enable_block_verify": False}, {}, "rejection_sample_method 'block' is Block Verification, but enable_block_verify is false"),
-    ({**NGRAM, "rejection_sample_method": "block", "synthetic_acceptance_rate": 0.5}, {}, "synthetic_acceptance_rate is only valid with rejection_sample_method='synthetic'"),
-    ({**NGRAM, "draft_sample_method": "random"}, {}, "draft_sample_method must be one of 'greedy', 'probabilistic', got 'random'"),
-    ({**NGRAM, "draft_sample_method": 1}, {}, "speculative_config key 'draft_sample_method' must be a str or null, got 1"),
-    ({**NGRAM, "draft_sample_method": "probabilistic"}, {}, "draft_sample_method 'probabilistic' samples drafts from a draft distribution, which method 'ngram' does not have in this build (only draft_model); allowed here: 'greedy'"),
+    (
+        {**NGRAM, "enable_block_verify": True},
+        {},
+        "enable_block_verify changes the acceptance test of rejection_sample_method='probabilistic' (p/q), but rejection_sample_method is 'strict'",
+    ),
+    (
+        {
+            **NGRAM,
+            "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_rate": 0.5,
+            "enable_entropy_verify": True,
+        },
+        {},
+        "set it to 'probabilistic' or remove enable_entropy_verify",
+    ),
+    (
+        {**NGRAM, "parallel_drafting": True},
+        {},
+        "parallel_drafting is only compatible with EAGLE and draft-model methods",
+    ),
+    (
+        {**NGRAM, "rejection_sample_method": "typical"},
+        {},
+        "vLLM's newer spellings are accepted too: 'standard' = 'probabilistic', 'block' = 'probabilistic'",
+    ),
+    (
+        {**NGRAM, "rejection_sample_method": "block", "enable_block_verify": False},
+        {},
+        "rejection_sample_method 'block' is Block Verification, but enable_block_verify is false",
+    ),
+    (
+        {**NGRAM, "rejection_sample_method": "block", "synthetic_acceptance_rate": 0.5},
+        {},
+        "synthetic_acceptance_rate is only valid with rejection_sample_method='synthetic'",
+    ),
+    (
+        {**NGRAM, "draft_sample_method": "random"},
+        {},
+        "draft_sample_method must be one of 'greedy', 'probabilistic', got 'random'",
+    ),
+    (
+        {**NGRAM, "draft_sample_method": 1},
+        {},
+        "speculative_config key 'draft_sample_method' must be a str or null, got 1",
+    ),
+    (
+        {**NGRAM, "draft_sample_method": "probabilistic"},
+        {},
+        "draft_sample_method 'probabilistic' samples drafts from a draft distribution, which method 'ngram' does not have in this build (only draft_model); allowed here: 'greedy'",
+    ),
     ({"method": "suffix", "draft_sample_method": "probabilistic"}, {}, "which method 'suffix' does not have"),
     ({**EAGLE_CFG, "draft_sample_method": "probabilistic"}, {}, "which method 'eagle' does not have"),
-    ({**NGRAM, "draft_sampling_method": "greedy"}, {}, "Unknown key(s) 'draft_sampling_method' in speculative_config (did you mean 'draft_sample_method'?)"),
+    (
+        {**NGRAM, "draft_sampling_method": "greedy"},
+        {},
+        "Unknown key(s) 'draft_sampling_method' in speculative_config (did you mean 'draft_sample_method'?)",
+    ),
     # token tree
-    ({**EAGLE_CFG, "speculative_token_tree": "[(0,), (0, 1"}, {}, "speculative_token_tree could not be parsed"),
-    ({**EAGLE_CFG, "speculative_token_tree": "[]"}, {}, "speculative_token_tree must be a non-empty list of tuples"),
-    ({**EAGLE_CFG, "speculative_token_tree": "'abc'"}, {}, "speculative_token_tree must be a non-empty list of tuples"),
-    ({**EAGLE_CFG, "speculative_token_tree": "[(0,), (-1,)]"}, {}, "node (-1,) must be a non-empty tuple of ints >= 0"),
-    ({**EAGLE_CFG, "speculative_token_tree": [(0,), ()]}, {}, "node () must be a non-empty tuple of ints >= 0"),
-    ({**EAGLE_CFG, "speculative_token_tree": "[(0,), (0,)]"}, {}, "speculative_token_tree has duplicate nodes"),
+    (
+        {**EAGLE_CFG, "speculative_token_tree": "[(0,), (0, 1"},
+        {},
+        "speculative_token_tree could not be parsed",
+    ),
+    (
+        {**EAGLE_CFG, "speculative_token_tree": "[]"},
+        {},
+        "speculative_token_tree must be a non-empty list of tuples",
+    ),
+    (
+        {**EAGLE_CFG, "speculative_token_tree": "'abc'"},
+        {},
+        "speculative_token_tree must be a non-empty list of tuples",
+    ),
+    (
+        {**EAGLE_CFG, "speculative_token_tree": "[(0,), (-1,)]"},
+        {},
+        "node (-1,) must be a non-empty tuple of ints >= 0",
+    ),
+    (
+        {**EAGLE_CFG, "speculative_token_tree": [(0,), ()]},
+        {},
+        "node () must be a non-empty tuple of ints >= 0",
+    ),
+    (
+        {**EAGLE_CFG, "speculative_token_tree": "[(0,), (0,)]"},
+        {},
+        "speculative_token_tree has duplicate nodes",
+    ),
     ({**EAGLE_CFG, "speculative_token_tree": "[(0,), (1, 0)]"}, {}, "node (1, 0) has no parent (1,)"),
     # input shape
     ([("method", "ngram")], {}, "speculative_config must be a mapping (JSON object), got list"),
     (NGRAM, {"draft_hf_config": ["llama"]}, "draft_hf_config must be a mapping"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("config, kwargs, message", ERRORS)
@@ -491,7 +719,7 @@ def test_from_json_supported_methods():
         ({"model": "ibm/acc"}, {"draft_hf_config": {"model_type": "mlp_speculator", "n_predict": 3}}),
         ({"method": "extract_hidden_states", "draft_model_config": AUX_IDS}, {}),
     ],
-)  # fmt: skip
+)
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_to_dict_round_trips(config, kwargs):
     kwargs = {"target_max_model_len": 4096, "target_tensor_parallel_size": 2, **kwargs}

@@ -34,7 +34,8 @@ def brute_speculate(seqs, depth, pattern, k, factor, min_prob) -> Draft:
         probs: list[float] = []
         prob = 1.0
         while len(toks) < cap and cur in kids:
-            count, neg_tok = max((counts[cur + (t,)], -t) for t in kids[cur])  # ties: smallest id
+            # ties: smallest id
+            count, neg_tok = max((counts[cur + (t,)], -t) for t in kids[cur])
             p = prob * (count / counts[cur])
             if p < min_prob:
                 break
@@ -60,14 +61,16 @@ def check_tree(tree: SuffixTree) -> None:
         assert sum(c.count for c in children.values()) <= node.count
         for key, child in children.items():
             assert child.parent is node and child.count > 0 and child.length > 0
-            assert child.count < node.count or node is root  # else it should be merged
+            # else it should be merged
+            assert child.count < node.count or node is root
             label = child.seq[child.start : child.start + child.length]
             assert len(label) == child.length and label[0] == key
             full = path + label
             assert len(full) <= tree.max_depth
             assert child.start >= len(path)
             assert child.seq[child.start - len(path) : child.start + child.length] == full
-            assert any(child.seq is s for s in live) or child.seq == full  # live or private copy
+            # live or private copy
+            assert any(child.seq is s for s in live) or child.seq == full
             stack.append((child, full))
         if children and not node.stale:
             top = max(children.values(), key=lambda c: (c.count, -c.seq[c.start]))
@@ -103,7 +106,8 @@ def test_tree_counts_match_brute_force(seed, depth):
         check_tree(tree)
     assert tree.substring_counts() == brute_counts(seqs, depth)
     assert tree.num_tokens == sum(map(len, seqs))
-    assert tree.num_nodes() <= 2 * sum(map(len, seqs))  # compressed: O(tokens), not O(tokens*depth)
+    # compressed: O(tokens), not O(tokens*depth)
+    assert tree.num_nodes() <= 2 * sum(map(len, seqs))
     for s in seqs:
         for i in range(len(s)):
             assert tree.count(s[i : i + depth]) == brute_counts(seqs, depth)[tuple(s[i : i + depth])]
@@ -152,7 +156,8 @@ def test_remove_decrements_and_prunes():
     tree.remove(0)
     assert [tree.count(s) for s in ([1, 2], [2, 3], [2, 4], [3, 1, 2])] == [1, 0, 1, 0]
     assert tree.substring_counts() == brute_counts([[1, 2, 4]], 3)
-    assert tree.num_nodes() == 3  # the paths "1 2 4", "2 4", "4"; "3 ..." pruned
+    # the paths "1 2 4", "2 4", "4"; "3 ..." pruned
+    assert tree.num_nodes() == 3
     check_tree(tree)
 
 
@@ -282,15 +287,21 @@ def test_speculate_tail_equals_speculate(seed):
 @pytest.mark.parametrize(
     "prompt,context,k,factor,tokens,match_len",
     [
-        ([1, 2, 3, 4, 5, 6], [7, 1, 2], 10, 1.0, [3, 4], 2),  # match 2, factor 1 -> 2 tokens
-        ([1, 2, 3, 4, 5, 6], [7, 1, 2], 10, 0.5, [3], 2),  # factor 0.5 -> 1 token
+        # match 2, factor 1 -> 2 tokens
+        ([1, 2, 3, 4, 5, 6], [7, 1, 2], 10, 1.0, [3, 4], 2),
+        # factor 0.5 -> 1 token
+        ([1, 2, 3, 4, 5, 6], [7, 1, 2], 10, 0.5, [3], 2),
         ([1, 2, 3, 4, 5, 6], [7, 1, 2], 10, 2.0, [3, 4, 5, 6], 2),
-        ([1, 2, 3, 4, 5, 6], [7, 1, 2], 1, 1.0, [3], 2),  # max_spec_tokens
+        # max_spec_tokens
+        ([1, 2, 3, 4, 5, 6], [7, 1, 2], 1, 1.0, [3], 2),
         ([1, 2, 3, 4, 5, 6], [7, 1, 2], 0, 1.0, [], 2),
         ([1, 2, 3, 4, 5, 6], [0, 1, 2, 3], 10, 1.0, [4, 5, 6], 3),
-        ([1, 2, 3, 4, 5, 6], [0, 9], 10, 1.0, [], 0),  # no match at all
-        ([5, 1, 2, 3, 1, 2, 4, 1, 2, 3], [8, 1, 2], 10, 1.0, [3, 1], 2),  # 2 of 3, then 1 of 2
-        ([1, 2, 3, 4, 1, 2], [1, 2, 3, 4, 1, 2], 10, 1.0, [3, 4], 2),  # own tail matched too
+        # no match at all
+        ([1, 2, 3, 4, 5, 6], [0, 9], 10, 1.0, [], 0),
+        # 2 of 3, then 1 of 2
+        ([5, 1, 2, 3, 1, 2, 4, 1, 2, 3], [8, 1, 2], 10, 1.0, [3, 1], 2),
+        # own tail matched too
+        ([1, 2, 3, 4, 1, 2], [1, 2, 3, 4, 1, 2], 10, 1.0, [3, 4], 2),
     ],
 )
 def test_prompt_tree_matches(prompt, context, k, factor, tokens, match_len):
@@ -305,7 +316,8 @@ def test_prompt_tree_probabilities():
     cache = SuffixDecodingCache()
     cache.start_request("r", [5, 1, 2, 3, 1, 2, 4, 1, 2, 3])
     draft = cache.speculate("r", [8, 1, 2], 10)
-    assert draft.probs == pytest.approx([2 / 3, 2 / 3 * 1 / 2])  # "1 2 3": 2 ends, 1 goes on
+    # "1 2 3": 2 ends, 1 goes on
+    assert draft.probs == pytest.approx([2 / 3, 2 / 3 * 1 / 2])
     assert draft.score == pytest.approx(1.0)
 
 
@@ -324,7 +336,8 @@ RESPONSES = [[1, 2, 3, 4], [1, 2, 3, 7], [1, 2, 8, 9], [1, 5, 6, 6]]
 @pytest.mark.parametrize(
     "min_prob,tokens,probs",
     [
-        (0.0, [2, 3, 4], [3 / 4, 1 / 2, 1 / 4]),  # 3 of 4, then 2 of 3, then 1 of 2 (tie -> 4)
+        # 3 of 4, then 2 of 3, then 1 of 2 (tie -> 4)
+        (0.0, [2, 3, 4], [3 / 4, 1 / 2, 1 / 4]),
         (0.25, [2, 3, 4], [3 / 4, 1 / 2, 1 / 4]),
         (0.3, [2, 3], [3 / 4, 1 / 2]),
         (0.6, [2], [3 / 4]),
@@ -341,7 +354,8 @@ def test_probability_cutoff(min_prob, tokens, probs):
     draft = cache.speculate("q", [50, 1], 10)
     assert draft.token_ids == tokens
     assert draft.probs == pytest.approx(probs)
-    assert draft.match_len == 1  # an empty draft still reports the longest match found
+    # an empty draft still reports the longest match found
+    assert draft.match_len == 1
 
 
 def finish(cache: SuffixDecodingCache, req_id, prompt, response) -> None:
@@ -355,25 +369,33 @@ def test_global_tree_matches_finished_request():
     cache.start_request("a", [100, 101])
     cache.add_active_response("a", [1, 2, 3, 4, 5])
     cache.start_request("b", [7, 8])
-    assert cache.speculate("b", [7, 8, 1, 2], 10).token_ids == []  # "a" not finished yet
+    # "a" not finished yet
+    assert cache.speculate("b", [7, 8, 1, 2], 10).token_ids == []
     cache.stop_request("a")
     assert list(cache.active_requests) == ["b"] and list(cache.cached_requests) == ["a"]
     draft = cache.speculate("b", [7, 8, 1, 2], 10)
     assert (draft.token_ids, draft.match_len, draft.probs) == ([3, 4], 2, [1.0, 1.0])
-    assert cache.speculate("b", [100, 101], 10).token_ids == []  # prompts are not cached
+    # prompts are not cached
+    assert cache.speculate("b", [100, 101], 10).token_ids == []
     assert cache._global.num_tokens == 5
 
 
 @pytest.mark.parametrize(
     "prompt,response,context,tokens,match_len",
     [
-        ([1, 2, 3, 4], [5, 1, 2, 9, 9, 9], [7, 5, 1, 2], [9, 9, 9], 3),  # global: longer match
-        ([5, 1, 2, 3, 4, 6], [1, 2, 9, 9], [7, 5, 1, 2], [3, 4, 6], 3),  # prompt: longer match
-        ([1, 2, 3, 8], [1, 2, 9, 9, 1, 2, 9, 7], [7, 1, 2], [3, 8], 2),  # prompt: higher score
-        ([1, 2, 3, 8, 1, 2, 4], [1, 2, 9, 9], [7, 1, 2], [9, 9], 2),  # global: higher score
-        ([2, 3, 7, 7, 7], [1, 2, 3, 4, 5], [8, 1, 2, 3], [4, 5], 3),  # equal score: longer match
+        # global: longer match
+        ([1, 2, 3, 4], [5, 1, 2, 9, 9, 9], [7, 5, 1, 2], [9, 9, 9], 3),
+        # prompt: longer match
+        ([5, 1, 2, 3, 4, 6], [1, 2, 9, 9], [7, 5, 1, 2], [3, 4, 6], 3),
+        # prompt: higher score
+        ([1, 2, 3, 8], [1, 2, 9, 9, 1, 2, 9, 7], [7, 1, 2], [3, 8], 2),
+        # global: higher score
+        ([1, 2, 3, 8, 1, 2, 4], [1, 2, 9, 9], [7, 1, 2], [9, 9], 2),
+        # equal score: longer match
+        ([2, 3, 7, 7, 7], [1, 2, 3, 4, 5], [8, 1, 2, 3], [4, 5], 3),
         ([1, 2, 3, 4, 5], [2, 3, 7, 7, 7], [8, 1, 2, 3], [4, 5], 3),
-        ([1, 2, 3, 4], [1, 2, 9, 9], [7, 1, 2], [3, 4], 2),  # full tie: prompt tree
+        # full tie: prompt tree
+        ([1, 2, 3, 4], [1, 2, 9, 9], [7, 1, 2], [3, 4], 2),
     ],
 )
 def test_best_of_both_trees(prompt, response, context, tokens, match_len):
@@ -390,14 +412,17 @@ def test_fifo_eviction():
     for i in range(3):
         finish(cache, f"r{i}", [0], [10 * i + 1, 10 * i + 2, 10 * i + 3])
     assert list(cache.cached_requests) == ["r1", "r2"]
-    assert cache.speculate("q", [1, 2], 5).token_ids == []  # r0 evicted
+    # r0 evicted
+    assert cache.speculate("q", [1, 2], 5).token_ids == []
     assert cache.speculate("q", [11, 12], 5).token_ids == [13]
     assert cache.speculate("q", [21, 22], 5).token_ids == [23]
     assert cache._global.substring_counts() == brute_counts([[11, 12, 13], [21, 22, 23]], 24)
-    finish(cache, "r1", [0], [40, 41])  # a reused id replaces its old response, goes last
+    # a reused id replaces its old response, goes last
+    finish(cache, "r1", [0], [40, 41])
     assert list(cache.cached_requests) == ["r2", "r1"]
     assert cache._global.substring_counts() == brute_counts([[21, 22, 23], [40, 41]], 24)
-    finish(cache, "r2", [0], [])  # ... even by an empty one
+    # ... even by an empty one
+    finish(cache, "r2", [0], [])
     assert list(cache.cached_requests) == ["r1"]
     cache.evict_cached_response("r1")
     assert cache._global.num_tokens == 0 and cache._global.num_nodes() == 0
@@ -418,10 +443,12 @@ def test_abort_adds_nothing():
     cache.start_request("a", [9, 9])
     cache.add_active_response("a", [1, 2, 3, 4])
     cache.abort_request("a")
-    cache.abort_request("never-started")  # no-op
+    # no-op
+    cache.abort_request("never-started")
     assert list(cache.active_requests) == [] and list(cache.cached_requests) == []
     assert cache._global.num_tokens == 0
-    cache.start_request("a", [0])  # the id can be reused
+    # the id can be reused
+    cache.start_request("a", [0])
     assert cache.speculate("a", [1, 2], 5) == Draft()
 
 
@@ -518,7 +545,8 @@ def _step_costs(cache: SuffixDecodingCache, rid, ctx: list[int], tokens: list[in
     return min(u for u, _ in blocks), min(t for _, t in blocks), drafted / (5 * per)
 
 
-def _timing() -> None:  # python tests/unit/test_suffix_tree.py
+# python tests/unit/test_suffix_tree.py
+def _timing() -> None:
     import time
     import tracemalloc
 
@@ -526,7 +554,8 @@ def _timing() -> None:  # python tests/unit/test_suffix_tree.py
 
     rng = np.random.default_rng(0)
     uniform = rng.integers(0, 32000, 100_000).tolist()
-    base = rng.integers(0, 32000, 2_000).tolist()  # repetitive: edited copies of a 2k "file"
+    # repetitive: edited copies of a 2k "file"
+    base = rng.integers(0, 32000, 2_000).tolist()
     repetitive: list[int] = []
     while len(repetitive) < 100_000:
         a = int(rng.integers(0, 1900))
@@ -548,8 +577,10 @@ def _timing() -> None:  # python tests/unit/test_suffix_tree.py
             f"{name} 100k prompt: build {min(builds):.2f} s (min of 3), {tree.num_nodes()} nodes, "
             f"{mem / 2**20:.0f} MiB"
         )
-        copied = base[500:1500] * 2  # a response copying the prompt: drafts hit
-        novel = rng.integers(0, 32000, 2000).tolist()  # a response never seen: drafts miss
+        # a response copying the prompt: drafts hit
+        copied = base[500:1500] * 2
+        # a response never seen: drafts miss
+        novel = rng.integers(0, 32000, 2000).tolist()
         for what, resp in (("copying", copied), ("novel", novel)):
             cache.abort_request("r")
             cache.start_request("r", prompt)

@@ -37,9 +37,13 @@ def test_walk_follows_the_target_picks():
     #        node:   0   a   b   c   d   e
     tokens = [[50, 11, 12, 13, 14, 15]] * 4
     picks = [
-        [11, 13, 0, 15, 0, 99],  # root picks a, a picks c, c picks e: all three accepted, bonus from e
-        [12, 0, 0, 0, 0, 0],  # root picks b (the second branch): one accepted
-        [11, 14, 0, 0, 0, 0],  # a then d (a's second child)
+        # root picks a, a picks c, c picks e: all three accepted, bonus from e
+        [11, 13, 0, 15, 0, 99],
+        # root picks b (the second branch): one accepted
+        [12, 0, 0, 0, 0, 0],
+        # a then d (a's second child)
+        [11, 14, 0, 0, 0, 0],
+        # the root's pick is in no child: nothing accepted (deeper matches don't count)
         [
             77,
             13,
@@ -47,7 +51,7 @@ def test_walk_follows_the_target_picks():
             15,
             0,
             0,
-        ],  # the root's pick is in no child: nothing accepted (deeper matches don't count)
+        ],
     ]
     deepest, paths = _accept(tokens, picks)
     assert deepest == [5, 2, 4, 0]

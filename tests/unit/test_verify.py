@@ -13,8 +13,10 @@ from verispec.sample.verify import (
 
 V = 8
 P = torch.tensor([0.30, 0.20, 0.15, 0.10, 0.10, 0.08, 0.05, 0.02], dtype=torch.float64)
-Q_POOR = P.flip(0)  # deliberately poor draft: mass on the target's unlikely tokens
-N = 20_000  # one-step verifications per statistical test, batched as rows
+# deliberately poor draft: mass on the target's unlikely tokens
+Q_POOR = P.flip(0)
+# one-step verifications per statistical test, batched as rows
+N = 20_000
 MIN_PVALUE = 1e-4
 
 
@@ -30,11 +32,13 @@ def _chi2_pvalue(tokens: torch.Tensor, p: torch.Tensor) -> float:
     expected = tokens.numel() * p[support] / p[support].sum()
     stat = ((counts - expected) ** 2 / expected).sum()
     df = torch.tensor(support.sum().item() - 1, dtype=torch.float64)
-    return torch.special.gammaincc(df / 2, stat / 2).item()  # P(Chi2(df) >= stat)
+    # P(Chi2(df) >= stat)
+    return torch.special.gammaincc(df / 2, stat / 2).item()
 
 
 def _one_hot_probs(argmax: torch.Tensor, vocab: int = V) -> torch.Tensor:
-    return torch.nn.functional.one_hot(argmax.clamp_min(0), vocab).double()  # [B, K+1, V]
+    # [B, K+1, V]
+    return torch.nn.functional.one_hot(argmax.clamp_min(0), vocab).double()
 
 
 def _simulate(method, p_rows, q_rows, seed=0, draft_probs_mode="q", rate=None, n=N):
@@ -44,7 +48,8 @@ def _simulate(method, p_rows, q_rows, seed=0, draft_probs_mode="q", rate=None, n
     drafts = torch.stack(
         [torch.multinomial(q_rows[j], N, replacement=True, generator=g) for j in range(K)], 1
     )
-    target_probs = p_rows.expand(N, K + 1, V)  # [N, K+1, V]
+    # [N, K+1, V]
+    target_probs = p_rows.expand(N, K + 1, V)
     draft_probs = {"q": q_rows.expand(N, K, V), "none": None, "uniform": torch.full((N, K, V), 1.0 / V)}[
         draft_probs_mode
     ]
@@ -75,7 +80,8 @@ def test_greedy_all_accepted_adds_bonus():
 def test_greedy_no_drafts_emits_one_token():
     out, na = greedy_verify(_t([[-1, -1, -1]]), _t([[7, 1, 2, 3]]))
     assert out.tolist() == [[7, -1, -1, -1]] and na.tolist() == [0]
-    out, na = greedy_verify(torch.empty(2, 0, dtype=torch.long), _t([[7], [9]]))  # K = 0
+    # K = 0
+    out, na = greedy_verify(torch.empty(2, 0, dtype=torch.long), _t([[7], [9]]))
     assert out.tolist() == [[7], [9]] and na.tolist() == [0, 0]
 
 
@@ -120,7 +126,8 @@ def test_all_greedy_without_random_inputs():
 
 def test_probabilistic_empty_residual_falls_back_to_p():
     # inconsistent q (one-hot at the target's token, draft elsewhere): max(p - q, 0) == 0
-    target = _one_hot_probs(_t([[3, 3]]))  # [1, 2, V]
+    # [1, 2, V]
+    target = _one_hot_probs(_t([[3, 3]]))
     out, na = rejection_sample(
         "probabilistic",
         _t([[5]]),
@@ -137,9 +144,11 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         rejection_sample("nope", d, p, exp_noise=torch.ones(1, 2, V))
     with pytest.raises(ValueError):
-        rejection_sample("strict", d, p)  # no random inputs and no greedy rows
+        # no random inputs and no greedy rows
+        rejection_sample("strict", d, p)
     with pytest.raises(ValueError):
-        rejection_sample("probabilistic", d, p, exp_noise=torch.ones(1, 2, V))  # no uniforms
+        # no uniforms
+        rejection_sample("probabilistic", d, p, exp_noise=torch.ones(1, 2, V))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -169,7 +178,8 @@ def test_per_request_generators_are_honoured():
         return [None if s is None else torch.Generator().manual_seed(s) for s in seeds]
 
     a = draw_exp_noise((3, 4, V), gens([7, None, 11]))
-    b = draw_exp_noise((2, 4, V), gens([11, 7]))  # same requests, other batch and order
+    # same requests, other batch and order
+    b = draw_exp_noise((2, 4, V), gens([11, 7]))
     assert torch.equal(a[0], b[1]) and torch.equal(a[2], b[0]) and (a > 0).all()
     u1 = draw_uniform((2, 3), gens([5, None]))
     u2 = draw_uniform((1, 3), gens([5]))
@@ -196,15 +206,19 @@ def test_first_token_is_distributed_as_target(method, q_mode):
 def test_probabilistic_residual_never_emits_zero_prob_tokens():
     p = torch.tensor([0.4, 0.3, 0.3, 0, 0, 0, 0, 0], dtype=torch.float64)
     out, _ = _simulate("probabilistic", p.expand(2, V), torch.full((1, V), 1.0 / V, dtype=torch.float64))
-    assert _chi2_pvalue(out[:, 0], p) > MIN_PVALUE  # also asserts tokens 3..7 never appear
+    # also asserts tokens 3..7 never appear
+    assert _chi2_pvalue(out[:, 0], p) > MIN_PVALUE
 
 
 @pytest.mark.parametrize(
     "method,q_mode,rate",
     [
-        ("synthetic", "q", 1.0),  # always emit the draft: distribution q
-        ("synthetic", "q", 0.5),  # half draft, half target: mixture
-        ("probabilistic", "uniform", None),  # acceptance and residual use the wrong q
+        # always emit the draft: distribution q
+        ("synthetic", "q", 1.0),
+        # half draft, half target: mixture
+        ("synthetic", "q", 0.5),
+        # acceptance and residual use the wrong q
+        ("probabilistic", "uniform", None),
     ],
 )
 def test_wrong_samplers_fail_the_same_test(method, q_mode, rate):
@@ -216,8 +230,10 @@ def test_wrong_samplers_fail_the_same_test(method, q_mode, rate):
     "method,q_mode", [("strict", "none"), ("probabilistic", "q"), ("probabilistic", "none")]
 )
 def test_later_tokens_given_acceptance_follow_target(method, q_mode):
-    p_rows = torch.stack([P, P.roll(3), P.flip(0)])  # [K+1 = 3, V], a different p per position
-    q_rows = (p_rows[:2] + torch.stack([Q_POOR, P.roll(5)])) / 2  # [K = 2, V], mediocre drafts
+    # [K+1 = 3, V], a different p per position
+    p_rows = torch.stack([P, P.roll(3), P.flip(0)])
+    # [K = 2, V], mediocre drafts
+    q_rows = (p_rows[:2] + torch.stack([Q_POOR, P.roll(5)])) / 2
     out, na = _simulate(method, p_rows, q_rows, seed=1, draft_probs_mode=q_mode, n=60_000)
     assert _chi2_pvalue(out[:, 0], p_rows[0]) > MIN_PVALUE
     assert _chi2_pvalue(out[na >= 1, 1], p_rows[1]) > MIN_PVALUE
@@ -239,7 +255,8 @@ def test_wrong_sampler_fails_later_token_test():
 @pytest.mark.parametrize("r", [0.0, 0.1, 0.39, 0.6, 0.9, 1.0])
 def test_synthetic_conditional_rate_solves_the_mean(k, r):
     a = synthetic_conditional_rate(r, k)
-    assert 0.0 <= a <= 1.0 and a >= r - 1e-12  # decaying marginals need a conditional rate at least r
+    # decaying marginals need a conditional rate at least r
+    assert 0.0 <= a <= 1.0 and a >= r - 1e-12
     assert sum(a**i for i in range(1, k + 1)) / k == pytest.approx(r, abs=1e-12)
 
 
@@ -265,7 +282,8 @@ def test_synthetic_mean_acceptance_is_the_rate(k, r):
         exp_noise=torch.empty(n, k + 1, V, dtype=torch.float64).exponential_(generator=g),
         synthetic_acceptance_rate=r,
     )
-    frac = na.double() / k  # [n]
+    # [n]
+    frac = na.double() / k
     assert abs(frac.mean().item() - r) < 5 * (frac.std() / n**0.5).item()
     a = synthetic_conditional_rate(r, k)
     for i in range(1, k + 1):
@@ -278,8 +296,10 @@ def test_synthetic_calibrates_each_row_for_its_draft_count():
     # rows drafting 1, 2 or 4 tokens each accept r of their drafts on average (n-gram / suffix drafts vary)
     n, K, r = 30_000, 4, 0.6
     g = torch.Generator().manual_seed(5)
-    counts = torch.tensor([1, 2, 4]).repeat(n // 3)  # [n]
-    drafts = torch.where(torch.arange(K)[None] < counts[:, None], 1, -1)  # [n, K]
+    # [n]
+    counts = torch.tensor([1, 2, 4]).repeat(n // 3)
+    # [n, K]
+    drafts = torch.where(torch.arange(K)[None] < counts[:, None], 1, -1)
     _, na = rejection_sample(
         "synthetic",
         drafts,
@@ -308,12 +328,16 @@ def test_block_verify_accepts_past_a_failed_position():
     out, na = rejection_sample(
         "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), exp_noise=noise, block=True
     )
-    assert out.tolist() == [[1, 2, 3, 0]] and na.tolist() == [3]  # bonus: race of equal weights picks token 0
-    out, na = rejection_sample(  # token-level verification rejects x_1 (0.9 > 0.5)
+    # bonus: race of equal weights picks token 0
+    assert out.tolist() == [[1, 2, 3, 0]] and na.tolist() == [3]
+    # token-level verification rejects x_1 (0.9 > 0.5)
+    out, na = rejection_sample(
         "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), exp_noise=noise
     )
-    assert na.tolist() == [0] and out.tolist() == [[0, -1, -1, -1]]  # residual max(p - q, 0) = token 0
-    out, na = rejection_sample(  # nothing passes: the residual of position 0 (token 0)
+    # residual max(p - q, 0) = token 0
+    assert na.tolist() == [0] and out.tolist() == [[0, -1, -1, -1]]
+    # nothing passes: the residual of position 0 (token 0)
+    out, na = rejection_sample(
         "probabilistic", d, p, uniform_samples=torch.tensor([[0.3, 0.9, 0.9]]), exp_noise=noise, block=True
     )
     assert out.tolist() == [[0, -1, -1, -1]] and na.tolist() == [0]
@@ -355,18 +379,23 @@ def _markov_outputs(method, q_mode, block=False, entropy=None, n=20_000, length=
     target a Markov chain (the next-token law depends on the previous token): the emitted sequences must follow
     the target chain exactly, whatever the drafts and acceptance were."""
     g = torch.Generator().manual_seed(seed)
-    last = torch.zeros(n, dtype=torch.long)  # every sequence starts after token 0
+    # every sequence starts after token 0
+    last = torch.zeros(n, dtype=torch.long)
     out = torch.full((n, length), -1, dtype=torch.long)
     count = torch.zeros(n, dtype=torch.long)
-    steps = accepted = 0  # over the steps of sequences still short of `length`
+    # over the steps of sequences still short of `length`
+    steps = accepted = 0
     while (count < length).any():
         drafts, ctx = [], last
         for _ in range(k):
             ctx = torch.multinomial(MQ[ctx], 1, generator=g).squeeze(1)
             drafts.append(ctx)
-        d = torch.stack(drafts, 1)  # [n, k]
-        contexts = torch.cat([last[:, None], d], 1)  # [n, k+1]
-        target = MP[contexts]  # [n, k+1, V]
+        # [n, k]
+        d = torch.stack(drafts, 1)
+        # [n, k+1]
+        contexts = torch.cat([last[:, None], d], 1)
+        # [n, k+1, V]
+        target = MP[contexts]
         thresholds = None if entropy is None else entropy_thresholds(target[:, :k], *entropy)
         res, na = rejection_sample(
             method,
@@ -378,7 +407,8 @@ def _markov_outputs(method, q_mode, block=False, entropy=None, n=20_000, length=
             block=block,
             thresholds=thresholds,
         )
-        at = count[:, None] + torch.arange(k + 1)  # [n, k+1] output index of each emitted token
+        # [n, k+1] output index of each emitted token
+        at = count[:, None] + torch.arange(k + 1)
         keep = (res >= 0) & (at < length)
         out[keep.nonzero(as_tuple=True)[0], at[keep]] = res[keep]
         last = res.gather(1, na[:, None]).squeeze(1)
@@ -390,18 +420,23 @@ def _markov_outputs(method, q_mode, block=False, entropy=None, n=20_000, length=
 
 def _markov_law_pvalues(out: torch.Tensor) -> list[float]:
     """Chi-square p-values of every output position's marginal and of (y_0, y_1)'s joint law against the chain."""
-    laws = [torch.nn.functional.one_hot(torch.tensor(0), V).double() @ MP]  # law of y_0 (after token 0)
+    # law of y_0 (after token 0)
+    laws = [torch.nn.functional.one_hot(torch.tensor(0), V).double() @ MP]
     for _ in range(1, out.shape[1]):
         laws.append(laws[-1] @ MP)
     pvalues = [_chi2_pvalue(out[:, t], law) for t, law in enumerate(laws)]
-    joint = (laws[0][:, None] * MP).flatten()  # law of (y_0, y_1)
+    # law of (y_0, y_1)
+    joint = (laws[0][:, None] * MP).flatten()
     return pvalues + [_chi2_pvalue(out[:, 0] * V + out[:, 1], joint)]
 
 
+# [V, V] target
 MP = torch.stack([P.roll(i) for i in range(V)]) * 0.7 + 0.3 * torch.eye(
-    V, dtype=torch.float64
-)  # [V, V] target
-MQ = (MP.roll(1, dims=1) + 0.2).softmax(-1)  # a poor draft chain
+    V,
+    dtype=torch.float64,
+)
+# a poor draft chain
+MQ = (MP.roll(1, dims=1) + 0.2).softmax(-1)
 
 
 @pytest.mark.parametrize(
@@ -431,17 +466,18 @@ def test_block_verify_accepts_more_per_step_than_token_verification():
     # the paper's claim, with a real draft distribution (one-hot drafts gain little: 0.142 vs 0.141 here)
     _, block = _markov_outputs("probabilistic", "q", block=True, length=60, n=4000, k=4)
     _, token = _markov_outputs("probabilistic", "q", length=60, n=4000, k=4)
-    assert block > token * 1.1  # measured 1.51 vs 1.31 accepted drafts per step
+    # measured 1.51 vs 1.31 accepted drafts per step
+    assert block > token * 1.1
 
 
 def test_entropy_thresholds():
     uniform = torch.full((1, 1, 4), 0.25, dtype=torch.float64)
     sure = torch.tensor([[[1.0, 0, 0, 0]]], dtype=torch.float64)
-    t = entropy_thresholds(torch.cat([uniform, sure], 1), 0.95, 0.4)  # [1, 2]
+    # [1, 2]
+    t = entropy_thresholds(torch.cat([uniform, sure], 1), 0.95, 0.4)
     assert t[0, 0].item() == pytest.approx(4**-0.4) and t[0, 1].item() == pytest.approx(0.95)
-    assert entropy_thresholds(uniform, 0.95, 0.0).item() == pytest.approx(
-        0.95
-    )  # alpha 0: the threshold itself
+    # alpha 0: the threshold itself
+    assert entropy_thresholds(uniform, 0.95, 0.0).item() == pytest.approx(0.95)
 
 
 def test_block_and_entropy_verify_make_no_host_sync():

@@ -36,7 +36,8 @@ class EngineOptions:
     # Most tokens one decode step may score (committed + drafts). Verifying more rows than this turns the
     # forward compute-bound (on a CPU from ~32 rows), so at large batch each request gets fewer drafts.
     spec_token_budget: int = 32
-    draft_max_model_len: int | None = None  # speculative_config.max_model_len: no drafts past this length
+    # speculative_config.max_model_len: no drafts past this length
+    draft_max_model_len: int | None = None
     # num_speculative_tokens_per_batch_size: [(start_bs, end_bs, K), ...], K by decode batch size
     spec_schedule: tuple[tuple[int, int, int], ...] | None = None
 
@@ -192,7 +193,8 @@ class LLMEngine:
             if n <= 0 or (rows and self._padding_waste(rows, r, n)):
                 break
             final = r.num_computed + n == r.num_prompt
-            every = r.params.prompt_logprobs is not None  # logits for every position of the chunk
+            # logits for every position of the chunk
+            every = r.params.prompt_logprobs is not None
             rows.append(
                 RowInput(
                     r.slot,
@@ -204,7 +206,8 @@ class LLMEngine:
             chosen.append(r)
             budget -= n
         out, states = self._forward(chosen, rows)
-        finals, last_rows, at = [], [], 0  # at: the logits row of this request's first returned position
+        # at: the logits row of this request's first returned position
+        finals, last_rows, at = [], [], 0
         for r, row in zip(chosen, rows):
             n_rows = len(row.token_ids) - row.logits_from
             if r.params.prompt_logprobs is not None:
@@ -220,7 +223,8 @@ class LLMEngine:
                 finals, logits, SpecDecodeMetadata.none(len(finals)), VerifyRule(), self.generator
             )
             self._commit(finals, step.tokens, step)
-        if states is not None:  # every prompt position of every chunk
+        # every prompt position of every chunk
+        if states is not None:
             sizes = [len(row.token_ids) for row in rows]
             starts = accumulate(sizes, initial=0)
             self._observe_hidden(chosen, states, [list(range(s, s + n)) for s, n in zip(starts, sizes)])
@@ -241,7 +245,8 @@ class LLMEngine:
             rows, aux, aux_all=every or (want_all and bool(aux)), hidden_all=want_all and not aux
         )
         if every:
-            stacked = torch.stack(out.aux_hidden, dim=1)  # [tokens, len(aux_layers), H]
+            # [tokens, len(aux_layers), H]
+            stacked = torch.stack(out.aux_hidden, dim=1)
             sizes = [len(r.token_ids) for r in rows]
             self.proposer.observe_states(reqs, [r.token_ids for r in rows], list(stacked.split(sizes)))
         if not want_all:
@@ -270,7 +275,8 @@ class LLMEngine:
         start = r.num_computed
         targets = r.prompt_token_ids[start + 1 : start + 1 + logits.shape[0]]
         if r.prompt_logprobs is None:
-            r.prompt_logprobs = [None]  # the first prompt token has no context
+            # the first prompt token has no context
+            r.prompt_logprobs = [None]
         if not targets:
             return
         k = r.params.prompt_logprobs
@@ -301,7 +307,8 @@ class LLMEngine:
             if prop.tree is not None:
                 if self._tree_step_ok(reqs, spec, caps, prop.tree):
                     return self._decode_tree(reqs, prop)
-                chain = prop.tree.chain  # this step verifies the tree's top-1 path as a chain
+                # this step verifies the tree's top-1 path as a chain
+                chain = prop.tree.chain
                 prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids])
             asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
             if planner is None:
@@ -328,7 +335,8 @@ class LLMEngine:
             planner.step_cost.observe(sum(len(row.token_ids) for row in rows), time.perf_counter() - t)
         stats = SpecDecodingStats(self.opts.num_speculative_tokens) if self.proposer else None
         for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
-            r.num_computed += 1 + n  # roll back the rejected drafts: O(1)
+            # roll back the rejected drafts: O(1)
+            r.num_computed += 1 + n
             if d:
                 r.num_draft_tokens += len(d)
                 r.num_accepted_tokens += n
@@ -345,7 +353,8 @@ class LLMEngine:
             self.counters.verified_row_cost = planner.verified_row_cost()
         self._commit(reqs, step.tokens, step)
         if self.proposer is not None and self.proposer.needs.target_hidden != "none":
-            starts = accumulate((1 + len(d) for d in drafts), initial=0)  # each request's first scored row
+            # each request's first scored row
+            starts = accumulate((1 + len(d) for d in drafts), initial=0)
             rows_of = [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
             self._observe_hidden(reqs, out.hidden if states is None else states, rows_of)
         return reqs
@@ -373,16 +382,20 @@ class LLMEngine:
         the accepted path's K/V contiguous; commit."""
         tree = prop.tree
         n, anc, depth = tree.size + 1, tree.ancestor_mask(), tree.depth
-        nodes = [[r.last_token_id] + toks for r, toks in zip(reqs, prop.token_ids)]  # [B][1 + N]
+        # [B][1 + N]
+        nodes = [[r.last_token_id] + toks for r, toks in zip(reqs, prop.token_ids)]
         rows = [RowInput(r.slot, r.num_computed, t, tree_mask=anc, depths=depth) for r, t in zip(reqs, nodes)]
         out, states = self._forward(reqs, rows)
         b, v = len(reqs), out.logits.shape[-1]
         logits = out.logits.view(b, n, v)
         if any(r.disallowed is not None or r.logit_bias_ids is not None for r in reqs):
             logits = logits.clone()
+            # position-independent: allowed ids, logit bias
             constrain_tokens(
-                logits, reqs, [[] for _ in reqs]
-            )  # position-independent: allowed ids, logit bias
+                logits,
+                reqs,
+                [[] for _ in reqs],
+            )
         flat = logits.reshape(b * n, v)
         params = [r.params for r in reqs]
         probs = noise = greedy = None
@@ -394,16 +407,20 @@ class LLMEngine:
         picks = S.greedy_or_sample(S.greedy(flat), probs, noise, greedy).view(b, n)
         dev = picks.device
         tok = torch.tensor(nodes, device=dev)
-        deepest, on_path = tree_accept(tok, picks, torch.tensor(tree.parent, device=dev), anc.to(dev),
-                                       torch.tensor(depth, device=dev))  # fmt: skip
-        deepest_l, on_l, picks_l = deepest.tolist(), on_path.tolist(), picks.tolist()  # the step's host sync
+        deepest, on_path = tree_accept(
+            tok, picks, torch.tensor(tree.parent, device=dev), anc.to(dev), torch.tensor(depth, device=dev)
+        )
+        # the step's host sync
+        deepest_l, on_l, picks_l = deepest.tolist(), on_path.tolist(), picks.tolist()
         stats = SpecDecodingStats(max(self.opts.num_speculative_tokens, tree.max_depth))
         emitted, hidden_rows = [], []
         for i, r in enumerate(reqs):
-            path = [j for j in range(1, n) if on_l[i][j]]  # breadth-first order = increasing depth
+            # breadth-first order = increasing depth
+            path = [j for j in range(1, n) if on_l[i][j]]
             emitted.append([nodes[i][j] for j in path] + [picks_l[i][deepest_l[i]]])
             moved = [(j, d) for d, j in enumerate(path, start=1) if j != d]
-            if moved:  # the accepted nodes' K/V to positions start + 1.. (O(depth) per request)
+            # the accepted nodes' K/V to positions start + 1.. (O(depth) per request)
+            if moved:
                 self.cache.move(
                     r.slot, [r.num_computed + j for j, _ in moved], [r.num_computed + d for _, d in moved]
                 )

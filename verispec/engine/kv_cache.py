@@ -18,7 +18,8 @@ import torch
 from verispec.config import ModelConfig
 
 GiB = 1 << 30
-DEFAULT_MAX_MODEL_LEN = 4096  # when the user gives none: enough for chat/code, cheap to allocate on a CPU
+# when the user gives none: enough for chat/code, cheap to allocate on a CPU
+DEFAULT_MAX_MODEL_LEN = 4096
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ class KVCache:
         self.kv = [_zeros(shape, device, dtype) for _ in range(cfg.num_layers)]
         self.num_slots, self.t_alloc = num_slots, t_alloc
         self.scratch = t_alloc - 1
-        self._free = list(range(num_slots))  # min-heap: lowest slot first keeps active slots dense
+        # min-heap: lowest slot first keeps active slots dense
+        self._free = list(range(num_slots))
 
     @property
     def num_free(self) -> int:
@@ -104,5 +106,6 @@ class KVCache:
     def move(self, slot: int, src: list[int], dst: list[int]) -> None:
         """K/V at positions src copied to dst in `slot`, every layer (a token tree's accepted path made contiguous)."""
         s, d = torch.tensor(src), torch.tensor(dst)
-        for kv in self.kv:  # [slots, 2 Hkv, T, D]
+        # [slots, 2 Hkv, T, D]
+        for kv in self.kv:
             kv[slot, :, d] = kv[slot, :, s]

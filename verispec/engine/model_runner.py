@@ -18,19 +18,28 @@ from verispec.models.decoder import DecoderLM
 @dataclass
 class RowInput:
     slot: int
-    start: int  # cache index of the first new token (= tokens already cached)
-    token_ids: list[int]  # new tokens to score
-    logits_from: int = 0  # logits are returned for token_ids[logits_from:]
-    tree_mask: torch.Tensor | None = None  # [q, q] bool ancestor-or-self; None = a chain
-    depths: list[int] | None = None  # RoPE offsets within a tree; None = 0..q-1
+    # cache index of the first new token (= tokens already cached)
+    start: int
+    # new tokens to score
+    token_ids: list[int]
+    # logits are returned for token_ids[logits_from:]
+    logits_from: int = 0
+    # [q, q] bool ancestor-or-self; None = a chain
+    tree_mask: torch.Tensor | None = None
+    # RoPE offsets within a tree; None = 0..q-1
+    depths: list[int] | None = None
 
 
 @dataclass
 class RunnerOutput:
-    logits: torch.Tensor  # [N, V] for every requested position, rows in input order
-    hidden: torch.Tensor  # [N, hidden] final normed hidden at the same positions
-    aux_hidden: list[torch.Tensor]  # per aux layer [N, hidden]; with aux_all: [every packed token, hidden]
-    hidden_all: torch.Tensor | None = None  # with hidden_all: final normed hidden of every packed token
+    # [N, V] for every requested position, rows in input order
+    logits: torch.Tensor
+    # [N, hidden] final normed hidden at the same positions
+    hidden: torch.Tensor
+    # per aux layer [N, hidden]; with aux_all: [every packed token, hidden]
+    aux_hidden: list[torch.Tensor]
+    # with hidden_all: final normed hidden of every packed token
+    hidden_all: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -52,7 +61,8 @@ class ModelRunner:
         start, qlen = [0] * s, [0] * s
         depth = [list(range(q)) for _ in range(s)]
         packed_ids: list[int] = []
-        pad_pos: list[int] = []  # padded flat position of each packed token
+        # padded flat position of each packed token
+        pad_pos: list[int] = []
         flat: list[int] = []
         for r in rows:
             i, n = r.slot - lo, len(r.token_ids)
@@ -63,12 +73,18 @@ class ModelRunner:
             pad_pos.extend(range(i * q, i * q + n))
             packed_ids.extend(r.token_ids)
         dev = self.device
-        ids_t = torch.tensor(packed_ids, dtype=torch.long, device=dev)  # [N]
-        start_t = torch.tensor(start, device=dev)[:, None]  # [S, 1]
-        j = torch.arange(q, device=dev)[None]  # [1, Q]
-        valid = j < torch.tensor(qlen, device=dev)[:, None]  # [S, Q]
-        cache_pos = torch.where(valid, start_t + j, self.cache.scratch)  # [S, Q]
-        positions = torch.where(valid, start_t + torch.tensor(depth, device=dev), 0)  # [S, Q]
+        # [N]
+        ids_t = torch.tensor(packed_ids, dtype=torch.long, device=dev)
+        # [S, 1]
+        start_t = torch.tensor(start, device=dev)[:, None]
+        # [1, Q]
+        j = torch.arange(q, device=dev)[None]
+        # [S, Q]
+        valid = j < torch.tensor(qlen, device=dev)[:, None]
+        # [S, Q]
+        cache_pos = torch.where(valid, start_t + j, self.cache.scratch)
+        # [S, Q]
+        positions = torch.where(valid, start_t + torch.tensor(depth, device=dev), 0)
         kv_len = max(st + ql for st, ql in zip(start, qlen))
         trees = any(r.tree_mask is not None for r in rows)
         if s == 1 and q == 1:
@@ -76,15 +92,20 @@ class ModelRunner:
         else:
             mask = self._mask(start_t, valid, positions, kv_len, rows, lo, q) if trees else None
             if mask is None:
-                key = torch.arange(kv_len, device=dev)[None, None]  # [1, 1, T]
-                mask = key <= (start_t + j)[:, :, None]  # [S, Q, T]
+                # [1, 1, T]
+                key = torch.arange(kv_len, device=dev)[None, None]
+                # [S, Q, T]
+                mask = key <= (start_t + j)[:, :, None]
             mask = mask & valid[:, :, None]
-            mask[:, :, 0] |= ~valid  # padded queries look at one key: no NaN rows
+            # padded queries look at one key: no NaN rows
+            mask[:, :, 0] |= ~valid
             sliding = None
-            mask = mask[:, None]  # [S, 1, Q, T]
+            # [S, 1, Q, T]
+            mask = mask[:, None]
         if self.window is not None:
             key = torch.arange(kv_len, device=dev)[None, None, None]
-            near = key > positions[:, None, :, None] - self.window  # [S, 1, Q, T]
+            # [S, 1, Q, T]
+            near = key > positions[:, None, :, None] - self.window
             base = mask if mask is not None else torch.ones_like(near)
             sliding = base & near
             sliding[..., 0] |= ~valid[:, None]
@@ -92,8 +113,10 @@ class ModelRunner:
         identity = pad_pos == list(range(s * q))
         unpack = pack = None
         if not identity:
-            pack = torch.tensor(pad_pos, device=dev)  # [N] padded position of each packed token
-            unpack = torch.zeros(s * q, dtype=torch.long, device=dev)  # [S*Q] padding reads row 0 (masked)
+            # [N] padded position of each packed token
+            pack = torch.tensor(pad_pos, device=dev)
+            # [S*Q] padding reads row 0 (masked)
+            unpack = torch.zeros(s * q, dtype=torch.long, device=dev)
             unpack[pack] = torch.arange(len(pad_pos), device=dev)
         ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack)
         return ids_t, positions, ctx, flat
@@ -106,10 +129,13 @@ class ModelRunner:
             n = len(r.token_ids)
             m = r.tree_mask if r.tree_mask is not None else torch.ones(n, n, dtype=torch.bool).tril()
             tree[r.slot - lo, :n, :n] = m.to(self.device)
-        key = torch.arange(kv_len, device=self.device)[None]  # [1, T]
-        rel = key - start_t  # [S, T]
+        # [1, T]
+        key = torch.arange(kv_len, device=self.device)[None]
+        # [S, T]
+        rel = key - start_t
         in_new = (rel >= 0) & (rel < q)
-        idx = rel.clamp(0, q - 1)[:, None, :].expand(s, q, kv_len)  # [S, Q, T]
+        # [S, Q, T]
+        idx = rel.clamp(0, q - 1)[:, None, :].expand(s, q, kv_len)
         from_tree = torch.gather(tree, 2, idx) & in_new[:, None, :]
         return (rel < 0)[:, None, :] | from_tree
 
@@ -128,7 +154,9 @@ class ModelRunner:
         if len(flat) == hidden.shape[0]:
             sel, aux_sel = hidden, aux
         else:
-            idx = torch.tensor(flat, dtype=torch.long, device=self.device)  # may be empty: a mid-prompt chunk
-            sel = hidden.index_select(0, idx)  # [n_logits, hidden]
+            # may be empty: a mid-prompt chunk
+            idx = torch.tensor(flat, dtype=torch.long, device=self.device)
+            # [n_logits, hidden]
+            sel = hidden.index_select(0, idx)
             aux_sel = aux if aux_all else [a.index_select(0, idx) for a in aux]
         return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel, hidden if hidden_all else None)

@@ -28,17 +28,23 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     slot: int | None = None
-    num_computed: int = 0  # tokens whose K/V are in the cache (all of prompt + output except the newest)
+    # tokens whose K/V are in the cache (all of prompt + output except the newest)
+    num_computed: int = 0
     generator: torch.Generator | None = None
     detokenizer: object | None = None
     # params' token constraints in the forms a step applies, made once when the request is added
-    bad_words_token_ids: list[list[int]] | None = None  # bad_words as token sequences
-    disallowed: torch.Tensor | None = None  # [V] bool: the tokens allowed_token_ids leaves out
-    logit_bias_ids: torch.Tensor | None = None  # [n] int64 token ids of logit_bias
-    logit_bias_values: torch.Tensor | None = None  # [n] float32 their biases
+    # bad_words as token sequences
+    bad_words_token_ids: list[list[int]] | None = None
+    # [V] bool: the tokens allowed_token_ids leaves out
+    disallowed: torch.Tensor | None = None
+    # [n] int64 token ids of logit_bias
+    logit_bias_ids: torch.Tensor | None = None
+    # [n] float32 their biases
+    logit_bias_values: torch.Tensor | None = None
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
-    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # filled chunk by chunk during prefill
+    # filled chunk by chunk during prefill
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -47,9 +53,11 @@ class Request:
     # (draft depth, accepted) per verify step: the request's SpecDecodeMetrics
     spec_steps: list[tuple[int, int]] = field(default_factory=list)
     kv_transfer_params: dict | None = (
-        None  # set by a proposer when the request finishes (extract_hidden_states)
+        # set by a proposer when the request finishes (extract_hidden_states)
+        None
     )
-    speculate: bool = True  # False when disabled for this request (e.g. disable_by_batch_size)
+    # False when disabled for this request (e.g. disable_by_batch_size)
+    speculate: bool = True
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     last_token_time: float | None = None

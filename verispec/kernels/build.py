@@ -75,8 +75,10 @@ def read_prototypes(header: Path = HEADER) -> dict[str, tuple[list, object]]:
     for ret, name, args in re.findall(r"^(\w+)\s+(\w+)\(([^;]*?)\);", text, flags=re.M | re.S):
         params = [a for a in args.split(",") if a.strip() and a.strip() != "void"]
         # each parameter is "type name": drop the name, keep the type (and its '*')
-        entry_points[name] = ([_c_type(p.strip().rsplit(" ", 1)[0] + ("*" if "*" in p else "")) for p in params],
-                              _c_type(ret))  # fmt: skip
+        entry_points[name] = (
+            [_c_type(p.strip().rsplit(" ", 1)[0] + ("*" if "*" in p else "")) for p in params],
+            _c_type(ret),
+        )
     return entry_points
 
 
@@ -137,7 +139,8 @@ def _compile(compiler: str, flags: tuple[str, ...], target: Path, sources: tuple
             text=True,
             timeout=300,
         )
-        os.replace(tmp, target)  # atomic: concurrent processes never load a half-written library
+        # atomic: concurrent processes never load a half-written library
+        os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -198,7 +201,8 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
         if isa != "amx" and name in AMX_ONLY:
             continue
         if sources[: len(SOURCES)] != SOURCES and not hasattr(lib, name):
-            continue  # an older version of the sources (a benchmark's baseline) may lack newer entry points
+            # an older version of the sources (a benchmark's baseline) may lack newer entry points
+            continue
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = argtypes, restype
     if isa == "amx" and not lib.amx_init():

@@ -81,11 +81,16 @@ class FusedLayers:
         cfg = model.cfg
         self.n = len(model.layers)
         self.descs = (LayerDesc * self.n)()
-        self._kv: list[torch.Tensor] | None = None  # the cache whose layer pointers are in descs
+        # the cache whose layer pointers are in descs
+        self._kv: list[torch.Tensor] | None = None
         for desc, layer in zip(self.descs, model.layers):
             at, mlp = layer.self_attn, layer.mlp
-            for name, dense in (("qkv", at.qkv_proj), ("o", at.o_proj), ("gate_up", mlp.gate_up_proj),
-                                ("down", mlp.down_proj)):  # fmt: skip
+            for name, dense in (
+                ("qkv", at.qkv_proj),
+                ("o", at.o_proj),
+                ("gate_up", mlp.gate_up_proj),
+                ("down", mlp.down_proj),
+            ):
                 setattr(desc, f"w_{name}", dense.qweight._ptr)
                 setattr(desc, f"f_{name}", FMT_CODE[dense.qweight.fmt])
             desc.b_qkv = at.qkv_proj.bias.data_ptr() if at.qkv_proj.bias is not None else None
@@ -93,18 +98,29 @@ class FusedLayers:
             desc.norm_post = layer.post_attention_layernorm.weight.data_ptr()
         at = model.layers[0].self_attn
         self.dims = ModelDims(
-            cfg.hidden_size, at.hq, at.hkv, at.d, cfg.intermediate_size, 0, 0, 0,
-            model.layers[0].input_layernorm.eps, at.scale, float(cfg.attn_logit_softcapping or 0.0),
+            cfg.hidden_size,
+            at.hq,
+            at.hkv,
+            at.d,
+            cfg.intermediate_size,
             0,
-        )  # fmt: skip
+            0,
+            0,
+            model.layers[0].input_layernorm.eps,
+            at.scale,
+            float(cfg.attn_logit_softcapping or 0.0),
+            0,
+        )
         fmts = {getattr(d, f"f_{n}") for d in self.descs for n in ("qkv", "o", "gate_up", "down")}
         if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"], FMT_CODE["q6v"]}:
             # int8 activations: the same variant as the module path (QuantWeight.matmul) takes
             self.dims.i8_isa = INT8_ISAS[int8_isa()][0]
-        self._model = model  # keeps every pointer above alive
+        # keeps every pointer above alive
+        self._model = model
         self._lib = load_qgemm()
         self._per_row = self._lib.decoder_scratch_per_row(ctypes.addressof(self.dims))
-        self._scratch = torch.empty(0)  # grown to the largest fused step seen (<= the KV budget), then reused
+        # grown to the largest fused step seen (<= the KV budget), then reused
+        self._scratch = torch.empty(0)
 
     def applies(self, h: torch.Tensor, rope, ctx) -> bool:
         """Whether this step can run fused: inputs in the layouts layers.c reads.
@@ -126,9 +142,8 @@ class FusedLayers:
 
     def run(self, h: torch.Tensor, rope, ctx, kv: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
         """Layers [lo, hi) on the packed tokens h [N, hidden] (contiguous; updated in place and returned)."""
-        if (
-            kv is not self._kv
-        ):  # the engine's cache list (held here; its tensors never move): refresh on a new one
+        # the engine's cache list (held here; its tensors never move): refresh on a new one
+        if kv is not self._kv:
             for desc, t in zip(self.descs, kv):
                 desc.kv = t.data_ptr()
             self.dims.cs, self.dims.ch, self.dims.ct = kv[0].stride()[:3]
@@ -137,7 +152,8 @@ class FusedLayers:
         s, q = ctx.cache_pos.shape
         if self._scratch.numel() < s * q * self._per_row:
             self._scratch = torch.empty(s * q * self._per_row)
-        pack = ctx.pack  # [N] int64 padded position of each packed token, or None (no padding)
+        # [N] int64 padded position of each packed token, or None (no padding)
+        pack = ctx.pack
         mask = ctx.mask
         m_ptr, ms, mq = (
             (mask.data_ptr(), mask.stride(0), mask.stride(2)) if mask is not None else (None, 0, 0)
@@ -146,9 +162,23 @@ class FusedLayers:
             ms = 0
         first = ctypes.addressof(self.descs) + lo * ctypes.sizeof(LayerDesc)
         self._lib.decoder_layers_f32(
-            first, hi - lo, ctypes.addressof(self.dims), h.data_ptr(), s, q,
-            pack.data_ptr() if pack is not None else None, h.shape[0], cos.data_ptr(), ssin.data_ptr(),
-            ctx.slot_lo, ctx.cache_pos.data_ptr(), ctx.kv_len, m_ptr, ms, mq, self._scratch.data_ptr(),
+            first,
+            hi - lo,
+            ctypes.addressof(self.dims),
+            h.data_ptr(),
+            s,
+            q,
+            pack.data_ptr() if pack is not None else None,
+            h.shape[0],
+            cos.data_ptr(),
+            ssin.data_ptr(),
+            ctx.slot_lo,
+            ctx.cache_pos.data_ptr(),
+            ctx.kv_len,
+            m_ptr,
+            ms,
+            mq,
+            self._scratch.data_ptr(),
             torch.get_num_threads(),
-        )  # fmt: skip
+        )
         return h

@@ -46,10 +46,14 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
 
 
 def attention(
-    q: torch.Tensor,  # [S, Hq, Q, D] (any strides, D contiguous)
-    k: torch.Tensor,  # [S, Hkv, T, D] cache view
-    v: torch.Tensor,  # [S, Hkv, T, D], same strides as k
-    mask: torch.Tensor | None,  # [S, 1, Q, T] bool
+    # [S, Hq, Q, D] (any strides, D contiguous)
+    q: torch.Tensor,
+    # [S, Hkv, T, D] cache view
+    k: torch.Tensor,
+    # [S, Hkv, T, D], same strides as k
+    v: torch.Tensor,
+    # [S, 1, Q, T] bool
+    mask: torch.Tensor | None,
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor | None:
@@ -65,12 +69,32 @@ def attention(
     ks, kh, kt, _ = k.stride()
     m_ptr, ms, mq = (mask.data_ptr(), mask.stride(0), mask.stride(2)) if mask is not None else (None, 0, 0)
     if mask is not None and mask.shape[0] == 1:
-        ms = 0  # broadcast over rows
+        # broadcast over rows
+        ms = 0
     load_qgemm().attention_f32(
-        q.data_ptr(), s, hq, nq, d, qs, qh, qq,
-        k.data_ptr(), v.data_ptr(), hkv, t, ks, kh, kt,
-        m_ptr, ms, mq, scale, float(softcap or 0.0), out.data_ptr(), torch.get_num_threads(),
-    )  # fmt: skip
+        q.data_ptr(),
+        s,
+        hq,
+        nq,
+        d,
+        qs,
+        qh,
+        qq,
+        k.data_ptr(),
+        v.data_ptr(),
+        hkv,
+        t,
+        ks,
+        kh,
+        kt,
+        m_ptr,
+        ms,
+        mq,
+        scale,
+        float(softcap or 0.0),
+        out.data_ptr(),
+        torch.get_num_threads(),
+    )
     return out
 
 

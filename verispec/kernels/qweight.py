@@ -37,9 +37,12 @@ BLOCK_BYTES = {"q4": 24, "q8": 36, "q6": 40, "q4t": 24, "q8t": 36, "q4v": 24, "q
 TILED = {"q4": "q4t", "q8": "q8t"}
 INT8 = {"q4": "q4v", "q8": "q8v", "q6": "q6v"}
 INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2}
-GROUP = 16  # q4t / q8t: output columns per AMX tile
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")  # GGML type names this module repacks
-SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}  # K must be a multiple of this (default: QK)
+# q4t / q8t: output columns per AMX tile
+GROUP = 16
+# GGML type names this module repacks
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")
+# K must be a multiple of this (default: QK)
+SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -54,17 +57,22 @@ def _q4_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     times a 6-bit integer), so d' = d * sc_j and m' = -(dmin * m_j) give d' * q + m' with the one rounding gguf's
     dequantize does."""
     n, ns = b.shape[:2]
-    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])  # [N, ns, 1]
+    # [N, ns, 1]
+    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
     # 8 six-bit scales and mins per super-block, unpacked as gguf's Q4_K.get_scale_min does: [N, ns, 8] each
     sc6 = b[..., 4:16].reshape(n, ns, 3, 4)
     lo, hi, mix = sc6[..., 0, :], sc6[..., 1, :], sc6[..., 2, :]
     sc = np.concatenate([lo & 0x3F, (mix & 0x0F) | ((lo >> 2) & 0x30)], axis=-1).astype(np.float32)
     mn = np.concatenate([hi & 0x3F, (mix >> 4) | ((hi >> 2) & 0x30)], axis=-1).astype(np.float32)
-    dj, mj = (d * sc).reshape(n, -1, 1), (-(dmin * mn)).reshape(n, -1, 1)  # [N, ns*8, 1]
+    # [N, ns*8, 1]
+    dj, mj = (d * sc).reshape(n, -1, 1), (-(dmin * mn)).reshape(n, -1, 1)
     shifts = np.array([0, 4], dtype=np.uint8).reshape(2, 1)
-    q = b[..., 16:].reshape(n, ns, 4, 1, 32) >> shifts  # [N, ns, 4, 2, 32]: 64 weights = low, high nibbles
-    q = (q & 0x0F).reshape(n, -1, QK)  # [N, ns*8, 32] weight order
-    return dj, mj, q[..., :16] | (q[..., 16:] << 4)  # GGUF Q4_0 byte order: weight j low, weight 16 + j high
+    # [N, ns, 4, 2, 32]: 64 weights = low, high nibbles
+    q = b[..., 16:].reshape(n, ns, 4, 1, 32) >> shifts
+    # [N, ns*8, 32] weight order
+    q = (q & 0x0F).reshape(n, -1, QK)
+    # GGUF Q4_0 byte order: weight j low, weight 16 + j high
+    return dj, mj, q[..., :16] | (q[..., 16:] << 4)
 
 
 def _q6_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -72,12 +80,18 @@ def _q6_k_blocks(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     16-weight sub-block [N, ns*8, 2] float32 (exact) and q [N, ns*8, 32] int8 in -32..31, in weight order (the
     unpacking of gguf's Q6_K.dequantize_blocks)."""
     n, ns = b.shape[:2]
-    d = _f16(b[..., 208:210])  # [N, ns, 1]
-    ds = (d * b[..., 192:208].copy().view(np.int8).astype(np.float32)).reshape(n, -1, 2)  # [N, ns*8, 2]
+    # [N, ns, 1]
+    d = _f16(b[..., 208:210])
+    # [N, ns*8, 2]
+    ds = (d * b[..., 192:208].copy().view(np.int8).astype(np.float32)).reshape(n, -1, 2)
     ql = b[..., :128].reshape(n, ns, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
+    # [N, ns, 8, 32]: 32-weight block c = 4 * half + 2 * shift + byte // 32
     ql = (ql & 0x0F).reshape(
-        n, ns, 8, 32
-    )  # [N, ns, 8, 32]: 32-weight block c = 4 * half + 2 * shift + byte // 32
+        n,
+        ns,
+        8,
+        32,
+    )
     qh = b[..., 128:192].reshape(n, ns, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
     qh = (qh & 0x03).reshape(n, ns, 8, 32)
     q = (ql | (qh << 4)).astype(np.int8) - np.int8(32)
@@ -100,45 +114,55 @@ def _to_plane(q: np.ndarray) -> np.ndarray:
 
     Word j of chunk c holds in nibble t the weight of B-tile row r = 4t + c, word j: column j // 2, k = 2r + j % 2."""
     n, nb = q.shape[:2]
-    rows = q.reshape(n // GROUP, GROUP, nb, 16, 2).transpose(0, 2, 3, 1, 4)  # [G, nb, r, n, pair]
-    rows = rows.reshape(n // GROUP, nb, 4, 4, 32).astype(np.uint16)  # r = 4t + c: [G, nb, t, c, j]
+    # [G, nb, r, n, pair]
+    rows = q.reshape(n // GROUP, GROUP, nb, 16, 2).transpose(0, 2, 3, 1, 4)
+    # r = 4t + c: [G, nb, t, c, j]
+    rows = rows.reshape(n // GROUP, nb, 4, 4, 32).astype(np.uint16)
     return (rows << (4 * np.arange(4, dtype=np.uint16)).reshape(4, 1, 1)).sum(axis=2, dtype=np.uint16)
 
 
 def _from_plane(b: np.ndarray, n: int) -> np.ndarray:
     """[G, nb, 256] uint8 plane bytes -> q [N, nb, 32] uint8 (inverse of _to_plane)."""
     g, nb = b.shape[:2]
-    words = b.copy().view(np.uint16).reshape(g, nb, 4, 32)  # [G, nb, c, j]
-    rows = (
-        words[:, :, None] >> (4 * np.arange(4, dtype=np.uint16)).reshape(4, 1, 1)
-    ) & 15  # [G, nb, t, c, j]
-    rows = rows.reshape(g, nb, 16, GROUP, 2)  # [G, nb, r, n, pair]
-    return rows.transpose(0, 3, 1, 2, 4).reshape(n, nb, QK).astype(np.uint8)  # k = 2r + pair
+    # [G, nb, c, j]
+    words = b.copy().view(np.uint16).reshape(g, nb, 4, 32)
+    # [G, nb, t, c, j]
+    rows = (words[:, :, None] >> (4 * np.arange(4, dtype=np.uint16)).reshape(4, 1, 1)) & 15
+    # [G, nb, r, n, pair]
+    rows = rows.reshape(g, nb, 16, GROUP, 2)
+    # k = 2r + pair
+    return rows.transpose(0, 3, 1, 2, 4).reshape(n, nb, QK).astype(np.uint8)
 
 
 def _to_quads(q: np.ndarray) -> np.ndarray:
     """q [N, nb, 32] in weight order -> [G, nb, 8, 64]: row j, bytes 4n..4n+3 = weights 4j..4j+3 of column n."""
     n, nb = q.shape[:2]
-    rows = q.reshape(n // GROUP, GROUP, nb, 8, 4).transpose(0, 2, 3, 1, 4)  # [G, nb, j, n, i]
+    # [G, nb, j, n, i]
+    rows = q.reshape(n // GROUP, GROUP, nb, 8, 4).transpose(0, 2, 3, 1, 4)
     return np.ascontiguousarray(rows.reshape(n // GROUP, nb, 8, 64))
 
 
 def _from_quads(rows: np.ndarray, n: int) -> np.ndarray:
     """[G, nb, 8, 64] -> q [N, nb, 32] in weight order (inverse of _to_quads)."""
     g, nb = rows.shape[:2]
-    q = rows.reshape(g, nb, 8, GROUP, 4).transpose(0, 3, 1, 2, 4)  # [G, n, nb, j, i]
+    # [G, n, nb, j, i]
+    q = rows.reshape(g, nb, 8, GROUP, 4).transpose(0, 3, 1, 2, 4)
     return np.ascontiguousarray(q.reshape(n, nb, QK))
 
 
 @dataclass
 class QuantWeight:
-    fmt: str  # "q4" | "q8" | "q4t" | "q8t" | "q4v" | "q8v"
-    blocks: np.ndarray  # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
-    shape: tuple[int, int]  # (N, K) = (out_features, in_features)
+    # "q4" | "q8" | "q4t" | "q8t" | "q4v" | "q8v"
+    fmt: str
+    # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
+    blocks: np.ndarray
+    # (N, K) = (out_features, in_features)
+    shape: tuple[int, int]
     _ptr: int = field(init=False, repr=False, default=0)
 
     def __post_init__(self) -> None:
-        self._ptr = self.blocks.ctypes.data  # blocks never change: resolve the address once, not per call
+        # blocks never change: resolve the address once, not per call
+        self._ptr = self.blocks.ctypes.data
 
     @staticmethod
     def supported(ggml_type: str, shape: tuple[int, ...]) -> bool:
@@ -151,16 +175,21 @@ class QuantWeight:
         if ggml_type == "Q8_0":
             b = raw.reshape(n, k // QK, 34)
             return cls._q8(_f16(b[..., 0:2]), b[..., 2:].view(np.int8), shape)
-        if ggml_type == "Q5_0":  # d * (q - 16) with 5-bit q: an int8 block with the same d
+        # d * (q - 16) with 5-bit q: an int8 block with the same d
+        if ggml_type == "Q5_0":
             b = raw.reshape(n, k // QK, 22)
-            qh = b[..., 2:6].copy().view(np.uint32)  # [N, nb, 1]: bit j = high bit of weight j
-            high = ((qh >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8)  # [N, nb, 32]
-            q = np.concatenate([b[..., 6:] & 0x0F, b[..., 6:] >> 4], axis=-1) | (high << 4)  # weight order
+            # [N, nb, 1]: bit j = high bit of weight j
+            qh = b[..., 2:6].copy().view(np.uint32)
+            # [N, nb, 32]
+            high = ((qh >> np.arange(QK, dtype=np.uint32)) & 1).astype(np.uint8)
+            # weight order
+            q = np.concatenate([b[..., 6:] & 0x0F, b[..., 6:] >> 4], axis=-1) | (high << 4)
             return cls._q8(_f16(b[..., 0:2]), q.astype(np.int8) - np.int8(16), shape)
         if ggml_type == "Q4_0":
             b = raw.reshape(n, k // QK, 18)
             d = _f16(b[..., 0:2])
-            return cls._q4(d, d * np.float32(-8.0), b[..., 2:], shape)  # d*(q-8) == d*q + (-8d), both exact
+            # d*(q-8) == d*q + (-8d), both exact
+            return cls._q4(d, d * np.float32(-8.0), b[..., 2:], shape)
         if ggml_type == "Q4_1":
             b = raw.reshape(n, k // QK, 20)
             return cls._q4(_f16(b[..., 0:2]), _f16(b[..., 2:4]), b[..., 4:], shape)
@@ -176,9 +205,11 @@ class QuantWeight:
         32 weights d = max |w| / 127, q = w / d rounded half away from zero, d stored as a float16."""
         n, k = w.shape
         a = w.detach().float().cpu().numpy().reshape(n, k // QK, QK)
-        d = np.abs(a).max(-1, keepdims=True) / np.float32(127)  # [N, nb, 1]
+        # [N, nb, 1]
+        d = np.abs(a).max(-1, keepdims=True) / np.float32(127)
         x = a * np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
-        q = (np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))).astype(np.int8)  # [N, nb, 32], |q| <= 127
+        # [N, nb, 32], |q| <= 127
+        q = (np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))).astype(np.int8)
         return cls._q8(d.astype(np.float16).astype(np.float32), q, (n, k))
 
     @classmethod
@@ -201,10 +232,14 @@ class QuantWeight:
         # (h=0) or high (h=1) nibbles of bytes 0..15; its even weights are bytes 0, 2, .., its odd ones 1, 3, ..
         # Packing two nibbles per byte (t even low, t odd high) makes each group of 4 bytes one little-endian u32.
         halves = []
-        for nib in (qs & 0x0F, qs >> 4):  # [N, nb, 16] uint8, weight 16h + j
-            for par in (nib[..., 0::2], nib[..., 1::2]):  # [N, nb, 8] nibble t = weight 16h + 2t + parity
-                halves.append(par[..., 0::2] | (par[..., 1::2] << 4))  # [N, nb, 4] = one u32
-        words = np.concatenate(halves, axis=-1)  # [N, nb, 16] bytes: lo0, hi0, lo1, hi1
+        # [N, nb, 16] uint8, weight 16h + j
+        for nib in (qs & 0x0F, qs >> 4):
+            # [N, nb, 8] nibble t = weight 16h + 2t + parity
+            for par in (nib[..., 0::2], nib[..., 1::2]):
+                # [N, nb, 4] = one u32
+                halves.append(par[..., 0::2] | (par[..., 1::2] << 4))
+        # [N, nb, 16] bytes: lo0, hi0, lo1, hi1
+        words = np.concatenate(halves, axis=-1)
         out = np.concatenate([d.view(np.uint8), m.view(np.uint8), words], axis=-1)
         return cls("q4", np.ascontiguousarray(out.reshape(n, -1)), shape)
 
@@ -226,13 +261,15 @@ class QuantWeight:
             plane = b[..., 128:].reshape(n // GROUP, nb, 4, 64)
             return d, m, _from_quads(np.concatenate([plane & 0x0F, plane >> 4], axis=2), n)
         b = self.blocks.reshape(n, nb, BLOCK_BYTES["q4"])
-        d = b[..., 0:4].copy().view(np.float32)  # [N, nb, 1]
+        # [N, nb, 1]
+        d = b[..., 0:4].copy().view(np.float32)
         m = b[..., 4:8].copy().view(np.float32)
-        words = b[..., 8:].copy().view(np.uint32).reshape(n, nb, 2, 2)  # [N, nb, h, parity]
-        q = (words[..., None] >> np.arange(0, 32, 4, dtype=np.uint32)) & np.uint32(
-            15
-        )  # [N, nb, h, parity, t]
-        q = q.swapaxes(-1, -2).reshape(n, nb, QK).astype(np.uint8)  # weight order 16h + 2t + parity
+        # [N, nb, h, parity]
+        words = b[..., 8:].copy().view(np.uint32).reshape(n, nb, 2, 2)
+        # [N, nb, h, parity, t]
+        q = (words[..., None] >> np.arange(0, 32, 4, dtype=np.uint32)) & np.uint32(15)
+        # weight order 16h + 2t + parity
+        q = q.swapaxes(-1, -2).reshape(n, nb, QK).astype(np.uint8)
         return d, m, q
 
     def _q8_parts(self) -> tuple[np.ndarray, np.ndarray]:
@@ -245,7 +282,8 @@ class QuantWeight:
             return _from_groups(b[..., 0:64].copy().view(np.float32), n), q
         if self.fmt == "q8t":
             b = self.blocks.reshape(n // GROUP, nb, 576)
-            rows = b[..., 64:].reshape(n // GROUP, nb, 16, GROUP, 2)  # [G, nb, r, n, pair]: k = 2r + pair
+            # [G, nb, r, n, pair]: k = 2r + pair
+            rows = b[..., 64:].reshape(n // GROUP, nb, 16, GROUP, 2)
             q = rows.transpose(0, 3, 1, 2, 4).reshape(n, nb, QK).view(np.int8)
             return _from_groups(b[..., 0:64].copy().view(np.float32), n), q
         b = self.blocks.reshape(n, nb, BLOCK_BYTES["q8"])
@@ -270,7 +308,8 @@ class QuantWeight:
         n, k = self.shape
         if self.fmt in ("q6", "q6v"):
             ds, q = self._q6_parts()
-            w = np.repeat(ds, 16, axis=-1) * q.astype(np.float32)  # [N, nb, 32]
+            # [N, nb, 32]
+            w = np.repeat(ds, 16, axis=-1) * q.astype(np.float32)
             return torch.from_numpy(np.ascontiguousarray(w.reshape(n, k)))
         if self.fmt in ("q8", "q8t", "q8v"):
             d, q = self._q8_parts()
@@ -290,9 +329,8 @@ class QuantWeight:
             parts = [_to_groups(d), _to_groups(m), _to_plane(q)]
         else:
             d, q = self._q8_parts()
-            rows = (
-                q.view(np.uint8).reshape(g, GROUP, nb, 16, 2).transpose(0, 2, 3, 1, 4)
-            )  # [G, nb, r, n, pair]
+            # [G, nb, r, n, pair]
+            rows = q.view(np.uint8).reshape(g, GROUP, nb, 16, 2).transpose(0, 2, 3, 1, 4)
             parts = [_to_groups(d), np.ascontiguousarray(rows)]
         out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
         return QuantWeight(TILED[self.fmt], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
@@ -308,7 +346,8 @@ class QuantWeight:
         g, nb = n // GROUP, k // QK
         if self.fmt in ("q4", "q4t"):
             d, m, q = self._q4_parts()
-            rows = _to_quads(q)  # [G, nb, 8, 64]
+            # [G, nb, 8, 64]
+            rows = _to_quads(q)
             parts = [_to_groups(d), _to_groups(m), rows[:, :, :4] | (rows[:, :, 4:] << 4)]
         elif self.fmt == "q6":
             ds, q = self._q6_parts()

@@ -20,14 +20,22 @@ class AttnContext:
 
     slot_lo: int
     slot_hi: int
-    rows: torch.Tensor  # [S, 1] arange, for cache writes
-    cache_pos: torch.Tensor  # [S, Q] where each new token's K/V is written
-    kv_len: int  # keys [0, kv_len) are read
-    mask: torch.Tensor | None  # [S, 1, Q, kv_len] bool, True = attend (None: attend all, S == Q == 1)
-    sliding_mask: torch.Tensor | None = None  # same, restricted to the sliding window (Gemma 3)
-    q_len: int = 1  # Q, the padded number of new tokens per row
-    unpack: torch.Tensor | None = None  # [S*Q] packed row feeding each padded position (None: identity)
-    pack: torch.Tensor | None = None  # [N] padded position of each packed token (None: identity)
+    # [S, 1] arange, for cache writes
+    rows: torch.Tensor
+    # [S, Q] where each new token's K/V is written
+    cache_pos: torch.Tensor
+    # keys [0, kv_len) are read
+    kv_len: int
+    # [S, 1, Q, kv_len] bool, True = attend (None: attend all, S == Q == 1)
+    mask: torch.Tensor | None
+    # same, restricted to the sliding window (Gemma 3)
+    sliding_mask: torch.Tensor | None = None
+    # Q, the padded number of new tokens per row
+    q_len: int = 1
+    # [S*Q] packed row feeding each padded position (None: identity)
+    unpack: torch.Tensor | None = None
+    # [N] padded position of each packed token (None: identity)
+    pack: torch.Tensor | None = None
 
     def to_padded(self, x: torch.Tensor) -> torch.Tensor:
         """[N, F] packed tokens -> [S, Q, F]."""
@@ -50,10 +58,14 @@ def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> torch.Te
 
 
 def attention(
-    q: torch.Tensor,  # [S, Hq, Q, D]
-    k: torch.Tensor,  # [S, Hkv, T, D] (a cache view)
-    v: torch.Tensor,  # [S, Hkv, T, D]
-    mask: torch.Tensor | None,  # [S, 1, Q, T] bool
+    # [S, Hq, Q, D]
+    q: torch.Tensor,
+    # [S, Hkv, T, D] (a cache view)
+    k: torch.Tensor,
+    # [S, Hkv, T, D]
+    v: torch.Tensor,
+    # [S, 1, Q, T] bool
+    mask: torch.Tensor | None,
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
@@ -63,11 +75,15 @@ def attention(
     if softcap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=hq != hkv)
     g = hq // hkv
-    qg = q.reshape(s, hkv, g * nq, d)  # [S, Hkv, G*Q, D]
-    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale  # [S, Hkv, G*Q, T]
+    # [S, Hkv, G*Q, D]
+    qg = q.reshape(s, hkv, g * nq, d)
+    # [S, Hkv, G*Q, T]
+    scores = torch.matmul(qg, k.transpose(-1, -2)) * scale
     scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:
-        m = mask.expand(s, 1, nq, mask.shape[-1]).repeat(1, 1, g, 1)  # [S, 1, G*Q, T]
+        # [S, 1, G*Q, T]
+        m = mask.expand(s, 1, nq, mask.shape[-1]).repeat(1, 1, g, 1)
         scores = scores.masked_fill(~m, float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [S, Hkv, G*Q, D]
+    # [S, Hkv, G*Q, D]
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)
     return out.reshape(s, hq, nq, d)

@@ -10,7 +10,8 @@ import torch
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> torch.Tensor:
     # device="cpu" explicitly: under torch.device("meta") an implicit arange would import torch._dynamo (~1 s)
     steps = torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu")
-    inv_freq = 1.0 / (theta ** (steps / head_dim))  # [D/2]
+    # [D/2]
+    inv_freq = 1.0 / (theta ** (steps / head_dim))
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "linear":
@@ -39,7 +40,8 @@ def rope_cos_sin(
 
     The sin half that multiplies x1 is negated so that rotate_half(x) * sin == roll(x, D/2) * signed_sin.
     """
-    freqs = (positions.unsqueeze(-1).float() * inv_freq).unsqueeze(1)  # [S, 1, Q, D/2]
+    # [S, 1, Q, D/2]
+    freqs = (positions.unsqueeze(-1).float() * inv_freq).unsqueeze(1)
     cos, sin = freqs.cos(), freqs.sin()
     return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
 

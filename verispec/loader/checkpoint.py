@@ -25,7 +25,8 @@ class Checkpoint:
     config: ModelConfig
     hf_config: dict
     model: DecoderLM
-    tokenizer: object | None  # verispec.tokenizer.Tokenizer
+    # verispec.tokenizer.Tokenizer
+    tokenizer: object | None
     eos_token_ids: tuple[int, ...]
     source: str
 
@@ -80,7 +81,8 @@ def pick_dtype(dtype: str | torch.dtype, device: torch.device, hf_config: dict) 
     }
     if dtype == "auto":
         if device.type == "cpu":
-            return torch.float32  # no fast bf16 on this class of CPU
+            # no fast bf16 on this class of CPU
+            return torch.float32
         want = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16")
         return names.get(want, torch.bfloat16) if want != "float32" else torch.bfloat16
     if dtype not in names:
@@ -119,7 +121,8 @@ def load_checkpoint(
         eos = list(ckpt.eos_token_ids)
     else:
         hf_config = read_hf_config(path)
-        model_config_from_hf(hf_config, str(path))  # unsupported architecture: fail before reading weights
+        # unsupported architecture: fail before reading weights
+        model_config_from_hf(hf_config, str(path))
         tensors = load_hf_tensors(path)
         eos = _eos_ids(path, hf_config)
         if not skip_tokenizer_init and tokenizer is None and (path / "tokenizer.json").is_file():

@@ -103,9 +103,11 @@ _LAYER_RE = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 @dataclass
 class GGUFTensorInfo:
     name: str
-    shape: tuple[int, ...]  # numpy / PyTorch order (GGUF stores dims innermost first)
+    # numpy / PyTorch order (GGUF stores dims innermost first)
+    shape: tuple[int, ...]
     ggml_type: int
-    offset: int  # absolute file offset of the data
+    # absolute file offset of the data
+    offset: int
     nbytes: int = 0
 
 
@@ -353,7 +355,8 @@ def _gemma3_config(arch: str, meta: dict[str, Any], config: dict) -> dict:
     """Gemma 3 facts llama.cpp hard-codes rather than stores (see its gemma3 hparams)."""
     layers = config["num_hidden_layers"]
     pattern = meta.get(f"{arch}.attention.sliding_window_pattern", 6)
-    if isinstance(pattern, list):  # per-layer flags: true = sliding
+    # per-layer flags: true = sliding
+    if isinstance(pattern, list):
         sliding = [bool(flag) for flag in pattern]
         pattern = None
     else:
@@ -469,8 +472,10 @@ def _undo_llama_cpp_layout(arch: str, gguf_name: str, array: np.ndarray, config:
             return _unpermute_rotary(array, config["num_attention_heads"])
         if ".attn_k." in gguf_name:
             return _unpermute_rotary(array, config["num_key_value_heads"])
-    if arch == "gemma3" and gguf_name.endswith("norm.weight"):  # (never quantized)
-        return array - np.float32(1.0)  # llama.cpp stores Gemma's (1 + w) norm scale
+    # (never quantized)
+    if arch == "gemma3" and gguf_name.endswith("norm.weight"):
+        # llama.cpp stores Gemma's (1 + w) norm scale
+        return array - np.float32(1.0)
     return array
 
 

@@ -63,7 +63,8 @@ def load_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     for f in safetensors_files(folder):
         try:
             tensors.update(load_file(str(f)))
-        except Exception as e:  # safetensors raises its own error types for corrupt headers
+        # safetensors raises its own error types for corrupt headers
+        except Exception as e:
             raise ValueError(f"{f}: corrupt or unreadable safetensors file ({e})") from None
     return tensors
 

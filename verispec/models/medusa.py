@@ -39,8 +39,12 @@ class MedusaConfig:
         """vLLM's MedusaConfig: keys naming "num" + "heads" / "num" + "layers" are the head / layer counts."""
         heads = next((v for k, v in hf.items() if "num" in k and "heads" in k), None)
         layers = next((v for k, v in hf.items() if "num" in k and "layers" in k), 1)
-        ints = {"hidden_size": hf.get("hidden_size"), "vocab_size": hf.get("vocab_size"), "num_heads": heads,
-                "num_hidden_layers": layers}  # fmt: skip
+        ints = {
+            "hidden_size": hf.get("hidden_size"),
+            "vocab_size": hf.get("vocab_size"),
+            "num_heads": heads,
+            "num_hidden_layers": layers,
+        }
         for key, value in ints.items():
             if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
                 raise ValueError(f"{where}: Medusa config.json needs a positive integer {key}, got {value!r}")
@@ -50,15 +54,23 @@ class MedusaConfig:
             or not isinstance(truncated, int)
             or not 0 < truncated <= ints["vocab_size"]
         ):
-            raise ValueError(f"{where}: Medusa truncated_vocab_size must be an integer in [1, vocab_size], got "
-                             f"{truncated!r}")  # fmt: skip
+            raise ValueError(
+                f"{where}: Medusa truncated_vocab_size must be an integer in [1, vocab_size], got "
+                f"{truncated!r}"
+            )
         scale = hf.get("logit_scale", 1.0)
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
             raise ValueError(f"{where}: Medusa logit_scale must be a number > 0, got {scale!r}")
         return cls(
-            ints["hidden_size"], ints["vocab_size"], heads, layers, truncated,
-            bool(hf.get("original_lm_head", False)), bool(hf.get("medusa_fc_bias", False)), float(scale),
-        )  # fmt: skip
+            ints["hidden_size"],
+            ints["vocab_size"],
+            heads,
+            layers,
+            truncated,
+            bool(hf.get("original_lm_head", False)),
+            bool(hf.get("medusa_fc_bias", False)),
+            float(scale),
+        )
 
 
 class ResidualBlock(nn.Module):
@@ -66,7 +78,8 @@ class ResidualBlock(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(nn.Linear(hidden, hidden, bias=bias) for _ in range(num_layers))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, H] -> [B, H]
+    # [B, H] -> [B, H]
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
             x = x + nn.functional.silu(layer(x))
         return x
@@ -83,7 +96,8 @@ class MedusaHeads(nn.Module):
         self.lm_heads = nn.ModuleList(
             nn.Linear(cfg.hidden_size, cfg.truncated_vocab_size, bias=False) for _ in range(n_heads)
         )
-        self.register_buffer("token_map", None)  # [truncated V] draft index -> token id, when truncated
+        # [truncated V] draft index -> token id, when truncated
+        self.register_buffer("token_map", None)
 
     def forward(
         self, hidden: torch.Tensor, last_tokens: torch.Tensor | None = None, k: int | None = None
@@ -93,8 +107,10 @@ class MedusaHeads(nn.Module):
         heads = []
         for h, block in enumerate(self.blocks[: k or self.cfg.num_heads]):
             lm_head = self.lm_heads[0 if self.cfg.original_lm_head else h]
-            heads.append(lm_head(block(hidden)).argmax(dim=-1))  # logit_scale > 0 does not move the argmax
-        ids = torch.stack(heads, dim=1)  # [B, num_heads]
+            # logit_scale > 0 does not move the argmax
+            heads.append(lm_head(block(hidden)).argmax(dim=-1))
+        # [B, num_heads]
+        ids = torch.stack(heads, dim=1)
         return ids if self.token_map is None else self.token_map[ids]
 
 

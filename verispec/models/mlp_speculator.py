@@ -48,8 +48,14 @@ class MLPSpeculatorConfig:
         tie = bool(hf.get("tie_weights", False))
         if tie and ints["n_predict"] < 2:
             raise ValueError(f"{where}: tie_weights needs n_predict >= 2 (weights are tied between stages)")
-        return cls(ints["vocab_size"], ints["emb_dim"], ints["inner_dim"] or ints["emb_dim"], ints["n_predict"], tie,
-                   bool(hf.get("scale_input", False)))  # fmt: skip
+        return cls(
+            ints["vocab_size"],
+            ints["emb_dim"],
+            ints["inner_dim"] or ints["emb_dim"],
+            ints["n_predict"],
+            tie,
+            bool(hf.get("scale_input", False)),
+        )
 
 
 class ScaledRMSNorm(nn.Module):
@@ -83,16 +89,20 @@ class MLPSpeculator(nn.Module):
 
     def forward(self, hidden: torch.Tensor, last_tokens: torch.Tensor, k: int) -> torch.Tensor:
         """hidden [B, H] (the target's state behind last_tokens [B]) -> draft token ids [B, k]."""
-        state = self.ln0(hidden) / math.sqrt(2) if self.cfg.scale_input else hidden  # [B, H]
+        # [B, H]
+        state = self.ln0(hidden) / math.sqrt(2) if self.cfg.scale_input else hidden
         token, drafts = last_tokens, []
         for i in range(k):
             s = 0 if self.cfg.tie_weights else i
             proj = self.proj[min(i, 1) if self.cfg.tie_weights else i]
-            state = proj(state) + self.emb[s](token) * (self.emb_weight / self.state_weight)  # [B, inner]
+            # [B, inner]
+            state = proj(state) + self.emb[s](token) * (self.emb_weight / self.state_weight)
             state = nn.functional.gelu(self.ln[s](state))
-            token = self.head[s](state).argmax(dim=-1)  # [B]
+            # [B]
+            token = self.head[s](state).argmax(dim=-1)
             drafts.append(token)
-        return torch.stack(drafts, dim=1)  # [B, k]
+        # [B, k]
+        return torch.stack(drafts, dim=1)
 
 
 def load_mlp_speculator(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MLPSpeculator:

@@ -33,14 +33,22 @@ class SamplingTensors:
     penalties still apply to them. top_k is clamped to [1, V]; disabled == V.
     """
 
-    temperature: torch.Tensor  # [N] float32
-    top_k: torch.Tensor  # [N] int64, V when disabled
-    top_p: torch.Tensor  # [N] float32
-    min_p: torch.Tensor  # [N] float32
-    presence_penalty: torch.Tensor  # [N] float32
-    frequency_penalty: torch.Tensor  # [N] float32
-    repetition_penalty: torch.Tensor  # [N] float32
-    is_greedy: torch.Tensor  # [N] bool
+    # [N] float32
+    temperature: torch.Tensor
+    # [N] int64, V when disabled
+    top_k: torch.Tensor
+    # [N] float32
+    top_p: torch.Tensor
+    # [N] float32
+    min_p: torch.Tensor
+    # [N] float32
+    presence_penalty: torch.Tensor
+    # [N] float32
+    frequency_penalty: torch.Tensor
+    # [N] float32
+    repetition_penalty: torch.Tensor
+    # [N] bool
+    is_greedy: torch.Tensor
     all_greedy: bool
     any_penalties: bool
     any_top_k: bool
@@ -103,71 +111,100 @@ class SamplingTensors:
         return SamplingTensors(**out)
 
 
+# [N, V] float32
 def apply_penalties(
-    logits: torch.Tensor,  # [N, V]
-    prompt_mask: torch.Tensor,  # [N, V] bool: token appears in the prompt
-    output_counts: torch.Tensor,  # [N, V] int: occurrences in the output so far
+    # [N, V]
+    logits: torch.Tensor,
+    # [N, V] bool: token appears in the prompt
+    prompt_mask: torch.Tensor,
+    # [N, V] int: occurrences in the output so far
+    output_counts: torch.Tensor,
     st: SamplingTensors,
-) -> torch.Tensor:  # [N, V] float32
+) -> torch.Tensor:
     """vLLM penalties: repetition on prompt|output tokens (divide positive, multiply negative logits),
     frequency subtracts freq * count, presence subtracts presence * (count > 0)."""
     logits = logits.float()
-    output_mask = output_counts > 0  # [N, V]
-    rep = st.repetition_penalty[:, None]  # [N, 1]
-    seen = prompt_mask | output_mask  # [N, V]
-    penalised = torch.where(logits > 0, logits / rep, logits * rep)  # [N, V]
+    # [N, V]
+    output_mask = output_counts > 0
+    # [N, 1]
+    rep = st.repetition_penalty[:, None]
+    # [N, V]
+    seen = prompt_mask | output_mask
+    # [N, V]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, penalised, logits)
     logits = logits - st.frequency_penalty[:, None] * output_counts.to(torch.float32)
     logits = logits - st.presence_penalty[:, None] * output_mask.to(torch.float32)
     return logits
 
 
+# [B, K+1, V]
 def draft_aware_counts(
-    output_counts: torch.Tensor,  # [B, V] int
-    draft_token_ids: torch.Tensor,  # [B, K] int, -1 padded
-) -> torch.Tensor:  # [B, K+1, V]
+    # [B, V] int
+    output_counts: torch.Tensor,
+    # [B, K] int, -1 padded
+    draft_token_ids: torch.Tensor,
+) -> torch.Tensor:
     """Output counts seen at each verification position: position j counts drafts[:j] as output.
 
     So the penalties at verify position j equal those plain decoding would apply after accepting
     drafts[:j]. Uses scatter_add (same result as one_hot + cumsum, without a [B, K, V] temporary).
     """
     B, K = draft_token_ids.shape
-    valid = draft_token_ids >= 0  # [B, K]
-    ids = draft_token_ids.clamp_min(0)  # [B, K]
-    pos = torch.arange(K + 1, device=ids.device)  # [K+1]
-    before = pos[:, None] > torch.arange(K, device=ids.device)[None, :]  # [K+1, K]: draft i < position j
-    add = (before[None] & valid[:, None, :]).to(output_counts.dtype)  # [B, K+1, K]
-    counts = output_counts[:, None, :].expand(B, K + 1, output_counts.shape[-1]).clone()  # [B, K+1, V]
+    # [B, K]
+    valid = draft_token_ids >= 0
+    # [B, K]
+    ids = draft_token_ids.clamp_min(0)
+    # [K+1]
+    pos = torch.arange(K + 1, device=ids.device)
+    # [K+1, K]: draft i < position j
+    before = pos[:, None] > torch.arange(K, device=ids.device)[None, :]
+    # [B, K+1, K]
+    add = (before[None] & valid[:, None, :]).to(output_counts.dtype)
+    # [B, K+1, V]
+    counts = output_counts[:, None, :].expand(B, K + 1, output_counts.shape[-1]).clone()
     return counts.scatter_add_(2, ids[:, None, :].expand(B, K + 1, K), add)
 
 
+# [N, V], dropped tokens set to -inf
 def apply_top_k_top_p(
-    logits: torch.Tensor,  # [N, V] float32
-    top_k: torch.Tensor | None,  # [N] int64 in [1, V] or None
-    top_p: torch.Tensor | None,  # [N] float32 or None
-) -> torch.Tensor:  # [N, V], dropped tokens set to -inf
+    # [N, V] float32
+    logits: torch.Tensor,
+    # [N] int64 in [1, V] or None
+    top_k: torch.Tensor | None,
+    # [N] float32 or None
+    top_p: torch.Tensor | None,
+) -> torch.Tensor:
     """vLLM top-k / top-p with one shared ascending sort. Top-k keeps ties with the k-th value;
     top-p keeps the smallest set with cumulative prob >= top_p (the top token always kept)."""
     if top_k is None and top_p is None:
         return logits
-    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)  # [N, V]
+    # [N, V]
+    logits_sort, logits_idx = logits.sort(dim=-1, descending=False)
     if top_k is not None:
-        kth = logits_sort.gather(1, (logits.shape[-1] - top_k)[:, None])  # [N, 1]
+        # [N, 1]
+        kth = logits_sort.gather(1, (logits.shape[-1] - top_k)[:, None])
         logits_sort = logits_sort.masked_fill(logits_sort < kth, float("-inf"))
     if top_p is not None:
-        cum = logits_sort.softmax(dim=-1).cumsum(dim=-1)  # [N, V] ascending
-        drop = cum <= (1.0 - top_p)[:, None]  # [N, V]
+        # [N, V] ascending
+        cum = logits_sort.softmax(dim=-1).cumsum(dim=-1)
+        # [N, V]
+        drop = cum <= (1.0 - top_p)[:, None]
         drop[:, -1] = False
         logits_sort = logits_sort.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, logits_idx, logits_sort)
 
 
+# [N, V] unnormalised
 def apply_min_p(
-    probs: torch.Tensor,  # [N, V] float32
-    min_p: torch.Tensor,  # [N] float32
-) -> torch.Tensor:  # [N, V] unnormalised
+    # [N, V] float32
+    probs: torch.Tensor,
+    # [N] float32
+    min_p: torch.Tensor,
+) -> torch.Tensor:
     """Zero tokens with prob < min_p * max prob."""
-    top = probs.amax(dim=-1, keepdim=True)  # [N, 1]
+    # [N, 1]
+    top = probs.amax(dim=-1, keepdim=True)
     return probs.masked_fill(probs < min_p[:, None] * top, 0.0)
 
 
@@ -177,9 +214,11 @@ def logits_to_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     Greedy rows use temperature 1 with no truncation (their probs are the plain softmax)."""
     logits = logits.float()
     if not st.all_greedy:
-        logits = logits / st.temperature[:, None]  # [N, V]
+        # [N, V]
+        logits = logits / st.temperature[:, None]
     logits = apply_top_k_top_p(logits, st.top_k if st.any_top_k else None, st.top_p if st.any_top_p else None)
-    probs = logits.softmax(dim=-1)  # [N, V]
+    # [N, V]
+    probs = logits.softmax(dim=-1)
     if st.any_min_p:
         probs = apply_min_p(probs, st.min_p)
         probs = probs / probs.sum(dim=-1, keepdim=True)
@@ -204,13 +243,14 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+# [N, V] float32 ~ Exp(1), N = sum(n_rows_per_request)
 def draw_noise(
     n_rows_per_request: Sequence[int],
     generators: Sequence[torch.Generator | None],
     vocab_size: int,
     device: torch.device | str,
     default_generator: torch.Generator | None = None,
-) -> torch.Tensor:  # [N, V] float32 ~ Exp(1), N = sum(n_rows_per_request)
+) -> torch.Tensor:
     """Exp(1) noise; seeded requests draw their rows from their own generator, all unseeded rows
     come from one batched draw. A seeded request's noise is thus independent of the batch."""
     total = sum(n_rows_per_request)
@@ -219,7 +259,8 @@ def draw_noise(
     n_unseeded = sum(n for n, g in zip(n_rows_per_request, generators) if g is None)
     shared = torch.empty(n_unseeded, vocab_size, device=device).exponential_(generator=default_generator)
     chunks, off = [], 0
-    for n, g in zip(n_rows_per_request, generators):  # loop over requests, not tokens
+    # loop over requests, not tokens
+    for n, g in zip(n_rows_per_request, generators):
         if g is None:
             chunks.append(shared[off : off + n])
             off += n
@@ -229,27 +270,40 @@ def draw_noise(
 
 
 class Logprobs(NamedTuple):
-    token_logprob: torch.Tensor  # [N] float32
-    top_ids: torch.Tensor  # [N, num_top] int64
-    top_logprobs: torch.Tensor  # [N, num_top] float32
-    token_rank: torch.Tensor  # [N] int64, 1-based (1 + #tokens with strictly higher logprob)
+    # [N] float32
+    token_logprob: torch.Tensor
+    # [N, num_top] int64
+    top_ids: torch.Tensor
+    # [N, num_top] float32
+    top_logprobs: torch.Tensor
+    # [N] int64, 1-based (1 + #tokens with strictly higher logprob)
+    token_rank: torch.Tensor
 
 
 def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> Logprobs:
     """Logprobs of ``token_ids`` [N] and the top ``num_top`` from log_softmax of RAW logits [N, V]."""
-    logprobs = logits.float().log_softmax(dim=-1)  # [N, V]
-    token_logprob = logprobs.gather(1, token_ids[:, None]).squeeze(1)  # [N]
-    token_rank = (logprobs > token_logprob[:, None]).sum(dim=-1) + 1  # [N]
-    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1)  # [N, num_top]
+    # [N, V]
+    logprobs = logits.float().log_softmax(dim=-1)
+    # [N]
+    token_logprob = logprobs.gather(1, token_ids[:, None]).squeeze(1)
+    # [N]
+    token_rank = (logprobs > token_logprob[:, None]).sum(dim=-1) + 1
+    # [N, num_top]
+    top_logprobs, top_ids = logprobs.topk(num_top, dim=-1)
     return Logprobs(token_logprob, top_ids, top_logprobs, token_rank)
 
 
+# [N] int64
 def greedy_or_sample(
-    argmax: torch.Tensor,  # [N] int64
-    probs: torch.Tensor | None,  # [N, V] or None when every row is greedy
-    noise: torch.Tensor | None,  # [N, V] Exp(1), with probs
-    is_greedy: torch.Tensor | None,  # [N] bool, with probs
-) -> torch.Tensor:  # [N] int64
+    # [N] int64
+    argmax: torch.Tensor,
+    # [N, V] or None when every row is greedy
+    probs: torch.Tensor | None,
+    # [N, V] Exp(1), with probs
+    noise: torch.Tensor | None,
+    # [N] bool, with probs
+    is_greedy: torch.Tensor | None,
+) -> torch.Tensor:
     """Each row's token: its argmax where the row is greedy, else a sample of its probs. The one place that
     mixes greedy and random rows of plain sampling."""
     if probs is None:

@@ -74,7 +74,8 @@ def draw_exp_noise(
         for i, gen in enumerate(generators):
             if gen is not None:
                 out[i].exponential_(generator=gen)
-    return out.clamp_min_(torch.finfo(dtype).tiny)  # 0 noise would make 0/0 = nan
+    # 0 noise would make 0/0 = nan
+    return out.clamp_min_(torch.finfo(dtype).tiny)
 
 
 def exponential_race(probs: torch.Tensor, exp_noise: torch.Tensor) -> torch.Tensor:
@@ -86,52 +87,70 @@ def exponential_race(probs: torch.Tensor, exp_noise: torch.Tensor) -> torch.Tens
 
 
 def _assemble(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    accept: torch.Tensor,  # [B, K] bool, per-position acceptance (ignored where padded)
-    next_tokens: torch.Tensor,  # [B, K+1] token to emit if the first rejection is at j
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B, K] bool, per-position acceptance (ignored where padded)
+    accept: torch.Tensor,
+    # [B, K+1] token to emit if the first rejection is at j
+    next_tokens: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accepted prefix (up to the first rejection) + one token from ``next_tokens`` at ``num_accepted``."""
-    valid = draft_token_ids >= 0  # [B, K]
-    num_accepted = (accept & valid).long().cumprod(dim=1).sum(dim=1)  # [B]
+    # [B, K]
+    valid = draft_token_ids >= 0
+    # [B]
+    num_accepted = (accept & valid).long().cumprod(dim=1).sum(dim=1)
     return _assemble_at(draft_token_ids, num_accepted, next_tokens)
 
 
 def _assemble_at(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    num_accepted: torch.Tensor,  # [B] accepted prefix length
-    next_tokens: torch.Tensor,  # [B, K+1] (or broadcastable) token to emit at position num_accepted
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B] accepted prefix length
+    num_accepted: torch.Tensor,
+    # [B, K+1] (or broadcastable) token to emit at position num_accepted
+    next_tokens: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafts [0, num_accepted), then ``next_tokens[num_accepted]``, then -1 padding. -> ([B, K+1], [B])."""
     B, K = draft_token_ids.shape
-    pos = torch.arange(K + 1, device=draft_token_ids.device)  # [K+1]
+    # [K+1]
+    pos = torch.arange(K + 1, device=draft_token_ids.device)
     pad = torch.full((B, 1), -1, dtype=draft_token_ids.dtype, device=draft_token_ids.device)
-    drafts = torch.cat([draft_token_ids, pad], dim=1)  # [B, K+1]
-    na = num_accepted[:, None]  # [B, 1]
+    # [B, K+1]
+    drafts = torch.cat([draft_token_ids, pad], dim=1)
+    # [B, 1]
+    na = num_accepted[:, None]
     out = torch.where(pos < na, drafts, torch.where(pos == na, next_tokens.to(drafts.dtype), -1))
     return out, num_accepted
 
 
 def _draft_index(draft_token_ids: torch.Tensor) -> torch.Tensor:
-    return draft_token_ids.clamp_min(0)[..., None]  # [B, K, 1], padding -> token 0 (masked later)
+    # [B, K, 1], padding -> token 0 (masked later)
+    return draft_token_ids.clamp_min(0)[..., None]
 
 
 # ---------------------------------------------------------------------------- methods
 
 
 def greedy_verify(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    target_argmax: torch.Tensor,  # [B, K+1] int64
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B, K+1] int64
+    target_argmax: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept while draft == target argmax; then emit the target argmax."""
     K = draft_token_ids.shape[1]
-    accept = draft_token_ids == target_argmax[:, :K]  # [B, K]
+    # [B, K]
+    accept = draft_token_ids == target_argmax[:, :K]
     return _assemble(draft_token_ids, accept, target_argmax)
 
 
 def strict_verify(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    target_probs: torch.Tensor,  # [B, K+1, V]
-    exp_noise: torch.Tensor,  # [B, K+1, V] Exp(1)
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B, K+1, V]
+    target_probs: torch.Tensor,
+    # [B, K+1, V] Exp(1)
+    exp_noise: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample the target at every position; accept while the sample equals the draft.
 
@@ -139,18 +158,26 @@ def strict_verify(
     target's own sample at its position. Ignores draft probabilities.
     """
     K = draft_token_ids.shape[1]
-    samples = exponential_race(target_probs, exp_noise)  # [B, K+1]
-    accept = draft_token_ids == samples[:, :K]  # [B, K]
+    # [B, K+1]
+    samples = exponential_race(target_probs, exp_noise)
+    # [B, K]
+    accept = draft_token_ids == samples[:, :K]
     return _assemble(draft_token_ids, accept, samples)
 
 
 def probabilistic_verify(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    target_probs: torch.Tensor,  # [B, K+1, V]
-    draft_probs: torch.Tensor | None,  # [B, K, V], None = one-hot q at the draft
-    uniform_samples: torch.Tensor,  # [B, K] U[0, 1)
-    exp_noise: torch.Tensor,  # [B, K+1, V] Exp(1)
-    thresholds: torch.Tensor | None = None,  # [B, K] Entropy Verify; None = 1 (lossless)
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B, K+1, V]
+    target_probs: torch.Tensor,
+    # [B, K, V], None = one-hot q at the draft
+    draft_probs: torch.Tensor | None,
+    # [B, K] U[0, 1)
+    uniform_samples: torch.Tensor,
+    # [B, K+1, V] Exp(1)
+    exp_noise: torch.Tensor,
+    # [B, K] Entropy Verify; None = 1 (lossless)
+    thresholds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Leviathan et al. / Chen et al. speculative sampling (lossless).
 
@@ -159,33 +186,50 @@ def probabilistic_verify(
     bonus sample of p at position num_draft.
     """
     K = draft_token_ids.shape[1]
-    idx = _draft_index(draft_token_ids)  # [B, K, 1]
-    valid = (draft_token_ids >= 0)[..., None]  # [B, K, 1]
-    p_draft = target_probs[:, :K].gather(-1, idx)  # [B, K, 1]
-    residual = target_probs.clone()  # [B, K+1, V]; position K and padded positions stay p
+    # [B, K, 1]
+    idx = _draft_index(draft_token_ids)
+    # [B, K, 1]
+    valid = (draft_token_ids >= 0)[..., None]
+    # [B, K, 1]
+    p_draft = target_probs[:, :K].gather(-1, idx)
+    # [B, K+1, V]; position K and padded positions stay p
+    residual = target_probs.clone()
     if draft_probs is None:
-        q_draft = torch.ones_like(p_draft)  # [B, K, 1]
+        # [B, K, 1]
+        q_draft = torch.ones_like(p_draft)
         # q one-hot: residual is p with the draft token zeroed (padded positions untouched)
         residual[:, :K].scatter_(-1, idx, torch.where(valid, 0.0, p_draft).to(residual.dtype))
     else:
-        q_draft = draft_probs.gather(-1, idx)  # [B, K, 1]
+        # [B, K, 1]
+        q_draft = draft_probs.gather(-1, idx)
         residual[:, :K] -= draft_probs * valid
         residual.clamp_min_(0.0)
-    u = uniform_samples if thresholds is None else uniform_samples * thresholds  # [B, K]
-    accept = (u[..., None] * q_draft < p_draft).squeeze(-1)  # [B, K]
-    empty = residual.sum(dim=-1, keepdim=True) <= 0  # [B, K+1, 1]
-    residual = torch.where(empty, target_probs, residual)  # [B, K+1, V] unnormalised is fine
-    next_tokens = exponential_race(residual, exp_noise)  # [B, K+1]
+    # [B, K]
+    u = uniform_samples if thresholds is None else uniform_samples * thresholds
+    # [B, K]
+    accept = (u[..., None] * q_draft < p_draft).squeeze(-1)
+    # [B, K+1, 1]
+    empty = residual.sum(dim=-1, keepdim=True) <= 0
+    # [B, K+1, V] unnormalised is fine
+    residual = torch.where(empty, target_probs, residual)
+    # [B, K+1]
+    next_tokens = exponential_race(residual, exp_noise)
     return _assemble(draft_token_ids, accept, next_tokens)
 
 
 def block_verify(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    target_probs: torch.Tensor,  # [B, K+1, V]
-    draft_probs: torch.Tensor | None,  # [B, K, V], None = one-hot q at the draft
-    uniform_samples: torch.Tensor,  # [B, K] U[0, 1)
-    exp_noise: torch.Tensor,  # [B, K+1, V] Exp(1)
-    thresholds: torch.Tensor | None = None,  # [B, K] Entropy Verify; None = 1 (lossless)
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B, K+1, V]
+    target_probs: torch.Tensor,
+    # [B, K, V], None = one-hot q at the draft
+    draft_probs: torch.Tensor | None,
+    # [B, K] U[0, 1)
+    uniform_samples: torch.Tensor,
+    # [B, K+1, V] Exp(1)
+    exp_noise: torch.Tensor,
+    # [B, K] Entropy Verify; None = 1 (lossless)
+    thresholds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Block verification (Sun et al. 2024, Algorithm 2), lossless.
 
@@ -198,50 +242,71 @@ def block_verify(
     """
     B, K = draft_token_ids.shape
     dev = draft_token_ids.device
-    idx = _draft_index(draft_token_ids)  # [B, K, 1]
-    valid = draft_token_ids >= 0  # [B, K]; a row's drafts are a prefix
-    p_x = target_probs[:, :K].gather(-1, idx).squeeze(-1)  # [B, K]
+    # [B, K, 1]
+    idx = _draft_index(draft_token_ids)
+    # [B, K]; a row's drafts are a prefix
+    valid = draft_token_ids >= 0
+    # [B, K]
+    p_x = target_probs[:, :K].gather(-1, idx).squeeze(-1)
     q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(-1, idx).squeeze(-1)
     tiny = torch.finfo(p_x.dtype).tiny
-    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(tiny), (p_x > 0).to(p_x.dtype))  # [B, K]
+    # [B, K]
+    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(tiny), (p_x > 0).to(p_x.dtype))
     ratio = torch.where(valid, ratio, 1.0)
     # w_i = min(1, w_{i-1} r_i) is a random walk in log space reflected at 0: log w_i = S_i - max(0, max_j<=i S_j)
-    s = ratio.log().cumsum(dim=1)  # [B, K]
-    w = (s - s.cummax(dim=1).values.clamp_min(0.0)).exp()  # [B, K] w_1..w_K
-    w0 = torch.cat([torch.ones(B, 1, dtype=w.dtype, device=dev), w], dim=1)  # [B, K+1] w_0..w_K
-    residual = w0[..., None] * target_probs  # [B, K+1, V]: row i is max(w_i p_i - q_i, 0) once q is taken off
+    # [B, K]
+    s = ratio.log().cumsum(dim=1)
+    # [B, K] w_1..w_K
+    w = (s - s.cummax(dim=1).values.clamp_min(0.0)).exp()
+    # [B, K+1] w_0..w_K
+    w0 = torch.cat([torch.ones(B, 1, dtype=w.dtype, device=dev), w], dim=1)
+    # [B, K+1, V]: row i is max(w_i p_i - q_i, 0) once q is taken off
+    residual = w0[..., None] * target_probs
     if draft_probs is None:
-        sub = torch.where(valid, 1.0, 0.0).to(residual.dtype)[..., None]  # [B, K, 1] one-hot q at the draft
+        # [B, K, 1] one-hot q at the draft
+        sub = torch.where(valid, 1.0, 0.0).to(residual.dtype)[..., None]
         residual[:, :K].scatter_add_(-1, idx, -sub)
     else:
         residual[:, :K] -= draft_probs * valid[..., None]
     residual.clamp_min_(0.0)
-    z = residual.sum(dim=-1)  # [B, K+1]; z[:, i] = Z_i
-    zi = z[:, 1:]  # [B, K], i = 1..K
+    # [B, K+1]; z[:, i] = Z_i
+    z = residual.sum(dim=-1)
+    # [B, K], i = 1..K
+    zi = z[:, 1:]
     denom = zi + 1.0 - w
-    h = torch.where(denom > 0, zi / denom.clamp_min(tiny), 1.0)  # [B, K]
-    pos = torch.arange(1, K + 1, device=dev)  # [K]
-    last = valid.sum(dim=1, keepdim=True)  # [B, 1] draft count g
+    # [B, K]
+    h = torch.where(denom > 0, zi / denom.clamp_min(tiny), 1.0)
+    # [K]
+    pos = torch.arange(1, K + 1, device=dev)
+    # [B, 1] draft count g
+    last = valid.sum(dim=1, keepdim=True)
     h = torch.where(pos == last, w, h)
     u = uniform_samples if thresholds is None else uniform_samples * thresholds
-    passed = valid & (u <= h)  # [B, K]
-    tau = (passed * pos).amax(dim=1)  # [B]
+    # [B, K]
+    passed = valid & (u <= h)
+    # [B]
+    tau = (passed * pos).amax(dim=1)
     rows = torch.arange(B, device=dev)
-    res_tau = residual[rows, tau]  # [B, V]
-    empty = res_tau.sum(dim=-1, keepdim=True) <= 0  # [B, 1]
+    # [B, V]
+    res_tau = residual[rows, tau]
+    # [B, 1]
+    empty = res_tau.sum(dim=-1, keepdim=True) <= 0
     res_tau = torch.where(empty, target_probs[rows, tau], res_tau)
-    final = exponential_race(res_tau, exp_noise[rows, tau])  # [B]
+    # [B]
+    final = exponential_race(res_tau, exp_noise[rows, tau])
     return _assemble_at(draft_token_ids, tau, final[:, None])
 
 
 def entropy_thresholds(
-    probs: torch.Tensor,  # [B, K, V] target distributions the drafts are verified against (before sampling transforms)
+    # [B, K, V] target distributions the drafts are verified against (before sampling transforms)
+    probs: torch.Tensor,
     posterior_threshold: float,
     posterior_alpha: float,
 ) -> torch.Tensor:
     """Entropy Verify's per-position threshold min(exp(-alpha * H(p)), posterior_threshold), H in nats
     (vLLM Ascend's rejection_sampler_config). -> [B, K]."""
-    entropy = -(probs * (probs + 1e-10).log()).sum(dim=-1)  # [B, K]
+    # [B, K]
+    entropy = -(probs * (probs + 1e-10).log()).sum(dim=-1)
     return (-posterior_alpha * entropy).exp().clamp_max(posterior_threshold)
 
 
@@ -270,10 +335,14 @@ def synthetic_conditional_rate(acceptance_rate: float, num_drafts: int) -> float
 
 
 def synthetic_verify(
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    target_probs: torch.Tensor,  # [B, K+1, V]
-    uniform_samples: torch.Tensor,  # [B, K] U[0, 1)
-    exp_noise: torch.Tensor,  # [B, K+1, V] Exp(1)
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B, K+1, V]
+    target_probs: torch.Tensor,
+    # [B, K] U[0, 1)
+    uniform_samples: torch.Tensor,
+    # [B, K+1, V] Exp(1)
+    exp_noise: torch.Tensor,
     acceptance_rate: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept drafts with a position-decaying probability so that a row accepts ``acceptance_rate`` of its drafts
@@ -286,9 +355,12 @@ def synthetic_verify(
     """
     K = draft_token_ids.shape[1]
     table = [0.0] + [synthetic_conditional_rate(acceptance_rate, g) for g in range(1, K + 1)]
-    rates = torch.tensor(table, dtype=uniform_samples.dtype, device=uniform_samples.device)  # [K+1]
-    num_draft = (draft_token_ids >= 0).sum(dim=1)  # [B]
-    accept = uniform_samples < rates[num_draft][:, None]  # [B, K]
+    # [K+1]
+    rates = torch.tensor(table, dtype=uniform_samples.dtype, device=uniform_samples.device)
+    # [B]
+    num_draft = (draft_token_ids >= 0).sum(dim=1)
+    # [B, K]
+    accept = uniform_samples < rates[num_draft][:, None]
     return _assemble(draft_token_ids, accept, exponential_race(target_probs, exp_noise))
 
 
@@ -306,17 +378,26 @@ _RANDOM_RULES = {
 
 def rejection_sample(
     method: str,
-    draft_token_ids: torch.Tensor,  # [B, K] int64, -1 padded
-    target_probs: torch.Tensor | None,  # [B, K+1, V], may be None if every row is greedy
-    is_greedy: torch.Tensor | None = None,  # [B] bool; None = every row random
+    # [B, K] int64, -1 padded
+    draft_token_ids: torch.Tensor,
+    # [B, K+1, V], may be None if every row is greedy
+    target_probs: torch.Tensor | None,
+    # [B] bool; None = every row random
+    is_greedy: torch.Tensor | None = None,
     *,
-    target_argmax: torch.Tensor | None = None,  # [B, K+1]; default target_probs.argmax(-1)
-    draft_probs: torch.Tensor | None = None,  # [B, K, V]; None = draft-free (one-hot q)
-    uniform_samples: torch.Tensor | None = None,  # [B, K]; probabilistic / synthetic
-    exp_noise: torch.Tensor | None = None,  # [B, K+1, V]; None = every row greedy
+    # [B, K+1]; default target_probs.argmax(-1)
+    target_argmax: torch.Tensor | None = None,
+    # [B, K, V]; None = draft-free (one-hot q)
+    draft_probs: torch.Tensor | None = None,
+    # [B, K]; probabilistic / synthetic
+    uniform_samples: torch.Tensor | None = None,
+    # [B, K+1, V]; None = every row greedy
+    exp_noise: torch.Tensor | None = None,
     synthetic_acceptance_rate: float | None = None,
-    block: bool = False,  # probabilistic only: Block Verify
-    thresholds: torch.Tensor | None = None,  # [B, K] probabilistic only: Entropy Verify (entropy_thresholds)
+    # probabilistic only: Block Verify
+    block: bool = False,
+    # [B, K] probabilistic only: Entropy Verify (entropy_thresholds)
+    thresholds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify a batch mixing greedy and random rows. Returns ``(output_token_ids [B, K+1],
     num_accepted [B])``.
@@ -339,7 +420,8 @@ def rejection_sample(
         if target_argmax is None:
             if target_probs is None:
                 raise ValueError("greedy rows need target_argmax or target_probs")
-            target_argmax = target_probs.argmax(dim=-1)  # [B, K+1]
+            # [B, K+1]
+            target_argmax = target_probs.argmax(dim=-1)
         greedy = greedy_verify(draft_token_ids, target_argmax)
         if exp_noise is None:
             return greedy
@@ -362,6 +444,8 @@ def rejection_sample(
     )
     if greedy is None:
         return rand
-    out = torch.where(is_greedy[:, None], greedy[0], rand[0])  # [B, K+1]
-    num_accepted = torch.where(is_greedy, greedy[1], rand[1])  # [B]
+    # [B, K+1]
+    out = torch.where(is_greedy[:, None], greedy[0], rand[0])
+    # [B]
+    num_accepted = torch.where(is_greedy, greedy[1], rand[1])
     return out, num_accepted

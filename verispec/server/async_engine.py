@@ -47,7 +47,8 @@ class _EngineThread:
                 continue
             try:
                 fut.set_result(fn())
-            except BaseException as e:  # handed to whoever waits on the future
+            # handed to whoever waits on the future
+            except BaseException as e:
                 fut.set_exception(e)
 
     def submit(self, fn: Callable[[], object]) -> Future:
@@ -99,10 +100,12 @@ class RequestGroup:
         self.queue: asyncio.Queue[tuple[str, RequestOutput | BaseException]] = asyncio.Queue()
         self.arrival = time.monotonic()
 
-    def push(self, rid: str, item: RequestOutput | BaseException) -> None:  # called from the engine thread
+    # called from the engine thread
+    def push(self, rid: str, item: RequestOutput | BaseException) -> None:
         try:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (rid, item))
-        except RuntimeError:  # event loop already closed (shutdown)
+        # event loop already closed (shutdown)
+        except RuntimeError:
             pass
 
     async def __aiter__(self) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -134,10 +137,13 @@ class AsyncEngine:
         self._inbox: deque[tuple] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._tracks: dict[str, _Track] = {}  # engine thread only
-        self._num_inflight = 0  # engine requests submitted and not yet finished (guarded by _lock)
+        # engine thread only
+        self._tracks: dict[str, _Track] = {}
+        # engine requests submitted and not yet finished (guarded by _lock)
+        self._num_inflight = 0
         self._stopping = False
-        self._closed = False  # set under _lock once the thread will read no more commands
+        # set under _lock once the thread will read no more commands
+        self._closed = False
         self._loop_done: Future | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -219,12 +225,14 @@ class AsyncEngine:
                     if self.engine.spec_log is not None:
                         self.engine.spec_log.maybe_log()
                     self._wake.wait(1.0)
-        except BaseException:  # a bug in the loop itself: fail everyone, never hang clients
+        # a bug in the loop itself: fail everyone, never hang clients
+        except BaseException:
             logger.exception("engine loop crashed")
         finally:
             self._stopping = True
             with self._lock:
-                self._closed = True  # submit() refuses from now on; drain what already arrived
+                # submit() refuses from now on; drain what already arrived
+                self._closed = True
             self._drain_inbox()
             for rid in list(self._tracks):
                 self._fail(rid, ServerShuttingDown("The server shut down before this request finished."))
@@ -251,7 +259,8 @@ class AsyncEngine:
         for r in requests if error is None else ():
             try:
                 self.engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params)
-            except Exception as e:  # ValueError: invalid input -> 400; anything else -> 500
+            # ValueError: invalid input -> 400; anything else -> 500
+            except Exception as e:
                 error = e if isinstance(e, ValueError) else EngineError(f"failed to add request: {e!r}")
                 break
             self._tracks[r.request_id] = _Track(group)
@@ -272,9 +281,8 @@ class AsyncEngine:
         self.engine.release(rid)
         self._done(1)
         if self.metrics is not None:
-            self.metrics.request_finished(
-                "abort"
-            )  # vLLM counts it as request_success{finished_reason="abort"}
+            # vLLM counts it as request_success{finished_reason="abort"}
+            self.metrics.request_finished("abort")
         track.group.push(rid, RequestAborted(f"request {rid} was aborted"))
 
     def _fail(self, rid: str, error: BaseException) -> None:
@@ -303,7 +311,8 @@ class AsyncEngine:
                 self._fail(rid, EngineError(f"engine step failed: {e!r}"))
             self._sync_metrics()
             return
-        self._sync_metrics()  # before delivery: a client that sees its last token also sees it counted
+        # before delivery: a client that sees its last token also sees it counted
+        self._sync_metrics()
         now = time.monotonic()
         for out in outputs:
             self._deliver(out, now)
@@ -311,7 +320,8 @@ class AsyncEngine:
     def _deliver(self, out: RequestOutput, now: float) -> None:
         rid = out.request_id
         track = self._tracks.get(rid)
-        if track is None:  # aborted meanwhile
+        # aborted meanwhile
+        if track is None:
             if out.finished:
                 self.engine.release(rid)
             return

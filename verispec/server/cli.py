@@ -191,7 +191,8 @@ def run_server(args: argparse.Namespace) -> int:
         return LLM(**vars(cfg.engine))
 
     try:
-        llm = on_engine_thread(load).result()  # the thread that will step the engine (see async_engine.py)
+        # the thread that will step the engine (see async_engine.py)
+        llm = on_engine_thread(load).result()
     except OSError as e:
         raise ValueError(f"cannot load model {cfg.engine.model!r}: {e}") from None
     names = cfg.served_model_name or [cfg.engine.model]
@@ -219,7 +220,8 @@ def run_server(args: argparse.Namespace) -> int:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit code 2 (argparse's usage block is noise here)
+    # one line, exit code 2 (argparse's usage block is noise here)
+    def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -81,12 +81,14 @@ E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
-FINISH_REASONS = ("stop", "length", "abort")  # vLLM's FinishReason values: every one exported from the start
+# vLLM's FinishReason values: every one exported from the start
+FINISH_REASONS = ("stop", "length", "abort")
 
 
 class ServerMetrics:
     def __init__(self, model_name: str, num_spec_tokens: int, num_kv_slots: int):
-        prometheus_client.disable_created_metrics()  # as vLLM: no *_created series
+        # as vLLM: no *_created series
+        prometheus_client.disable_created_metrics()
         self.registry = r = CollectorRegistry(auto_describe=True)
         self.model_name, self.num_kv_slots = model_name, num_kv_slots
         m = ["model_name"]

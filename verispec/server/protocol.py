@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, fi
 
 from verispec.sampling_params import SamplingParams
 
-MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+# vLLM's default --max-logprobs
+MAX_LOGPROBS = 20
 
 
 def random_id(prefix: str) -> str:
@@ -86,7 +87,8 @@ class _SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = None
     logit_bias: dict[str, float] | None = (
-        None  # OpenAI: token id (as a string) -> bias, clamped to [-100, 100]
+        # OpenAI: token id (as a string) -> bias, clamped to [-100, 100]
+        None
     )
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
@@ -182,10 +184,10 @@ class _SamplingFields(_Request):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: (
-        str | list[str] | list[StrictInt] | list[list[StrictInt]]
-    )  # token ids: no true/false or 1.0 coerced
-    max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
+    # token ids: no true/false or 1.0 coerced
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    # OpenAI's and vLLM's default for completions
+    max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
@@ -263,7 +265,8 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
-class PromptLogprob(BaseModel):  # vLLM's prompt_logprobs entries: {token id: this}
+# vLLM's prompt_logprobs entries: {token id: this}
+class PromptLogprob(BaseModel):
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
@@ -273,7 +276,8 @@ PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
 
 def json_logprob(x: float) -> float:
-    return max(x, -9999.0)  # JSON has no -inf (vLLM clamps the same way)
+    # JSON has no -inf (vLLM clamps the same way)
+    return max(x, -9999.0)
 
 
 def prompt_logprobs(entries: list | None) -> PromptLogprobs | None:
@@ -297,7 +301,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
-    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
+    # vLLM's extension
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -308,7 +313,8 @@ class CompletionResponse(BaseModel):
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
     kv_transfer_params: dict | None = (
-        None  # vLLM's extension: extract_hidden_states' {"hidden_states_path": ...}
+        # vLLM's extension: extract_hidden_states' {"hidden_states_path": ...}
+        None
     )
     # vLLM's extension (--per-request-spec-decode-metrics): {"speculative_decoding": {...}}
     metrics: dict | None = None
@@ -348,8 +354,10 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
-    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extension
-    kv_transfer_params: dict | None = None  # vLLM's extension (first choice's request, as vLLM reports it)
+    # vLLM's extension
+    prompt_logprobs: PromptLogprobs | None = None
+    # vLLM's extension (first choice's request, as vLLM reports it)
+    kv_transfer_params: dict | None = None
     # vLLM's extension (--per-request-spec-decode-metrics): {"speculative_decoding": {...}}
     metrics: dict | None = None
 

@@ -30,13 +30,15 @@ __all__ = [
 class DraftContext:
     """What a proposer may need from the target side to build itself."""
 
-    target: object  # verispec.loader.checkpoint.Checkpoint
+    # verispec.loader.checkpoint.Checkpoint
+    target: object
     num_slots: int
     t_alloc: int
     device: torch.device
     dtype: torch.dtype
     seed: int
-    kv_transfer_config: dict | None = None  # extract_hidden_states' connector settings
+    # extract_hidden_states' connector settings
+    kv_transfer_config: dict | None = None
 
 
 def _ngram(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -139,7 +141,8 @@ def _extract_hidden_states(cfg: SpeculativeConfig, ctx: DraftContext) -> Propose
             "speculative_config.model: method 'extract_hidden_states' reads the target itself; omit model"
         )
     n = ctx.target.config.num_layers
-    ids = cfg.eagle_aux_hidden_state_layer_ids or (2, n // 2, n - 3)  # EAGLE-3's layers by default
+    # EAGLE-3's layers by default
+    ids = cfg.eagle_aux_hidden_state_layer_ids or (2, n // 2, n - 3)
     bad = [i for i in ids if not 0 <= i <= n]
     if bad:
         raise ValueError(
@@ -176,8 +179,10 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     _no_parallel_eagle(cfg)
     draft = load_eagle(cfg.model, ctx.device, ctx.dtype)
     target = ctx.target.config
-    for key, mine, theirs in (("hidden_size", draft.cfg.hidden_size, target.hidden_size),
-                              ("vocab_size", draft.cfg.vocab_size, target.vocab_size)):  # fmt: skip
+    for key, mine, theirs in (
+        ("hidden_size", draft.cfg.hidden_size, target.hidden_size),
+        ("vocab_size", draft.cfg.vocab_size, target.vocab_size),
+    ):
         if mine != theirs:
             raise ValueError(
                 f"speculative_config.model {cfg.model!r}: EAGLE {key}={mine} but the target's is {theirs}"

@@ -24,9 +24,14 @@ class DraftModelProposer:
     needs = ProposerNeeds(runs_forward=True)
 
     def __init__(
-        self, runner: ModelRunner, num_speculative_tokens: int, keep_probs: bool, seed: int = 0,
-        mask_token: int | None = None, sample_drafts: bool = True,
-    ):  # fmt: skip
+        self,
+        runner: ModelRunner,
+        num_speculative_tokens: int,
+        keep_probs: bool,
+        seed: int = 0,
+        mask_token: int | None = None,
+        sample_drafts: bool = True,
+    ):
         """mask_token: parallel drafting's filler token (None: K sequential draft forwards). sample_drafts
         (draft_sample_method 'probabilistic'): random requests draft samples of q; False ('greedy'): every request
         drafts the argmax, and q is not kept (it is one-hot at the draft)."""
@@ -35,7 +40,8 @@ class DraftModelProposer:
         self.cache: KVCache = runner.cache
         self.vocab = runner.model.cfg.vocab_size
         self.slot: dict[str, int] = {}
-        self.computed: dict[str, int] = {}  # tokens of the request whose K/V the draft cache holds
+        # tokens of the request whose K/V the draft cache holds
+        self.computed: dict[str, int] = {}
         self.generator = S.make_generator(seed + 1, runner.device)
 
     def add_request(self, req: Request) -> None:
@@ -53,7 +59,8 @@ class DraftModelProposer:
         rows = []
         for r in reqs:
             n = r.num_tokens
-            done = min(self.computed[r.request_id], n - 1)  # rollback of rejected drafts: O(1)
+            # rollback of rejected drafts: O(1)
+            done = min(self.computed[r.request_id], n - 1)
             rows.append(
                 RowInput(self.slot[r.request_id], done, r.tokens_from(done), logits_from=n - done - 1)
             )
@@ -67,17 +74,20 @@ class DraftModelProposer:
             return Proposal([[] for _ in reqs])
         if self.mask_token is not None:
             return self._propose_parallel(reqs, k_max, k)
-        out = self.runner.run(self._catch_up_rows(reqs))  # logits [B, V] at each request's newest token
+        # logits [B, V] at each request's newest token
+        out = self.runner.run(self._catch_up_rows(reqs))
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab)
         tokens, probs, confidence = [], [], []
         logits = out.logits
         for i in range(k):
-            q = S.logits_to_probs(logits, st)  # [B, V]
+            # [B, V]
+            q = S.logits_to_probs(logits, st)
             if st.all_greedy or not self.sample_drafts:
                 tok = S.greedy(logits)
             else:
-                gens = [r.generator for r in reqs]  # seeded requests draft reproducibly
+                # seeded requests draft reproducibly
+                gens = [r.generator for r in reqs]
                 noise = S.draw_noise([1] * len(reqs), gens, self.vocab, logits.device, self.generator)
                 tok = torch.where(st.is_greedy, S.greedy(logits), S.sample(q, noise))
             tokens.append(tok)
@@ -99,12 +109,14 @@ class DraftModelProposer:
             RowInput(row.slot, row.start, row.token_ids + [self.mask_token] * (k - 1), row.logits_from)
             for row in self._catch_up_rows(reqs)
         ]
-        logits = self.runner.run(rows).logits  # [B * k, V]: the newest token's position, then each mask's
+        # [B * k, V]: the newest token's position, then each mask's
+        logits = self.runner.run(rows).logits
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab).repeat_interleave(
             [k] * len(reqs)
         )
-        q = S.logits_to_probs(logits, st)  # [B * k, V]
+        # [B * k, V]
+        q = S.logits_to_probs(logits, st)
         tok = S.greedy(logits)
         if not st.all_greedy and self.sample_drafts:
             gens = [r.generator for r in reqs]
@@ -118,10 +130,13 @@ class DraftModelProposer:
 
     def _step(self, rows: list[RowInput], tok: torch.Tensor) -> torch.Tensor:
         """One batched draft forward feeding `tok` [B] (kept on device: no host sync per draft token)."""
-        _, positions, ctx, _ = self.runner.build_context(rows)  # rows in request order: packed ids = tok
+        # rows in request order: packed ids = tok
+        _, positions, ctx, _ = self.runner.build_context(rows)
         m = self.runner.model
-        hidden, _ = m(tok, positions, ctx, self.cache.kv)  # [B, hidden]
-        return m.compute_logits(hidden)  # [B, V]
+        # [B, hidden]
+        hidden, _ = m(tok, positions, ctx, self.cache.kv)
+        # [B, V]
+        return m.compute_logits(hidden)
 
 
 def draft_confidence(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:

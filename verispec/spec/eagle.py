@@ -36,12 +36,10 @@ class EagleProposer:
         self.needs = ProposerNeeds(target_hidden="all", aux_layers=aux_layers, runs_forward=True)
         self.cache: KVCache = runner.cache
         self.slot: dict[str, int] = {}
-        self.computed: dict[
-            str, int
-        ] = {}  # draft positions whose K/V pair a committed token with a target state
-        self.pending: dict[
-            str, list[torch.Tensor]
-        ] = {}  # target states of positions computed[rid].. not yet read
+        # draft positions whose K/V pair a committed token with a target state
+        self.computed: dict[str, int] = {}
+        # target states of positions computed[rid].. not yet read
+        self.pending: dict[str, list[torch.Tensor]] = {}
 
     def add_request(self, req: Request) -> None:
         slot = self.cache.allocate()
@@ -56,7 +54,8 @@ class EagleProposer:
         self.pending.pop(req.request_id, None)
 
     def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
-        for r, h in zip(reqs, hidden):  # h [n, H]: positions num_computed - n .. num_computed - 1, in order
+        # h [n, H]: positions num_computed - n .. num_computed - 1, in order
+        for r, h in zip(reqs, hidden):
             self.pending[r.request_id].append(h)
 
     @torch.inference_mode()
@@ -66,22 +65,26 @@ class EagleProposer:
             return Proposal([[] for _ in reqs])
         rows, states = [], []
         for r in reqs:
-            rid, end = r.request_id, r.num_computed  # the newest committed token sits at position `end`
+            # the newest committed token sits at position `end`
+            rid, end = r.request_id, r.num_computed
             start = self.computed[rid]
             rows.append(
                 RowInput(self.slot[rid], start, r.tokens_from(start + 1), logits_from=end - start - 1)
             )
             states.extend(self.pending[rid])
+            # drafting writes past `end`: overwritten next time
             self.pending[rid], self.computed[rid] = (
                 [],
                 end,
-            )  # drafting writes past `end`: overwritten next time
+            )
         ids, positions, ctx, last = self.runner.build_context(rows)
         head_in, state = self.draft(self.draft.embed(ids), torch.cat(states), positions, ctx, self.cache.kv)
-        state = state[last]  # [B, H] at each request's newest token
+        # [B, H] at each request's newest token
+        state = state[last]
         if self.tree is not None:
             return self._propose_tree(reqs, head_in[last], state)
-        token = self.draft.draft_ids(head_in[last])  # [B] draft 1
+        # [B] draft 1
+        token = self.draft.draft_ids(head_in[last])
         drafts = [token]
         # draft i + 1 comes from position end + i - 1, which reads draft i (= x_{end+i}) and the draft's own state
         for i in range(1, k):
@@ -90,7 +93,8 @@ class EagleProposer:
             head_in, state = self.draft(self.draft.embed(token), state, positions, ctx, self.cache.kv)
             token = self.draft.draft_ids(head_in)
             drafts.append(token)
-        ids = torch.stack(drafts, dim=1).tolist()  # [B, K]: the step's one host sync
+        # [B, K]: the step's one host sync
+        ids = torch.stack(drafts, dim=1).tolist()
         return Proposal([d[:c] for d, c in zip(ids, k_max)])
 
     def _propose_tree(
@@ -101,29 +105,40 @@ class EagleProposer:
         draft positions end + depth - 1."""
         tree, b = self.tree, len(reqs)
         parent, depth, anc = tree.parent, tree.depth, tree.ancestor_mask()
-        tokens = torch.zeros(b, tree.size + 1, dtype=torch.long, device=root_state.device)  # [B, 1 + N]
-        states: dict[int, torch.Tensor] = {0: root_state}  # node -> [B, H] its draft state
+        # [B, 1 + N]
+        tokens = torch.zeros(b, tree.size + 1, dtype=torch.long, device=root_state.device)
+        # node -> [B, H] its draft state
+        states: dict[int, torch.Tensor] = {0: root_state}
         heads: dict[int, torch.Tensor] = {0: root_head}
         for d in range(1, tree.max_depth + 1):
             for node in [n for n in range(tree.size + 1) if depth[n] == d - 1]:
                 kids = tree.children(node)
                 if kids:
-                    top = self.draft.draft_topk(heads[node], kids[-1][0] + 1)  # [B, max rank + 1]
+                    # [B, max rank + 1]
+                    top = self.draft.draft_topk(heads[node], kids[-1][0] + 1)
                     for rank, child in kids:
                         tokens[:, child] = top[:, rank]
-            m = sum(1 for x in depth[1:] if x <= d)  # nodes 1..m: every level down to d
+            # nodes 1..m: every level down to d
+            m = sum(1 for x in depth[1:] if x <= d)
             if d == tree.max_depth:
                 break
             rows = [
-                RowInput(self.slot[r.request_id], r.num_computed, [0] * m, tree_mask=anc[1 : m + 1, 1 : m + 1],
-                         depths=[x - 1 for x in depth[1 : m + 1]])
+                RowInput(
+                    self.slot[r.request_id],
+                    r.num_computed,
+                    [0] * m,
+                    tree_mask=anc[1 : m + 1, 1 : m + 1],
+                    depths=[x - 1 for x in depth[1 : m + 1]],
+                )
                 for r in reqs
-            ]  # fmt: skip
+            ]
             _, positions, ctx, _ = self.runner.build_context(rows)
-            parents = torch.stack([states[parent[n]] for n in range(1, m + 1)], dim=1)  # [B, m, H]
+            # [B, m, H]
+            parents = torch.stack([states[parent[n]] for n in range(1, m + 1)], dim=1)
             emb = self.draft.embed(tokens[:, 1 : m + 1].reshape(-1))
             head_in, state = self.draft(emb, parents.reshape(b * m, -1), positions, ctx, self.cache.kv)
             head_in, state = head_in.view(b, m, -1), state.view(b, m, -1)
             for n in range(1, m + 1):
                 heads[n], states[n] = head_in[:, n - 1], state[:, n - 1]
-        return Proposal(tokens[:, 1:].tolist(), tree=tree)  # the step's one host sync
+        # the step's one host sync
+        return Proposal(tokens[:, 1:].tolist(), tree=tree)

@@ -70,7 +70,8 @@ def hidden_states_folder(kv_transfer_config: Mapping[str, Any] | None) -> Path:
             "['shared_storage_path']"
         )
     folder = Path(path)
-    try:  # created and proven writable now, not when the first request finishes
+    # created and proven writable now, not when the first request finishes
+    try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
@@ -90,7 +91,8 @@ class HiddenStatesExtractor:
         self.needs = ProposerNeeds(aux_layers=captured, observes_states=True)
         self.folder = folder
         self.tokens: dict[str, list[int]] = {}
-        self.states: dict[str, list[torch.Tensor]] = {}  # per request: [n, len(layer_ids), H] chunks
+        # per request: [n, len(layer_ids), H] chunks
+        self.states: dict[str, list[torch.Tensor]] = {}
 
     def add_request(self, req: Request) -> None:
         self.tokens[req.request_id], self.states[req.request_id] = [], []
@@ -117,7 +119,8 @@ class HiddenStatesExtractor:
         req.kv_transfer_params = {"hidden_states_path": str(path)}
 
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
-        return Proposal([[] for _ in reqs])  # nothing is speculated
+        # nothing is speculated
+        return Proposal([[] for _ in reqs])
 
     def observe_hidden(self, reqs, hidden) -> None:
         return None

@@ -23,7 +23,8 @@ class HeadProposer:
     def __init__(self, heads: nn.Module):
         self.heads = heads
         self.dtype = next(heads.parameters()).dtype
-        self.hidden: dict[str, torch.Tensor] = {}  # request id -> [H] state at its newest committed token
+        # request id -> [H] state at its newest committed token
+        self.hidden: dict[str, torch.Tensor] = {}
 
     def add_request(self, req: Request) -> None:
         return None
@@ -41,7 +42,11 @@ class HeadProposer:
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
-        x = torch.stack([self.hidden[r.request_id] for r in reqs]).to(self.dtype)  # [B, H]
-        last = torch.tensor([r.last_token_id for r in reqs], device=x.device)  # [B]
-        ids = self.heads(x, last, k)  # [B, K]
-        return Proposal([d[:c] for d, c in zip(ids.tolist(), k_max)])  # the step's one host sync
+        # [B, H]
+        x = torch.stack([self.hidden[r.request_id] for r in reqs]).to(self.dtype)
+        # [B]
+        last = torch.tensor([r.last_token_id for r in reqs], device=x.device)
+        # [B, K]
+        ids = self.heads(x, last, k)
+        # the step's one host sync
+        return Proposal([d[:c] for d, c in zip(ids.tolist(), k_max)])

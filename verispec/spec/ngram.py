@@ -21,16 +21,21 @@ def ngram_propose(context: np.ndarray, min_n: int, max_n: int, k: int) -> np.nda
     if k <= 0 or L < min_n + 1:
         return context[:0].copy()
     # candidate end indices e <= L-2 (never the suffix itself), ascending = earliest first
-    ends = np.flatnonzero(context[:-1] == context[-1])  # [M]
-    best = -1  # end index of the earliest occurrence of the longest matching n >= min_n
-    for t in range(1, max_n + 1):  # ends currently match the last t tokens
+    # [M]
+    ends = np.flatnonzero(context[:-1] == context[-1])
+    # end index of the earliest occurrence of the longest matching n >= min_n
+    best = -1
+    # ends currently match the last t tokens
+    for t in range(1, max_n + 1):
         if ends.size == 0:
             break
         if t >= min_n:
-            best = int(ends[0])  # earliest; longer n overwrite
+            # earliest; longer n overwrite
+            best = int(ends[0])
         if t == max_n:
             break
-        ends = ends[ends >= t]  # room for one more token before the occurrence
+        # room for one more token before the occurrence
+        ends = ends[ends >= t]
         ends = ends[context[ends - t] == context[L - 1 - t]]
     if best < 0:
         return context[:0].copy()

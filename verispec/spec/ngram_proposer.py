@@ -14,7 +14,8 @@ class NgramProposer:
 
     def __init__(self, min_n: int, max_n: int):
         self.min_n, self.max_n = min_n, max_n
-        self._ctx: dict[str, np.ndarray] = {}  # growing int32 buffer per request (amortised appends)
+        # growing int32 buffer per request (amortised appends)
+        self._ctx: dict[str, np.ndarray] = {}
         self._len: dict[str, int] = {}
 
     def add_request(self, req: Request) -> None:
@@ -30,7 +31,8 @@ class NgramProposer:
         rid = req.request_id
         buf, n = self._ctx[rid], self._len[rid]
         total = req.num_tokens
-        if total > n:  # append the newly committed output tokens
+        # append the newly committed output tokens
+        if total > n:
             if total > len(buf):
                 buf = np.resize(buf, 2 * total)
                 self._ctx[rid] = buf

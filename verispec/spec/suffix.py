@@ -15,7 +15,8 @@ class SuffixProposer:
     ):
         self.cache = SuffixDecodingCache(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
         self.depth = max_tree_depth
-        self._seen: dict[str, int] = {}  # output tokens already appended to the request's tree
+        # output tokens already appended to the request's tree
+        self._seen: dict[str, int] = {}
 
     def add_request(self, req: Request) -> None:
         self.cache.start_request(req.request_id, req.prompt_token_ids)

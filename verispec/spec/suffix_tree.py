@@ -56,7 +56,8 @@ class _Node:
         self.seq = seq
         self.start = start
         self.length = length
-        self.best: _Node | None = None  # most frequent child, valid unless stale
+        # most frequent child, valid unless stale
+        self.best: _Node | None = None
         self.stale = False
 
 
@@ -94,7 +95,8 @@ class SuffixTree:
         self.max_depth = max_depth
         self._root = _Node(0, None, [], 0, 0)
         self._seqs: dict[int, list[int]] = {}
-        self._active: dict[int, list[_Node]] = {}  # end nodes of suffixes still < max_depth
+        # end nodes of suffixes still < max_depth
+        self._active: dict[int, list[_Node]] = {}
 
     @property
     def num_tokens(self) -> int:
@@ -114,7 +116,8 @@ class SuffixTree:
             arr = np.asarray(tokens)
             if arr.ndim == 1 and arr.dtype.kind in "iu" and 0 <= arr.min() and arr.max() < 2**32 - 1:
                 gc_was_on = gc.isenabled()
-                gc.disable()  # ~1 node per token: cyclic-GC passes would cost ~40% extra
+                # ~1 node per token: cyclic-GC passes would cost ~40% extra
+                gc.disable()
                 try:
                     self._build(seq_id, arr.tolist())
                 finally:
@@ -139,9 +142,11 @@ class SuffixTree:
         if len(active) > self.max_depth:
             del active[0]
         for i, node in enumerate(active):
-            if node.count == 1 and node is not root:  # fast path: a leaf holding only this suffix
+            # fast path: a leaf holding only this suffix
+            if node.count == 1 and node is not root:
                 node.length += 1
-                if node.seq is not seq:  # (it may point elsewhere after a removal)
+                # (it may point elsewhere after a removal)
+                if node.seq is not seq:
                     node.seq, node.start = seq, end - node.length
             else:
                 active[i] = self._step(node, token, seq, end)
@@ -155,11 +160,13 @@ class SuffixTree:
         path, ends = [root], [0]
         active: list[_Node] = [root] * (n - first_active)
         for i, length, lcp in zip(order, lens, lcps):
-            while len(path) > 1 and ends[-2] >= lcp:  # nodes below the lcp are complete
+            # nodes below the lcp are complete
+            while len(path) > 1 and ends[-2] >= lcp:
                 done = path.pop()
                 ends.pop()
                 path[-1].count += done.count
-            if ends[-1] > lcp:  # the lcp falls inside the top node: split it there
+            # the lcp falls inside the top node: split it there
+            if ends[-1] > lcp:
                 path[-1] = _split(path[-1], lcp - ends[-2])
                 ends[-1] = lcp
             top = path[-1]
@@ -182,7 +189,8 @@ class SuffixTree:
         root = self._root
         children = v.children
         w = children.get(token) if children else None
-        if w is None:  # (a count-1 leaf is extended in place by _append)
+        # (a count-1 leaf is extended in place by _append)
+        if w is None:
             new = _Node(1, v, seq, end - 1, 1)
             if children is None:
                 v.children = {token: new}
@@ -192,7 +200,8 @@ class SuffixTree:
             return new
         if v is not root and v.count == w.count + 1:
             # Only this suffix ends at v and w is v's only child: v is no longer a boundary.
-            if w.length == 1:  # w takes v's place, one token longer
+            # w takes v's place, one token longer
+            if w.length == 1:
                 parent = v.parent
                 w.count += 1
                 w.length = v.length + 1
@@ -202,7 +211,8 @@ class SuffixTree:
                 if parent.best is v:
                     parent.best = w
                 return w
-            v.length += 1  # v grows into w by one token
+            # v grows into w by one token
+            v.length += 1
             v.seq, v.start = seq, end - v.length
             w.start += 1
             w.length -= 1
@@ -214,7 +224,8 @@ class SuffixTree:
             w.seq, w.start = seq, end - 1
             _promote(v, w)
             return w
-        u = _Node(w.count + 1, v, seq, end - 1, 1)  # split w after its first token
+        # split w after its first token
+        u = _Node(w.count + 1, v, seq, end - 1, 1)
         w.start += 1
         w.length -= 1
         w.parent = u
@@ -247,13 +258,15 @@ class SuffixTree:
                 del node.children[token]
                 if not node.children:
                     node.children = None
-                if node.best is child:  # drop the pointer: it would keep the subtree alive
+                # drop the pointer: it would keep the subtree alive
+                if node.best is child:
                     node.best, node.stale = None, True
                 break
             if node.best is child:
                 node.stale = True
             idx += child.length
-            if child.seq is seq:  # keep no reference into the removed sequence
+            # keep no reference into the removed sequence
+            if child.seq is seq:
                 child.seq, child.start = seq[i:idx], idx - i - child.length
             node = child
         if node is not self._root and node.children is not None and len(node.children) == 1:
@@ -326,7 +339,8 @@ class SuffixTree:
         longer ones (counts shrink with length): only shorter matches are walked."""
         active = self._active[seq_id]
         longest = min(pattern_len, len(active))
-        lo, hi = 0, longest  # largest m whose tail suffix occurs more than once
+        # largest m whose tail suffix occurs more than once
+        lo, hi = 0, longest
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if active[-mid].count > 1:
@@ -348,7 +362,8 @@ class SuffixTree:
         """Best draft over match lengths 1..useful (all present; longer ones up to longest
         draft nothing). Lengths go by decreasing bound on their score, skipping those that
         cannot beat the best so far (ties go to the longer match)."""
-        best = Draft(match_len=longest)  # what every empty draft loses to
+        # what every empty draft loses to
+        best = Draft(match_len=longest)
         for m, bound in _by_bound(useful, max_spec_tokens, max_spec_factor, self.max_depth):
             if bound < best.score or (bound == best.score and m < best.match_len):
                 continue
@@ -399,8 +414,10 @@ def _sorted_suffixes(seq: list[int], depth: int) -> tuple[list[int], list[int], 
     """Start positions of the depth-truncated suffixes in lexicographic order, their
     lengths, and each one's lcp with the previous one (0 for the first)."""
     n = len(seq)
-    keys = np.zeros(n + depth, dtype=">u4")  # big-endian, 0 pads: byte order = token order
-    keys[:n] = np.asarray(seq, dtype=np.int64) + 1  # tokens in [0, 2**32 - 1)
+    # big-endian, 0 pads: byte order = token order
+    keys = np.zeros(n + depth, dtype=">u4")
+    # tokens in [0, 2**32 - 1)
+    keys[:n] = np.asarray(seq, dtype=np.int64) + 1
     windows = np.ascontiguousarray(np.lib.stride_tricks.sliding_window_view(keys, depth)[:n])
     order = np.argsort(windows.view(np.dtype((np.void, 4 * depth))).ravel(), kind="stable")
     lens = np.minimum(depth, n - order)
@@ -441,7 +458,8 @@ def _walk(node: _Node, used: int, cap: int, min_token_prob: float) -> Draft:
     if cap <= 0 or prob < min_token_prob:
         return Draft()
     while True:
-        if used < node.length:  # inside a label: no branching, probability unchanged
+        # inside a label: no branching, probability unchanged
+        if used < node.length:
             k = min(node.length - used, cap - len(tokens))
             s = node.start + used
             tokens += node.seq[s : s + k]
@@ -460,7 +478,8 @@ def _walk(node: _Node, used: int, cap: int, min_token_prob: float) -> Draft:
 
 @dataclass
 class _Request:
-    tree: SuffixTree  # prompt + response so far, sequence 0
+    # prompt + response so far, sequence 0
+    tree: SuffixTree
     prompt_len: int
 
 
@@ -486,7 +505,8 @@ class SuffixDecodingCache:
         self.min_token_prob = min_token_prob
         self._global = SuffixTree(max_tree_depth)
         self._requests: dict[Hashable, _Request] = {}
-        self._cached: dict[Hashable, int] = {}  # req_id -> global seq id, oldest first
+        # req_id -> global seq id, oldest first
+        self._cached: dict[Hashable, int] = {}
         self._next_seq_id = 0
 
     @property
@@ -512,7 +532,8 @@ class SuffixDecodingCache:
         """Finish a request: cache its response globally, drop its prompt tree."""
         req = self._get(req_id)
         del self._requests[req_id]
-        if req_id in self._cached:  # a reused id: the new response replaces the old one
+        # a reused id: the new response replaces the old one
+        if req_id in self._cached:
             self.evict_cached_response(req_id)
         response = req.tree.sequence(0)[req.prompt_len :]
         if self.max_cached_requests == 0 or not response:
@@ -542,7 +563,8 @@ class SuffixDecodingCache:
         pattern = [int(t) for t in context_tail[-self.max_tree_depth :]]
         args = (max_spec_tokens, self.max_spec_factor, self.min_token_prob)
         seq = tree.sequence(0)
-        if pattern and seq[-len(pattern) :] == pattern:  # the usual case: the request's own tail
+        # the usual case: the request's own tail
+        if pattern and seq[-len(pattern) :] == pattern:
             best = tree.speculate_tail(0, len(pattern), *args)
         else:
             best = tree.speculate(pattern, *args)

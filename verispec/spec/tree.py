@@ -20,19 +20,23 @@ import torch
 
 @dataclass(frozen=True)
 class TokenTree:
-    paths: tuple[tuple[int, ...], ...]  # node i + 1 = paths[i], breadth-first
+    # node i + 1 = paths[i], breadth-first
+    paths: tuple[tuple[int, ...], ...]
 
     @property
-    def size(self) -> int:  # nodes, root excluded
+    # nodes, root excluded
+    def size(self) -> int:
         return len(self.paths)
 
     @property
-    def parent(self) -> list[int]:  # [1 + size]: parent node of each node (-1 for the root)
+    # [1 + size]: parent node of each node (-1 for the root)
+    def parent(self) -> list[int]:
         index = {p: i + 1 for i, p in enumerate(self.paths)}
         return [-1] + [index.get(p[:-1], 0) for p in self.paths]
 
     @property
-    def depth(self) -> list[int]:  # [1 + size]
+    # [1 + size]
+    def depth(self) -> list[int]:
         return [0] + [len(p) for p in self.paths]
 
     @property
@@ -59,16 +63,26 @@ class TokenTree:
 
 
 def tree_accept(
-    tokens: torch.Tensor,  # [B, 1 + N] node tokens (column 0: the root, the newest committed token)
-    picks: torch.Tensor,  # [B, 1 + N] the target's pick at each node (argmax or a sample of its distribution)
-    parent: torch.Tensor,  # [1 + N] parent node index (root: -1)
-    ancestors: torch.Tensor,  # [1 + N, 1 + N] bool ancestor-or-self mask
-    depth: torch.Tensor,  # [1 + N]
+    # [B, 1 + N] node tokens (column 0: the root, the newest committed token)
+    tokens: torch.Tensor,
+    # [B, 1 + N] the target's pick at each node (argmax or a sample of its distribution)
+    picks: torch.Tensor,
+    # [1 + N] parent node index (root: -1)
+    parent: torch.Tensor,
+    # [1 + N, 1 + N] bool ancestor-or-self mask
+    ancestors: torch.Tensor,
+    # [1 + N]
+    depth: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (the deepest accepted node [B], the nodes on its path [B, 1 + N] bool). A node is accepted when its token is
     its parent's pick and its parent is accepted; the accepted nodes form one path (siblings hold distinct tokens)."""
-    match = tokens[:, 1:] == picks.gather(1, parent[1:].expand(tokens.shape[0], -1))  # [B, N]
-    match = torch.cat([torch.ones_like(match[:, :1]), match], dim=1)  # the root always stands
-    ok = ~((ancestors[None] & ~match[:, None, :]).any(dim=-1))  # [B, 1 + N]: every ancestor-or-self matched
-    deepest = torch.where(ok, depth[None], -1).argmax(dim=1)  # unique: one accepted node per depth
-    return deepest, ancestors[deepest]  # [B], [B, 1 + N]
+    # [B, N]
+    match = tokens[:, 1:] == picks.gather(1, parent[1:].expand(tokens.shape[0], -1))
+    # the root always stands
+    match = torch.cat([torch.ones_like(match[:, :1]), match], dim=1)
+    # [B, 1 + N]: every ancestor-or-self matched
+    ok = ~((ancestors[None] & ~match[:, None, :]).any(dim=-1))
+    # unique: one accepted node per depth
+    deepest = torch.where(ok, depth[None], -1).argmax(dim=1)
+    # [B], [B, 1 + N]
+    return deepest, ancestors[deepest]

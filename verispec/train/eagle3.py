@@ -37,9 +37,12 @@ from verispec.layers.rotary import rope_inv_freq
 
 @dataclass
 class Sample:
-    tokens: torch.Tensor  # [T] prompt + answer
-    aux: torch.Tensor  # [T, 3 H] the target's streams entering the aux layers, per position
-    labels: torch.Tensor  # [T] the target's argmax at each position (its pick for position p + 1)
+    # [T] prompt + answer
+    tokens: torch.Tensor
+    # [T, 3 H] the target's streams entering the aux layers, per position
+    aux: torch.Tensor
+    # [T] the target's argmax at each position (its pick for position p + 1)
+    labels: torch.Tensor
 
 
 def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[int, ...]) -> list[Sample]:
@@ -62,8 +65,10 @@ def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) 
     samples = []
     for tokens in sequences:
         res = runner.run([RowInput(0, 0, tokens)], aux_layers, aux_all=True, hidden_all=True)
-        labels = model.compute_logits(res.hidden_all).argmax(-1)  # [T]
-        aux = torch.cat(res.aux_hidden, dim=-1)  # [T, 3 H]
+        # [T]
+        labels = model.compute_logits(res.hidden_all).argmax(-1)
+        # [T, 3 H]
+        aux = torch.cat(res.aux_hidden, dim=-1)
         samples.append(Sample(torch.tensor(tokens), aux.float().cpu(), labels.cpu()))
     return samples
 
@@ -76,7 +81,8 @@ def corpus_chunks(tokenizer, n: int, length: int = 512) -> list[list[int]]:
     from pydoc_data.topics import topics
 
     prose = "\n\n".join(topics[k] for k in sorted(topics))
-    skip = {"textwrap.py", "shlex.py"}  # the code-edit / summarize fallbacks (json is a package: not globbed)
+    # the code-edit / summarize fallbacks (json is a package: not globbed)
+    skip = {"textwrap.py", "shlex.py"}
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
     code = "\n\n".join(f.read_text(errors="replace") for f in files if f.name not in skip)
     out: list[list[int]] = []
@@ -86,16 +92,72 @@ def corpus_chunks(tokenizer, n: int, length: int = 512) -> list[list[int]]:
     return [c for c in out if len(c) > 8]
 
 
-PROMPT_MODULES = (  # standard-library modules whose functions the prompts quote (not textwrap, shlex or json: the
+# standard-library modules whose functions the prompts quote (not textwrap, shlex or json: the
+PROMPT_MODULES = (
     # benchmark workloads' fallbacks)
-    "argparse", "calendar", "csv", "difflib", "fractions", "heapq", "ipaddress", "pathlib", "pprint", "statistics",
-    "string", "urllib.parse", "zipfile", "configparser", "email.utils", "gettext", "tarfile", "inspect", "typing",
-    "dataclasses", "enum", "functools", "ast", "tokenize", "locale", "base64", "uuid", "datetime", "random",
-    "subprocess", "shutil", "tempfile", "logging", "optparse", "mimetypes", "glob", "fnmatch", "posixpath", "copy",
-    "bisect", "colorsys", "html", "plistlib", "traceback", "warnings", "netrc", "secrets", "hmac", "getopt", "cmd",
-    "timeit", "trace", "pdb", "doctest", "wave", "graphlib", "linecache", "reprlib", "contextlib", "sysconfig",
-    "platform", "site",
-)  # fmt: skip
+    "argparse",
+    "calendar",
+    "csv",
+    "difflib",
+    "fractions",
+    "heapq",
+    "ipaddress",
+    "pathlib",
+    "pprint",
+    "statistics",
+    "string",
+    "urllib.parse",
+    "zipfile",
+    "configparser",
+    "email.utils",
+    "gettext",
+    "tarfile",
+    "inspect",
+    "typing",
+    "dataclasses",
+    "enum",
+    "functools",
+    "ast",
+    "tokenize",
+    "locale",
+    "base64",
+    "uuid",
+    "datetime",
+    "random",
+    "subprocess",
+    "shutil",
+    "tempfile",
+    "logging",
+    "optparse",
+    "mimetypes",
+    "glob",
+    "fnmatch",
+    "posixpath",
+    "copy",
+    "bisect",
+    "colorsys",
+    "html",
+    "plistlib",
+    "traceback",
+    "warnings",
+    "netrc",
+    "secrets",
+    "hmac",
+    "getopt",
+    "cmd",
+    "timeit",
+    "trace",
+    "pdb",
+    "doctest",
+    "wave",
+    "graphlib",
+    "linecache",
+    "reprlib",
+    "contextlib",
+    "sysconfig",
+    "platform",
+    "site",
+)
 
 
 def python_prompts(n: int) -> list[list[dict]]:
@@ -107,8 +169,10 @@ def python_prompts(n: int) -> list[list[dict]]:
     from pydoc_data.topics import topics
 
     sections = [topics[k][i : i + 1500] for k in sorted(topics) for i in range(0, len(topics[k]), 1500)]
-    prose = [[{"role": "user", "content": f"Summarise this section of the Python reference:\n\n{t}"}]
-             for t in sections[: n // 4]]  # fmt: skip
+    prose = [
+        [{"role": "user", "content": f"Summarise this section of the Python reference:\n\n{t}"}]
+        for t in sections[: n // 4]
+    ]
     funcs: list[str] = []
     for name in PROMPT_MODULES:
         for _, fn in inspect.getmembers(importlib.import_module(name), inspect.isfunction):
@@ -118,8 +182,10 @@ def python_prompts(n: int) -> list[list[dict]]:
                 continue
             if 150 < len(src) <= 1200 and src not in funcs:
                 funcs.append(src)
-    code = [[{"role": "user", "content": f"Explain what this Python function does.\n\n```python\n{f}```"}]
-            for f in funcs[: n - len(prose)]]  # fmt: skip
+    code = [
+        [{"role": "user", "content": f"Explain what this Python function does.\n\n```python\n{f}```"}]
+        for f in funcs[: n - len(prose)]
+    ]
     return code + prose
 
 
@@ -152,7 +218,8 @@ class Eagle3Trainable(nn.Module):
             lin(kv, 2 * h),
             lin(h, q),
         )
-        self.o_proj.data.mul_(0.1)  # the block starts close to the identity on its state
+        # the block starts close to the identity on its state
+        self.o_proj.data.mul_(0.1)
         inter = tcfg.intermediate_size
         self.gate_proj, self.up_proj, self.down_proj = lin(inter, h), lin(inter, h), lin(h, inter)
         self.down_proj.data.mul_(0.1)
@@ -166,8 +233,10 @@ class Eagle3Trainable(nn.Module):
         )
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        f = positions[:, None].float() * self.inv_freq  # [T, D/2]
-        emb = torch.cat([f, f], -1)[:, None, :]  # [T, 1, D]
+        # [T, D/2]
+        f = positions[:, None].float() * self.inv_freq
+        # [T, 1, D]
+        emb = torch.cat([f, f], -1)[:, None, :]
         return emb.cos(), emb.sin()
 
     def _qkv(self, e: torch.Tensor, s: torch.Tensor, positions: torch.Tensor):
@@ -193,7 +262,8 @@ class Eagle3Trainable(nn.Module):
         bases p = 0..T-1-k (step k reads x_{p+k}; its label is label[p + k])."""
         t = embeds.shape[0]
         scale = self.head_dim**-0.5
-        s = aux[: t - 1] @ self.fc.T  # step 1: base p reads x_{p+1} and aux_p
+        # step 1: base p reads x_{p+1} and aux_p
+        s = aux[: t - 1] @ self.fc.T
         pos = torch.arange(t - 1)
         q, k1, v1 = self._qkv(embeds[1:], s, pos)
         causal = torch.ones(t - 1, t - 1, dtype=torch.bool).tril()
@@ -201,17 +271,19 @@ class Eagle3Trainable(nn.Module):
         attn = torch.einsum("hqk,khd->qhd", scores.masked_fill(~causal, float("-inf")).softmax(-1), v1)
         head_in, state = self._finish(attn.reshape(t - 1, -1), s)
         logits = [head_in @ self.lm_head.T]
-        diag_k, diag_v = [], []  # bases' own entries of steps 2..k: [T - 1, heads, D] each
+        # bases' own entries of steps 2..k: [T - 1, heads, D] each
+        diag_k, diag_v = [], []
         for k in range(2, steps + 1):
-            n = t - k  # bases 0..n-1 still have a token x_{p+k}
+            # bases 0..n-1 still have a token x_{p+k}
+            n = t - k
             state = state[:n]
             q, kk, vv = self._qkv(embeds[k : k + n], state, pos[:n] + k - 1)
             diag_k, diag_v = [d[:n] for d in diag_k] + [kk], [d[:n] for d in diag_v] + [vv]
-            prefix = torch.einsum("qhd,khd->hqk", q, k1) * scale  # [heads, n, T - 1]
+            # [heads, n, T - 1]
+            prefix = torch.einsum("qhd,khd->hqk", q, k1) * scale
             prefix = prefix.masked_fill(~causal[:n], float("-inf"))
-            own = (
-                torch.stack([(q * d).sum(-1) for d in diag_k], -1).transpose(0, 1) * scale
-            )  # [heads, n, k - 1]
+            # [heads, n, k - 1]
+            own = torch.stack([(q * d).sum(-1) for d in diag_k], -1).transpose(0, 1) * scale
             w = torch.cat([prefix, own], -1).softmax(-1)
             attn = torch.einsum("hqk,khd->qhd", w[..., : t - 1], v1) + torch.einsum(
                 "hqj,jqhd->qhd", w[..., t - 1 :], torch.stack(diag_v)
@@ -225,8 +297,10 @@ class Eagle3Trainable(nn.Module):
         mid = ("q_proj", "k_proj", "v_proj", "o_proj")
         out = {f"midlayer.self_attn.{n}.weight": getattr(self, n) for n in mid}
         out |= {f"midlayer.mlp.{n}.weight": getattr(self, n) for n in ("gate_proj", "up_proj", "down_proj")}
-        out |= {f"midlayer.{n}.weight": getattr(self, n) for n in ("input_layernorm", "hidden_norm",
-                                                                   "post_attention_layernorm")}  # fmt: skip
+        out |= {
+            f"midlayer.{n}.weight": getattr(self, n)
+            for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")
+        }
         out |= {"fc.weight": self.fc, "norm.weight": self.norm, "lm_head.weight": self.lm_head, "d2t": d2t}
         return {k: v.detach().contiguous().clone() for k, v in out.items()}
 
@@ -258,7 +332,8 @@ def train(
     model = Eagle3Trainable(cfg, len(ids), samples[0].aux.shape[-1] // 3)
     with torch.no_grad():
         q = target.lm_head.qweight
-        head = q.dequantize() if q is not None else target.lm_head.weight  # [V, H]
+        # [V, H]
+        head = q.dequantize() if q is not None else target.lm_head.weight
         model.lm_head.copy_(head.float()[ids])
         model.norm.copy_(target.norm.weight.float())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -277,7 +352,8 @@ def train(
             logits = model.step_logits(embeds, s.aux, steps)
             loss = 0.0
             for k, lg in enumerate(logits, start=1):
-                lab = t2d[s.labels[k : k + lg.shape[0]]]  # -1: outside the draft vocabulary (ignored)
+                # -1: outside the draft vocabulary (ignored)
+                lab = t2d[s.labels[k : k + lg.shape[0]]]
                 loss = loss + (0.8 ** (k - 1)) * F.cross_entropy(lg, lab, ignore_index=-1)
             opt.zero_grad()
             loss.backward()
@@ -286,8 +362,11 @@ def train(
             sched.step()
             losses.append(float(loss.detach()))
             if log_every and (i + 1) % log_every == 0:
-                print(f"epoch {epoch} step {i + 1}/{len(samples)} loss {sum(losses[-log_every:]) / log_every:.3f} "
-                      f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+                print(
+                    f"epoch {epoch} step {i + 1}/{len(samples)} loss {sum(losses[-log_every:]) / log_every:.3f} "
+                    f"({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
         history.append(sum(losses) / len(losses))
     return model, ids - torch.arange(len(ids)), history
 
