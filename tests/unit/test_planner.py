@@ -154,8 +154,14 @@ def test_planner_asks_forward_drafters_only_for_what_it_will_verify():
     for _ in range(40):
         planner.observe("a", 4, 0)
     assert planner.ask(["a"], [4], 1) == [0]
-    cheap = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
+    # a drafter without a forward drafts its whole cap wherever some drafting pays (its confidence trims later)
+    cheap = DraftPlanner(4, FixedCost(0.1), drafter_runs_forward=False, max_rows=64)
     assert cheap.ask(["a"], [4], 1) == [4]
+    # and nothing where none does
+    cheap = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
+    for _ in range(40):
+        cheap.observe("a", 4, 0)
+    assert cheap.ask(["a"], [4], 1) == [0]
 
 
 def test_planner_reports_mean_k_and_row_cost():

@@ -222,14 +222,16 @@ class DraftPlanner:
         self.draft_seconds[k] = seconds if old is None else old + 0.2 * (seconds - old)
 
     def ask(self, request_ids: list[str], caps: list[int], batch_rows: int) -> list[int]:
-        """How many drafts to ask each request's proposer for. A drafter without a forward of its own drafts up to
-        the caps (cheap; its drafts' confidence refines the choice after); one with a forward gets the lengths the
-        planner would verify, from the requests' histories, so it never drafts what will not be verified."""
-        if not self.runs_forward:
-            return caps
+        """How many drafts to ask each request's proposer for, planned from the requests' histories (a proposer is
+        never asked for drafts the planner will not verify). A drafter with a forward of its own gets exactly the
+        planned lengths; a cheap one gets its whole cap wherever some drafting pays, so that its drafts' own
+        confidence can refine the choice, and nothing where none does (its drafting time is saved)."""
         gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
         lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
-        return self._probe(request_ids, lengths, caps, count=False)
+        lengths = self._probe(request_ids, lengths, caps, count=False)
+        if self.runs_forward:
+            return lengths
+        return [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
 
     def choose(
         self,

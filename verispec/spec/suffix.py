@@ -40,11 +40,12 @@ class SuffixProposer:
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
         drafts, confidence = [], []
         for r, k in zip(reqs, k_max):
-            self._sync(r)
             if k <= 0:
                 drafts.append([])
                 confidence.append([])
                 continue
+            # the request's new tokens join its trees when it drafts next (or when it finishes)
+            self._sync(r)
             draft = self.cache.speculate(r.request_id, r.tail(self.depth), k)
             drafts.append(draft.token_ids)
             confidence.append(conditional_probs(draft.probs))
