@@ -189,6 +189,8 @@ def _bin(conf: float) -> int:
 # a request whose drafts the planner skipped this many speculating steps in a row verifies one draft (a probe):
 # without it a request that once looked hopeless would never show that it has become predictable
 PROBE_AFTER = 16
+# how many draft positions decide whether a cheap drafter drafts at all this step
+_ASK_DEPTH = 4
 
 
 class DraftPlanner:
@@ -226,11 +228,19 @@ class DraftPlanner:
         never asked for drafts the planner will not verify). A drafter with a forward of its own gets exactly the
         planned lengths; a cheap one gets its whole cap wherever some drafting pays, so that its drafts' own
         confidence can refine the choice, and nothing where none does (its drafting time is saved)."""
-        gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
-        lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
-        lengths = self._probe(request_ids, lengths, caps, count=False)
         if self.runs_forward:
-            return lengths
+            gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
+            lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
+            return self._probe(request_ids, lengths, caps, count=False)
+        # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
+        # pay decides it
+        drafting = self.draft_cost(max(caps, default=0))
+        head = [min(c, _ASK_DEPTH) for c in caps]
+        gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, head)]
+        lengths = plan_lengths(
+            gains, self.step_cost.cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows
+        )
+        lengths = self._probe(request_ids, lengths, caps, count=False)
         return [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
 
     def choose(
