@@ -318,8 +318,8 @@ class LLMEngine:
                 lengths = planner.choose(ids, asked, prop.confidence, len(reqs), draft_seconds)
                 kept = [d[:n] for d, n in zip(asked, lengths)]
                 if prop.confidence is not None:
-                    by_id = dict(zip(ids, prop.confidence))
-                    confidence = [by_id.get(r.request_id) for r in reqs]
+                    conf_by_id = dict(zip(ids, prop.confidence))
+                    confidence = [conf_by_id.get(r.request_id) for r in reqs]
             by_id = {r.request_id: d for r, d in zip(spec, kept)}
             drafts = [by_id.get(r.request_id, []) for r in reqs]
             if prop.draft_probs is not None:

@@ -158,10 +158,10 @@ def model_fingerprint(path: str | Path) -> tuple:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("VERISPEC_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "verispec"
-    )
-    return Path(root) / "step_cost"
+    # beside the compiled kernels, under VERISPEC_CACHE (or ~/.cache/verispec)
+    from verispec.kernels.build import cache_dir
+
+    return cache_dir().parent / "step_cost"
 
 
 def _sync(device: torch.device) -> None:
