@@ -7,7 +7,9 @@ temperature) and speculative config, plain decoding, the planner (the default) a
         -sc '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}' \
         -sc '{"method": "suffix"}'
 
-Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K / plain, planner / best
+`--repeats N` runs every variant of a cell N rounds in turn (a fresh engine each time) and reports each one's
+median round, so that the machine's drift falls on every variant alike. Prints the CPU, one line per run and a
+summary per cell (planner / plain, best fixed K / plain, planner / best
 fixed K); writes JSON to bench_results/adaptive_k.json. Greedy cells also count outputs identical to plain.
 """
 
@@ -63,6 +65,8 @@ def variants(spec: dict, fixed: list[int]) -> list[tuple[str, dict]]:
 
 
 def run_cell(args, workload: str, batch: int, temperature: float, specs: list[dict]) -> dict:
+    """Every variant of the cell, `args.repeats` rounds in turn (each run on a freshly built engine, so suffix
+    decoding's global tree never carries over); a label's row is its median run by tok/s."""
     from verispec import LLM
 
     kw = dict(max_num_seqs=batch, max_model_len=2048, activation_dtype=args.activation_dtype)
@@ -72,18 +76,24 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     convs = build_workload(workload, num)
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     sp = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=0 if temperature else None)
-    base, base_outs = time_llm(plain, prompts, sp, "plain")
-    ref = [o.outputs[0].token_ids for o in base_outs]
-    del plain
-    runs = [asdict(base) | {"identical": len(prompts)}]
-    for spec in specs:
-        for label, config in variants(spec, args.fixed_k):
-            llm = LLM(args.model, speculative_config=config, **kw)
+    configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
+    ref = None
+    rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
+    for _ in range(args.repeats):
+        for label, config in configs:
+            llm = plain if config is None else LLM(args.model, speculative_config=config, **kw)
             res, outs = time_llm(llm, prompts, sp, label)
-            same = sum(o.outputs[0].token_ids == r for o, r in zip(outs, ref)) if not temperature else None
-            row = asdict(res) | {"identical": same, "mean_chosen_k": llm.engine.counters.mean_chosen_k}
-            runs.append(row)
-            del llm
+            ids = [o.outputs[0].token_ids for o in outs]
+            ref = ids if ref is None else ref
+            same = sum(a == b for a, b in zip(ids, ref)) if not temperature else None
+            counters = llm.engine.counters
+            rounds[label].append(asdict(res) | {"identical": same, "mean_chosen_k": counters.mean_chosen_k})
+            if config is not None:
+                del llm
+    runs = []
+    for rows in rounds.values():
+        ranked = sorted(rows, key=lambda r: r["tok_per_s"])
+        runs.append(ranked[len(ranked) // 2] | {"rounds_tok_per_s": [r["tok_per_s"] for r in rows]})
     return {"workload": workload, "batch_size": batch, "temperature": temperature, "runs": runs}
 
 
@@ -118,6 +128,7 @@ def main() -> None:
     ap.add_argument("--fixed-k", type=_ints, default=[1, 2, 4, 8], help="fixed draft lengths to compare")
     ap.add_argument("--num-prompts", type=int, default=8, help="per cell (at least the batch size)")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds per cell; each row is the median round")
     ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
     ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")
     ap.add_argument("--output", default="bench_results/adaptive_k.json")
@@ -131,6 +142,8 @@ def main() -> None:
         for s in args.speculative_config
         or ['{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}']
     ]
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     started = time.time()
     cells = []
     for w in workloads:
@@ -140,12 +153,16 @@ def main() -> None:
                 cells.append(cell)
                 for r in cell["runs"]:
                     same = "" if r["identical"] is None else f"  identical {r['identical']}"
+                    spread = "/".join(f"{x:.0f}" for x in r["rounds_tok_per_s"])
                     print(
                         f"[{w} b={b} T={t}] {r['label']:<20}{r['tok_per_s']:>8.1f} tok/s  "
-                        f"mean AL {r['mean_acceptance_length']:.2f}{same}",
+                        f"mean AL {r['mean_acceptance_length']:.2f}{same}  rounds {spread}",
                         flush=True,
                     )
-    setup = f"model={args.model}, max_tokens={args.max_tokens}, activation_dtype={args.activation_dtype}"
+    setup = (
+        f"model={args.model}, max_tokens={args.max_tokens}, activation_dtype={args.activation_dtype}, "
+        f"repeats={args.repeats} (median)"
+    )
     print(f"\nCPU: {cpu_model()}, threads={torch.get_num_threads()}, {setup}")
     head = (
         f"{'workload':<12}{'batch':>6}{'T':>6}  {'method':<12}{'planner':>10}{'best K':>10}{'K':>4}"
