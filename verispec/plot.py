@@ -67,7 +67,9 @@ def plot_spec_decode(rows: list[dict], path: str | Path, title: str = "") -> Non
     fig, (left, right) = _figure(11, 0.9 + 0.45 * max(len(rows), 4), panels=2)
     labels = [r["label"] for r in rows]
     speedups = [r["tok_per_s"] / base for r in rows]
-    colors = [PLAIN_COLOR if i == 0 else PEER_COLOR if _is_peer(lab) else SPEC_COLOR for i, lab in enumerate(labels)]
+    colors = [
+        PLAIN_COLOR if i == 0 else PEER_COLOR if _is_peer(lab) else SPEC_COLOR for i, lab in enumerate(labels)
+    ]
     # top to bottom in the rows' order
     y = list(range(len(rows)))[::-1]
     left.barh(y, speedups, color=colors)
