@@ -49,6 +49,11 @@ def check_plot_path(path: str | Path) -> None:
         raise ValueError(f"--plot {path}: its folder does not exist")
 
 
+def _tok_s(value: float) -> str:
+    """Three significant figures at most, no exponent: 2.47, 38.5, 412."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def _is_peer(label: str) -> bool:
     """Rows of other engines (benchmarks/spec_decode.py --peer: transformers, llama.cpp)."""
     return label.startswith(("transformers", "llama.cpp"))
@@ -64,7 +69,9 @@ def plot_spec_decode(rows: list[dict], path: str | Path, title: str = "") -> Non
     if not rows:
         raise ValueError("plot_spec_decode needs at least the baseline row")
     base = rows[0]["tok_per_s"]
-    fig, (left, right) = _figure(11, 0.9 + 0.45 * max(len(rows), 4), panels=2)
+    fig, (left, right) = _figure(11, 1.2 + 0.45 * max(len(rows), 4), panels=2)
+    from matplotlib.ticker import MaxNLocator
+
     labels = [r["label"] for r in rows]
     speedups = [r["tok_per_s"] / base for r in rows]
     colors = [
@@ -76,7 +83,7 @@ def plot_spec_decode(rows: list[dict], path: str | Path, title: str = "") -> Non
     left.set_yticks(y, labels)
     left.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
     for yi, s, r in zip(y, speedups, rows):
-        left.text(s, yi, f" {s:.2f}x ({r['tok_per_s']:.0f} tok/s)", va="center", fontsize=8)
+        left.text(s, yi, f" {s:.2f}x ({_tok_s(r['tok_per_s'])} tok/s)", va="center", fontsize=8)
     left.set_xlim(0, max(speedups) * 1.45)
     left.set_xlabel(f"speedup over {labels[0]} (end-to-end tok/s)")
     left.set_title("throughput")
@@ -87,7 +94,7 @@ def plot_spec_decode(rows: list[dict], path: str | Path, title: str = "") -> Non
         right.plot(k, r["per_position"], marker="o", label=name)
     if spec_rows:
         right.legend(fontsize=8, loc="upper right")
-        right.set_xticks(range(1, max(len(r["per_position"]) for r in spec_rows) + 1))
+        right.xaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         right.text(0.5, 0.5, "no speculative rows", ha="center", va="center", transform=right.transAxes)
     right.set_ylim(0, 1.05)
