@@ -186,10 +186,23 @@ def main() -> None:
         help="timed runs per configuration; the median is reported (default 3)",
     )
     ap.add_argument("--output", default="bench_results/decode_speed.json")
+    ap.add_argument(
+        "--plot",
+        default=None,
+        metavar="PATH",
+        help="draw tok/s by batch size, one line per engine, to PATH (.png / .svg / .pdf; needs matplotlib)",
+    )
     args = ap.parse_args()
     from verispec import LLM, SamplingParams
     from verispec.kernels.build import int8_isa
     from verispec.loader.checkpoint import resolve_model_path
+    from verispec.plot import check_plot_path, plot_decode_speed
+
+    if args.plot:
+        try:
+            check_plot_path(args.plot)
+        except ValueError as e:
+            ap.error(str(e))
 
     llm = LLM(args.model, max_model_len=1024, max_num_seqs=8)
     llm_i8, i8_skipped = None, "--no-int8"
@@ -332,26 +345,27 @@ def main() -> None:
             f"(decode only {ratios['median_decode_only']:.2f}x); per round: "
             + ", ".join(f"{e:.2f}x ({d:.2f}x)" for e, d in per_round)
         )
+    result = {
+        "model": args.model,
+        "repeats": args.repeats,
+        "bandwidth_gbs": bw,
+        "weight_bytes": weight_bytes,
+        "roofline_tok_s": roofline,
+        "verispec_bytes_per_token": ours_bytes,
+        "own_roofline_tok_s": roofline_ours,
+        "rows": rows,
+        "batch_ratio": ratios,
+        "llama_cpp_batch1": peer,
+        "int8_vs_float32": int8_table,
+        "cpu_count": os.cpu_count(),
+    }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(
-        json.dumps(
-            {
-                "model": args.model,
-                "repeats": args.repeats,
-                "bandwidth_gbs": bw,
-                "weight_bytes": weight_bytes,
-                "roofline_tok_s": roofline,
-                "verispec_bytes_per_token": ours_bytes,
-                "own_roofline_tok_s": roofline_ours,
-                "rows": rows,
-                "batch_ratio": ratios,
-                "llama_cpp_batch1": peer,
-                "int8_vs_float32": int8_table,
-                "cpu_count": os.cpu_count(),
-            },
-            indent=2,
-        )
-    )
+    Path(args.output).write_text(json.dumps(result, indent=2))
+    if args.plot:
+        threads = torch.get_num_threads()
+        title = f"plain greedy decoding, {args.model}, {args.new_tokens} new tokens, {threads} threads"
+        plot_decode_speed(result, args.plot, title)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -93,8 +93,21 @@ def main() -> None:
         "--activation-dtype", default="float32", choices=("float32", "int8"), help="verispec's rows"
     )
     ap.add_argument("--output", default=None)
+    ap.add_argument(
+        "--plot",
+        default=None,
+        metavar="PATH",
+        help="draw speedup per row and per-position acceptance to PATH (.png / .svg / .pdf; needs matplotlib)",
+    )
     args = ap.parse_args()
     from verispec import LLM
+    from verispec.plot import check_plot_path, plot_spec_decode
+
+    if args.plot:
+        try:
+            check_plot_path(args.plot)
+        except ValueError as e:
+            ap.error(str(e))
 
     specs = [
         json.loads(s)
@@ -175,6 +188,13 @@ def main() -> None:
     out.write_text(
         json.dumps({"args": vars(args), "rows": [asdict(r) for r in rows], "identical": identical}, indent=2)
     )
+    if args.plot:
+        title = (
+            f"{args.model}, {args.workload}, {len(prompts)} prompts, batch {args.batch_size}, "
+            f"max_tokens {args.max_tokens}, T={args.temperature:g}\n{cpu_model()}, {torch.get_num_threads()} threads"
+        )
+        plot_spec_decode([asdict(r) for r in rows], args.plot, title)
+        print(f"plot: {args.plot}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from verispec.engine.args import EngineArgs
 from verispec.sampling_params import SamplingParams
@@ -93,10 +94,12 @@ def run_bench(
     max_tokens: int,
     output: str | None,
     temperature: float = 0.0,
-    progress: bool = True,
+    progress: bool = False,
+    plot: str | None = None,
 ) -> dict:
     """The workload's prompts decoded plainly, then with engine.speculative_config (ngram K=4 when none is given),
-    at batch_size concurrent requests; a table on stdout and, with output, JSON."""
+    at batch_size concurrent requests; a table on stdout and, with output, JSON; with plot, a chart of the speedup
+    and per-position acceptance (verispec/plot.py; needs the `plot` extra). progress: a bar per run on stderr."""
     from verispec import LLM
     from verispec.spec import resolve_speculative_config
 
@@ -115,10 +118,12 @@ def run_bench(
     # validates the workload name before loading anything
     convs = build_workload(workload, num_prompts)
     if output:
-        from pathlib import Path
-
         if not Path(output).resolve().parent.is_dir():
             raise ValueError(f"--output {output}: its folder does not exist")
+    if plot:
+        from verispec.plot import check_plot_path
+
+        check_plot_path(plot)
     kw = {k: v for k, v in vars(engine).items() if k != "speculative_config"} | {"max_num_seqs": batch_size}
     model = engine.model
     plain = LLM(**kw)
@@ -152,4 +157,10 @@ def run_bench(
     if output:
         with open(output, "w") as f:
             json.dump(result, f, indent=2)
+    if plot:
+        from verispec.plot import plot_spec_decode
+
+        title = f"{Path(str(model)).name}, {workload}, {len(prompts)} prompts, batch {batch_size}"
+        plot_spec_decode([result["plain"], result["spec_run"]], plot, title)
+        print(f"plot: {plot}")
     return result

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from verispec import progress
 from verispec.engine.args import EngineArgs
 
 
@@ -76,7 +77,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         args.temperature,
         args.top_p,
         args.max_tokens,
-        progress=not args.quiet,
+        progress=progress.enabled(),
     )
     print(format_table(rows))
     failed = next((r for r in rows if r.failed), None)
@@ -101,6 +102,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.max_tokens,
         args.output,
         args.temperature,
+        progress=progress.enabled(),
+        plot=args.plot,
     )
     return 0
 
@@ -127,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--output", default=None, help="write JSON results here")
+    b.add_argument(
+        "--plot",
+        default=None,
+        metavar="PATH",
+        help="draw speedup and per-position acceptance to PATH (.png, .svg or .pdf; pip install 'verispec[plot]')",
+    )
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=cmd_bench)
     a = sub.add_parser(
         "audit",
@@ -161,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # bars on stderr only on a terminal, and none at all (the model loader's too) with --quiet
+    progress.set_quiet(getattr(args, "quiet", False))
     try:
         return int(args.func(args) or 0)
     except ValueError as e:

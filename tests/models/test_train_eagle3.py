@@ -104,3 +104,16 @@ def test_cli_refuses_a_file_as_out(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--out", str(tmp_path / "f")])
     assert exc.value.code == 2 and "is a file" in capsys.readouterr().err
+
+
+def test_training_progress_bar_and_log_lines(trained, monkeypatch, capsys):
+    """On a terminal, training draws its bar on stderr (with the loss) and the periodic log lines stay on stdout."""
+    from verispec import progress
+
+    llm, _, samples, *_ = trained
+    monkeypatch.setattr(progress, "enabled", lambda: True)
+    capsys.readouterr()
+    train(samples, llm.ckpt.model, draft_vocab=120, steps=2, epochs=1, lr=3e-3, log_every=3)
+    std = capsys.readouterr()
+    assert "training: 100%" in std.err and f"{len(samples)}/{len(samples)}" in std.err and "loss=" in std.err
+    assert f"epoch 0 step 3/{len(samples)} loss" in std.out and "training" not in std.out

@@ -21,6 +21,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from verispec import progress
 from verispec.kernels.qweight import QuantWeight
 from verispec.tokenizer import Tokenizer
 
@@ -435,6 +436,8 @@ def _load_tensors(
         jobs.append((name, info))
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     tensors = {}
+    # a transient bar, drawn only when loading takes more than a second (a large model, or dequantising to float32)
+    jobs = progress.bar(jobs, desc=f"loading {header.path.name}", unit="tensor", delay=1.0, leave=False)
     for name, info in jobs:
         qtype = GGMLQuantizationType(info.ggml_type)
         if keep_quantized and QuantWeight.supported(qtype.name, info.shape):

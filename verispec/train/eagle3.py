@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from verispec import progress
 from verispec.layers.rotary import rope_inv_freq
 
 
@@ -50,7 +51,7 @@ def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[in
     from verispec import SamplingParams
 
     sp = SamplingParams(temperature=0, max_tokens=max_tokens)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=progress.enabled())
     return target_states(llm, [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)], aux_layers)
 
 
@@ -63,7 +64,7 @@ def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) 
     cache = KVCache(model.cfg, 1, max(len(t) for t in sequences) + 1, device, torch.float32)
     runner = ModelRunner(model, cache, device)
     samples = []
-    for tokens in sequences:
+    for tokens in progress.bar(sequences, desc="target states", unit="seq"):
         res = runner.run([RowInput(0, 0, tokens)], aux_layers, aux_all=True, hidden_all=True)
         # [T]
         labels = model.compute_logits(res.hidden_all).argmax(-1)
@@ -342,6 +343,7 @@ def train(
         opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * i / total))
     )
     history, t0 = [], time.perf_counter()
+    bar = progress.bar(total=total, desc="training", unit="seq")
     for epoch in range(epochs):
         order = torch.randperm(len(samples)).tolist()
         losses = []
@@ -361,13 +363,18 @@ def train(
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
+            bar.update()
+            bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}", refresh=False)
             if log_every and (i + 1) % log_every == 0:
-                print(
-                    f"epoch {epoch} step {i + 1}/{len(samples)} loss {sum(losses[-log_every:]) / log_every:.3f} "
-                    f"({time.perf_counter() - t0:.0f} s)",
-                    flush=True,
-                )
+                # printed above the bar, which is redrawn below it
+                with bar.external_write_mode():
+                    print(
+                        f"epoch {epoch} step {i + 1}/{len(samples)} loss "
+                        f"{sum(losses[-log_every:]) / log_every:.3f} ({time.perf_counter() - t0:.0f} s)",
+                        flush=True,
+                    )
         history.append(sum(losses) / len(losses))
+    bar.close()
     return model, ids - torch.arange(len(ids)), history
 
 
@@ -417,7 +424,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (drafts per base)")
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
+    # bars on stderr only on a terminal, none with --quiet
+    progress.set_quiet(args.quiet)
     counts = ("num_chat", "num_code", "corpus_chunks", "python_prompts")
     for key in (*counts, "max_tokens", "draft_vocab", "ttt_steps", "epochs"):
         low = 0 if key in counts else 1
