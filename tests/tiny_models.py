@@ -523,3 +523,48 @@ def write_renamed_vocab_copy(src: Path, folder: Path, seed: int = 0) -> Path:
     (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": eos}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
     return folder
+
+
+def write_sentencepiece_transplant(src: Path, folder: Path, vocab: int = 512, seed: int = 0) -> Path:
+    """The checkpoint at `src` (build_tokenizer's byte-level vocabulary) with build_sp_tokenizer's vocabulary of
+    `vocab` ids: each SentencePiece token that is one token of `src` (same text, or the same byte for a '<0xNN>'
+    piece) gets that token's embedding and LM-head rows, the others random rows; the layers are `src`'s. A draft of
+    another tokenizer that mostly predicts what `src` predicts."""
+    from safetensors.torch import load_file, save_file
+    from tokenizers import Tokenizer
+
+    from verispec.tokenizer import bytes_to_unicode
+
+    folder.mkdir(parents=True, exist_ok=True)
+    build_sp_tokenizer(folder, vocab)
+    sp = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bl = Tokenizer.from_file(str(src / "tokenizer.json"))
+    specials = {t.content for t in sp.get_added_tokens_decoder().values()}
+    # sentencepiece id -> the src id of the same text
+    same = {}
+    for piece, i in sp.get_vocab().items():
+        if piece in specials:
+            j = bl.token_to_id(piece)
+        elif len(piece) == 6 and piece.startswith("<0x"):
+            j = bl.token_to_id(bytes_to_unicode()[int(piece[3:5], 16)])
+        else:
+            ids = bl.encode(piece.replace("\u2581", " "), add_special_tokens=False).ids
+            j = ids[0] if len(ids) == 1 else None
+        if j is not None:
+            same[i] = j
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    g = torch.Generator().manual_seed(seed)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            old = tensors[name]
+            new = torch.randn(vocab, old.shape[1], generator=g) * 0.08
+            new[list(same)] = old[list(same.values())]
+            tensors[name] = new
+    save_file(tensors, str(folder / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    eos = sp.token_to_id("<|im_end|>")
+    (folder / "config.json").write_text(json.dumps({**cfg, "vocab_size": vocab, "eos_token_id": eos}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    return folder
