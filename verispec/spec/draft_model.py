@@ -1,4 +1,4 @@
-"""`draft_model`: a smaller model with the same vocabulary drafts K tokens autoregressively.
+"""`draft_model`: a smaller model (the same vocabulary, or its own with `use_heterogeneous_vocab`) drafts K tokens.
 
 It owns a KV cache laid out like the target's (one slot per request, O(1) rollback). Before drafting, it
 catches up on the tokens the target committed since its last step (prompt on the first step), then runs K
