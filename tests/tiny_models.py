@@ -81,6 +81,35 @@ def build_tokenizer(folder: Path) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
 
 
+def build_sp_tokenizer(folder: Path, vocab: int) -> None:
+    """A SentencePiece-style tokenizer (Llama 2 / Gemma kind: '▁' spaces, '<0x00>'..'<0xFF>' byte fallback, <unk>,
+    <s> added first) trained on CORPUS, `vocab` ids in all: spellings, ids and merges differ from build_tokenizer's
+    GPT-2 byte-level vocabulary, much of the text is shared (a cross-tokenizer draft's)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    specials = ["<unk>", "<s>", "</s>", "<|im_end|>"]
+    spaces = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = spaces
+    tok.train_from_iterator(
+        CORPUS * 4, trainers.BpeTrainer(vocab_size=vocab - 256, special_tokens=specials, show_progress=False)
+    )
+    trained = json.loads(tok.to_str())["model"]
+    pieces = specials + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += [p for p, _ in sorted(trained["vocab"].items(), key=lambda kv: kv[1]) if p not in specials]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
+    model = models.BPE({p: i for i, p in enumerate(pieces)}, merges, unk_token="<unk>", byte_fallback=True)
+    out = Tokenizer(model)
+    out.pre_tokenizer = spaces
+    out.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    out.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+    out.save(str(folder / "tokenizer.json"))
+    tok_cfg = {"bos_token": "<s>", "eos_token": "<|im_end|>", "unk_token": "<unk>", "add_bos_token": True}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+
+
 def write_tiny_checkpoint(
     folder: Path,
     arch: str = "llama",
@@ -89,18 +118,24 @@ def write_tiny_checkpoint(
     shards: int = 1,
     hidden_size: int = 64,
     intermediate_size: int = 128,
+    tokenizer: str = "byte_level",
+    vocab_size: int = VOCAB,
 ) -> Path:
-    """Write a random seeded model of the given architecture to `folder` and return it."""
+    """Write a random seeded model of the given architecture to `folder` and return it. tokenizer: "byte_level"
+    (build_tokenizer's, 312 tokens) or "sentencepiece" (build_sp_tokenizer's, vocab_size tokens)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder.mkdir(parents=True, exist_ok=True)
-    build_tokenizer(folder)
+    if tokenizer == "sentencepiece":
+        build_sp_tokenizer(folder, vocab_size)
+    else:
+        build_tokenizer(folder)
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
     eos = tok.token_to_id("<|im_end|>")
     cfg = dict(
-        vocab_size=VOCAB,
+        vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,
@@ -457,3 +492,79 @@ def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def write_renamed_vocab_copy(src: Path, folder: Path, seed: int = 0) -> Path:
+    """A copy of the checkpoint at `src` whose token ids are shuffled: the tokenizer's ids and the rows of the
+    embedding and LM head move together, so it is the same model under other ids (a cross-tokenizer draft that,
+    mapped back, predicts exactly what `src` predicts)."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    vocab = cfg["vocab_size"]
+    # new id of old id i: perm[i]
+    perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+    inverse = torch.argsort(perm)
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            tensors[name] = tensors[name][inverse].contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tok["model"]["vocab"] = {p: int(perm[i]) for p, i in tok["model"]["vocab"].items()}
+    for added in tok["added_tokens"]:
+        added["id"] = int(perm[added["id"]])
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    (folder / "tokenizer_config.json").write_text((src / "tokenizer_config.json").read_text())
+    eos = int(perm[cfg["eos_token_id"]])
+    (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": eos}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    return folder
+
+
+def write_sentencepiece_transplant(src: Path, folder: Path, vocab: int = 512, seed: int = 0) -> Path:
+    """The checkpoint at `src` (build_tokenizer's byte-level vocabulary) with build_sp_tokenizer's vocabulary of
+    `vocab` ids: each SentencePiece token that is one token of `src` (same text, or the same byte for a '<0xNN>'
+    piece) gets that token's embedding and LM-head rows, the others random rows; the layers are `src`'s. A draft of
+    another tokenizer that mostly predicts what `src` predicts."""
+    from safetensors.torch import load_file, save_file
+    from tokenizers import Tokenizer
+
+    from verispec.tokenizer import bytes_to_unicode
+
+    folder.mkdir(parents=True, exist_ok=True)
+    build_sp_tokenizer(folder, vocab)
+    sp = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bl = Tokenizer.from_file(str(src / "tokenizer.json"))
+    specials = {t.content for t in sp.get_added_tokens_decoder().values()}
+    # sentencepiece id -> the src id of the same text
+    same = {}
+    for piece, i in sp.get_vocab().items():
+        if piece in specials:
+            j = bl.token_to_id(piece)
+        elif len(piece) == 6 and piece.startswith("<0x"):
+            j = bl.token_to_id(bytes_to_unicode()[int(piece[3:5], 16)])
+        else:
+            ids = bl.encode(piece.replace("\u2581", " "), add_special_tokens=False).ids
+            j = ids[0] if len(ids) == 1 else None
+        if j is not None:
+            same[i] = j
+    tensors = {}
+    for f in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    g = torch.Generator().manual_seed(seed)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in tensors:
+            old = tensors[name]
+            new = torch.randn(vocab, old.shape[1], generator=g) * 0.08
+            new[list(same)] = old[list(same.values())]
+            tensors[name] = new
+    save_file(tensors, str(folder / "model.safetensors"))
+    cfg = json.loads((src / "config.json").read_text())
+    eos = sp.token_to_id("<|im_end|>")
+    (folder / "config.json").write_text(json.dumps({**cfg, "vocab_size": vocab, "eos_token_id": eos}))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    return folder

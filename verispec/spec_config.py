@@ -124,6 +124,9 @@ class SpeculativeConfig:
     # resolved: str(list of tuples), sorted breadth-first
     speculative_token_tree: str | None = None
     parallel_drafting: bool = False
+    # cross-tokenizer drafting (TLI): the draft model has its own vocabulary; it proposes only tokens both
+    # vocabularies hold, mapped to the target's ids (method draft_model only)
+    use_heterogeneous_vocab: bool = False
     rejection_sample_method: str = "strict"
     synthetic_acceptance_rate: float | None = None
     # resolved: "probabilistic" for methods with a draft distribution (this build's behaviour: random requests
@@ -502,6 +505,11 @@ def _check_ranges(values: dict[str, Any]) -> None:
         raise ValueError(
             f"parallel_drafting is only compatible with EAGLE and draft-model methods "
             f"({', '.join(PARALLEL_DRAFTING_METHODS)}), got method '{values['method']}'"
+        )
+    if values["use_heterogeneous_vocab"] and values["method"] != "draft_model":
+        raise ValueError(
+            "use_heterogeneous_vocab only works with method 'draft_model' (a draft model with its own tokenizer), "
+            f"got method '{values['method']}'; remove the key or set it to false"
         )
     _check_rejection_sampling(values)
 

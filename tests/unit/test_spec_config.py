@@ -63,6 +63,7 @@ def test_every_reference_key_is_accepted():
         "draft_model_config",
         "num_speculative_tokens_per_batch_size",
         "enable_adaptive_verification",
+        "use_heterogeneous_vocab",
     }
     assert ALLOWED_KEYS == expected
     fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
@@ -763,3 +764,18 @@ def test_per_batch_size_schedule_round_trips():
     assert cfg.num_speculative_tokens_per_batch_size == ((1, 4, 4), (5, 64, 1), (65, 1024, 0))
     again = make(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg
+
+
+def test_heterogeneous_vocab_defaults_off_takes_a_bool_and_needs_draft_model():
+    draft = {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}
+    assert make(draft).use_heterogeneous_vocab is False
+    cfg = make({**draft, "use_heterogeneous_vocab": True, "draft_sample_method": "probabilistic"})
+    assert cfg.use_heterogeneous_vocab is True and cfg.draft_sample_method == "probabilistic"
+    assert make(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    with pytest.raises(ValueError, match="'use_heterogeneous_vocab' must be a bool"):
+        make({**draft, "use_heterogeneous_vocab": "true"})
+    for other in (NGRAM, EAGLE_CFG, {"method": "suffix"}):
+        with pytest.raises(ValueError, match="use_heterogeneous_vocab only works with method 'draft_model'"):
+            make({**other, "use_heterogeneous_vocab": True})
+    # false is accepted with any method
+    assert make({**NGRAM, "use_heterogeneous_vocab": False}).use_heterogeneous_vocab is False

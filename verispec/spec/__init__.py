@@ -53,19 +53,37 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.loader.checkpoint import load_checkpoint
     from verispec.spec.draft_model import DraftModelProposer
 
-    draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, skip_tokenizer_init=True)
+    hetero = cfg.use_heterogeneous_vocab
+    draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, skip_tokenizer_init=not hetero)
     tv, dv = ctx.target.config.vocab_size, draft.config.vocab_size
-    if tv != dv:
+    if tv != dv and not hetero:
         raise ValueError(
             f"speculative_config.model {cfg.model!r} has vocab_size={dv} but the target model has {tv}; "
-            "draft_model needs the same vocabulary"
+            "draft_model needs the same vocabulary, or use_heterogeneous_vocab: true to draft across tokenizers"
         )
+    vocab_map = heterogeneous_vocab_map(ctx.target, draft, cfg.model) if hetero else None
     cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     runner = ModelRunner(draft.model, cache, ctx.device)
     keep = cfg.rejection_sample_method == "probabilistic"
     mask_token = parallel_drafting_token(draft.hf_config, dv) if cfg.parallel_drafting else None
     sample = cfg.draft_sample_method != "greedy"
-    return DraftModelProposer(runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token, sample)
+    return DraftModelProposer(
+        runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token, sample, vocab_map
+    )
+
+
+def heterogeneous_vocab_map(target, draft, name: str):
+    """The TLI map between two loaded checkpoints' vocabularies (spec/vocab_map.py), from their tokenizers."""
+    from verispec.spec.vocab_map import build_vocab_map, tokenizer_keys
+
+    for who, ckpt in (("target model", target), (f"speculative_config.model {name!r}", draft)):
+        if ckpt.tokenizer is None:
+            raise ValueError(
+                f"use_heterogeneous_vocab maps token strings between the two tokenizers, but the {who} has none "
+                "(skip_tokenizer_init, or no tokenizer.json in its folder)"
+            )
+    keys = tokenizer_keys(target.tokenizer), tokenizer_keys(draft.tokenizer)
+    return build_vocab_map(*keys, target.config.vocab_size, draft.config.vocab_size)
 
 
 def parallel_drafting_token(hf: dict, vocab: int) -> int:

@@ -1,4 +1,4 @@
-"""`draft_model`: a smaller model with the same vocabulary drafts K tokens autoregressively.
+"""`draft_model`: a smaller model (the same vocabulary, or its own with `use_heterogeneous_vocab`) drafts K tokens.
 
 It owns a KV cache laid out like the target's (one slot per request, O(1) rollback). Before drafting, it
 catches up on the tokens the target committed since its last step (prompt on the first step), then runs K
@@ -7,6 +7,15 @@ batched single-token forwards, keeping the draft distribution q for `probabilist
 Parallel drafting (`parallel_drafting: true`, PARD draft models): the catch-up forward also carries K - 1 mask
 tokens (the config's `pard_token`) after the newest token, and the K drafts are read from that one forward's last K
 positions (each drawn from its own position's q, so `probabilistic` stays exact).
+
+Cross-tokenizer drafting (`use_heterogeneous_vocab: true`, a `VocabMap`; TLI, see spec/vocab_map.py): the draft
+reads the context in its own vocabulary (each committed target token translated into the draft tokens spelling the
+same bytes, the draft's BOS first when its tokenizer adds one), so its cache positions count draft tokens. It picks
+only tokens of the intersection (logits masked to it before temperature, top-k/top-p and the argmax or sample), and
+proposes their target ids. Its q for `probabilistic` verification is that masked, renormalised distribution carried
+over to the target's ids (zero on every target token it cannot propose): exactly the law the draft was drawn from,
+so the rejection rule keeps the target's distribution, as with a shared vocabulary. A request whose translated
+context leaves no room in the draft cache for the drafts gets none.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
 from verispec.sample import logits as S
 from verispec.spec.base import Proposal, ProposerNeeds
+from verispec.spec.vocab_map import VocabMap
 
 
 class DraftModelProposer:
@@ -31,11 +41,17 @@ class DraftModelProposer:
         seed: int = 0,
         mask_token: int | None = None,
         sample_drafts: bool = True,
+        vocab_map: VocabMap | None = None,
     ):
         """mask_token: parallel drafting's filler token (None: K sequential draft forwards). sample_drafts
         (draft_sample_method 'probabilistic'): random requests draft samples of q; False ('greedy'): every request
-        drafts the argmax, and q is not kept (it is one-hot at the draft)."""
+        drafts the argmax, and q is not kept (it is one-hot at the draft). vocab_map: the draft has its own
+        vocabulary (None: the target's)."""
         self.runner, self.k, self.mask_token = runner, num_speculative_tokens, mask_token
+        self.map = vocab_map.to(runner.device) if vocab_map is not None else None
+        # with a vocab_map: each request's context in draft ids, and how many of its target tokens that covers
+        self.draft_ids: dict[str, list[int]] = {}
+        self.translated: dict[str, int] = {}
         self.keep_probs, self.sample_drafts = keep_probs and sample_drafts, sample_drafts
         self.cache: KVCache = runner.cache
         self.vocab = runner.model.cfg.vocab_size
@@ -54,8 +70,12 @@ class DraftModelProposer:
         if slot is not None:
             self.cache.free(slot)
         self.computed.pop(req.request_id, None)
+        self.draft_ids.pop(req.request_id, None)
+        self.translated.pop(req.request_id, None)
 
     def _catch_up_rows(self, reqs: list[Request]) -> list[RowInput]:
+        if self.map is not None:
+            return [self._translated_row(r) for r in reqs]
         rows = []
         for r in reqs:
             n = r.num_tokens
@@ -67,11 +87,40 @@ class DraftModelProposer:
             self.computed[r.request_id] = n
         return rows
 
+    def _translate(self, r: Request) -> list[int]:
+        """The request's committed tokens in draft ids, extended by the tokens committed since the last call."""
+        rid = r.request_id
+        done = self.translated.get(rid, 0)
+        ids = self.draft_ids.setdefault(rid, [])
+        if done < r.num_tokens:
+            assert self.map is not None
+            ids += self.map.translate_ids(r.tokens_from(done), first=done == 0)
+            self.translated[rid] = r.num_tokens
+        return ids
+
+    def _translated_row(self, r: Request) -> RowInput:
+        ids = self._translate(r)
+        # rollback of rejected drafts: O(1); at least the newest draft token is fed, for its logits
+        done = min(self.computed[r.request_id], len(ids) - 1)
+        self.computed[r.request_id] = len(ids)
+        return RowInput(self.slot[r.request_id], done, ids[done:], logits_from=len(ids) - done - 1)
+
+    def _fits(self, r: Request, k: int) -> bool:
+        """With a vocab_map: the translated context is not empty and it and k drafts fit the draft cache."""
+        n = len(self._translate(r))
+        return 0 < n and n + k - 1 <= self.cache.scratch
+
     @torch.inference_mode()
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
+        if self.map is not None:
+            live = [i for i, r in enumerate(reqs) if self._fits(r, k)]
+            if len(live) < len(reqs):
+                return _scatter(
+                    self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs)
+                )
         if self.mask_token is not None:
             return self._propose_parallel(reqs, k_max, k)
         # logits [B, V] at each request's newest token
@@ -79,7 +128,7 @@ class DraftModelProposer:
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab)
         tokens, probs, confidence = [], [], []
-        logits = out.logits
+        logits = self._restrict(out.logits)
         for i in range(k):
             # [B, V]
             q = S.logits_to_probs(logits, st)
@@ -90,13 +139,13 @@ class DraftModelProposer:
                 gens = [r.generator for r in reqs]
                 noise = S.draw_noise([1] * len(reqs), gens, self.vocab, logits.device, self.generator)
                 tok = torch.where(st.is_greedy, S.greedy(logits), S.sample(q, noise))
-            tokens.append(tok)
+            tokens.append(self._proposed(tok))
             confidence.append(draft_confidence(logits, tok))
             if self.keep_probs:
-                probs.append(q)
+                probs.append(self._target_probs(q))
             if i + 1 < k:
                 rows = [RowInput(self.slot[r.request_id], self.computed[r.request_id] + i, [0]) for r in reqs]
-                logits = self._step(rows, tok)
+                logits = self._restrict(self._step(rows, tok))
         # [2, B, K] drafts and their confidence: the step's one host sync
         both = torch.stack([torch.stack(tokens, dim=1).double(), torch.stack(confidence, dim=1)]).tolist()
         drafts = [[int(t) for t in d[:c]] for d, c in zip(both[0], k_max)]
@@ -110,7 +159,7 @@ class DraftModelProposer:
             for row in self._catch_up_rows(reqs)
         ]
         # [B * k, V]: the newest token's position, then each mask's
-        logits = self.runner.run(rows).logits
+        logits = self._restrict(self.runner.run(rows).logits)
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab).repeat_interleave(
             [k] * len(reqs)
@@ -123,10 +172,23 @@ class DraftModelProposer:
             noise = S.draw_noise([k] * len(reqs), gens, self.vocab, logits.device, self.generator)
             tok = torch.where(st.is_greedy, tok, S.sample(q, noise))
         conf = draft_confidence(logits, tok).view(len(reqs), k)
-        both = torch.stack([tok.view(len(reqs), k).double(), conf]).tolist()
+        both = torch.stack([self._proposed(tok).view(len(reqs), k).double(), conf]).tolist()
         drafts = [[int(t) for t in d[:c]] for d, c in zip(both[0], k_max)]
         confidence = [c_row[:c] for c_row, c in zip(both[1], k_max)]
-        return Proposal(drafts, q.view(len(reqs), k, -1) if self.keep_probs else None, confidence=confidence)
+        q = self._target_probs(q).view(len(reqs), k, -1) if self.keep_probs else None
+        return Proposal(drafts, q, confidence=confidence)
+
+    def _restrict(self, logits: torch.Tensor) -> torch.Tensor:
+        """[N, Vd] draft logits -> the ones the draft picks from: the intersection's (vocab_map), else all."""
+        return logits if self.map is None else self.map.mask_logits(logits)
+
+    def _proposed(self, tok: torch.Tensor) -> torch.Tensor:
+        """[N] draft ids -> [N] the target ids they propose."""
+        return tok if self.map is None else self.map.to_target(tok)
+
+    def _target_probs(self, q: torch.Tensor) -> torch.Tensor:
+        """[N, Vd] draft law -> [N, Vt] the same law over the target's ids."""
+        return q if self.map is None else self.map.target_probs(q)
 
     def _step(self, rows: list[RowInput], tok: torch.Tensor) -> torch.Tensor:
         """One batched draft forward feeding `tok` [B] (kept on device: no host sync per draft token)."""
@@ -137,6 +199,21 @@ class DraftModelProposer:
         hidden, _ = m(tok, positions, ctx, self.cache.kv)
         # [B, V]
         return m.compute_logits(hidden)
+
+
+def _scatter(sub: Proposal, rows: list[int], n: int) -> Proposal:
+    """A proposal for the requests at `rows` of a batch of n -> one for the whole batch (no drafts elsewhere)."""
+    drafts: list[list[int]] = [[] for _ in range(n)]
+    confidence: list[list[float]] = [[] for _ in range(n)]
+    for j, i in enumerate(rows):
+        drafts[i] = sub.token_ids[j]
+        confidence[i] = sub.confidence[j] if sub.confidence is not None else []
+    probs = None
+    if sub.draft_probs is not None:
+        # [n, K, V]
+        probs = sub.draft_probs.new_zeros(n, *sub.draft_probs.shape[1:])
+        probs[rows] = sub.draft_probs
+    return Proposal(drafts, probs, confidence=confidence)
 
 
 def draft_confidence(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
