@@ -36,7 +36,7 @@ from verispec.layers.attention import AttnContext, attention, write_kv
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import check_token_ids, load_hf_tensors, read_hf_config
+from verispec.loader.hf import check_token_ids, load_hf_tensors, read_hf_config, require_weights
 from verispec.loader.weights import load_draft
 from verispec.models.decoder import MLP
 
@@ -284,6 +284,8 @@ def load_dflash(
             name = name.replace(old, new)
         tensors[name] = value
     tensors.pop("t2d", None)
+    last = f"layers.{cfg.num_layers - 1}.input_layernorm.weight"
+    require_weights(tensors, [last], folder, "DFlash", f"says {cfg.num_layers} layers")
     fc_in = len(spec.aux_layers) * target.hidden_size
     fc = tensors.get("fc.weight")
     if fc is not None and tuple(fc.shape) != (cfg.hidden_size, fc_in):
