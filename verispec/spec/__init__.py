@@ -233,12 +233,12 @@ def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     target = ctx.target.config
     draft = load_dflash(cfg.model, ctx.device, ctx.dtype, target)
     c, block = draft.cfg, draft.dflash.block_size
-    shared = [k for k, own in (("embedding", draft.embed_tokens), ("LM head", draft.lm_head)) if own is None]
+    # the hidden size must match where the draft uses the target's embedding or LM head
+    shared = draft.embed_tokens is None or draft.lm_head is None
     for key, mine, theirs in (
         ("vocab_size", c.vocab_size, target.vocab_size),
         ("hidden_size", c.hidden_size, target.hidden_size),
     ):
-        # the hidden size matters only where the draft uses the target's embedding or LM head
         if mine != theirs and (key == "vocab_size" or shared):
             raise ValueError(
                 f"speculative_config.model {cfg.model!r}: DFlash {key}={mine} but the target's is {theirs}"
