@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -186,3 +187,38 @@ def test_target_layers_and_block_size_from_config():
 def test_config_errors_name_the_key(hf, match):
     with pytest.raises(ValueError, match=match):
         dflash_config({"num_hidden_layers": 2, **hf}, 3)
+
+
+def test_mask_embedding_replaces_the_mask_tokens_row(tiny_llama, target_cfg, tmp_path):
+    """A checkpoint's `mask_embedding` (vLLM reads it from mask_embedding.pt) is the mask token's embedding; the
+    other tokens keep the target's rows."""
+    folder = write_tiny_dflash(tmp_path / "d", Path(tiny_llama), mask_token_id=7)
+    vec = torch.arange(64.0)
+    _edit(folder, tensors=lambda w: {**w, "mask_embedding": vec[None]})
+    draft = load_dflash(folder, CPU, torch.float32, target_cfg)
+    table = torch.nn.Embedding(320, 64)
+    draft.bind_target(SimpleNamespace(embed_tokens=table, lm_head=table), mask_token=7)
+    ids = torch.tensor([3, 7, 9, 7])
+    with torch.no_grad():
+        e = draft.embed(ids)
+        torch.testing.assert_close(e[[1, 3]], torch.stack([vec, vec]))
+        torch.testing.assert_close(e[[0, 2]], table(ids[[0, 2]]))
+
+
+def test_unreadable_mask_embedding_and_dflash2_are_refused(tiny_llama, target_cfg, tmp_path):
+    pickle = write_tiny_dflash(tmp_path / "a", Path(tiny_llama))
+    (pickle / "mask_embedding.pt").write_bytes(b"\x80\x04")
+    with pytest.raises(ValueError, match="mask_embedding.pt is a pickle, which this build does not load"):
+        load_dflash(pickle, CPU, torch.float32, target_cfg)
+    short = _edit(
+        write_tiny_dflash(tmp_path / "b", Path(tiny_llama)),
+        tensors=lambda w: {**w, "mask_embedding": torch.ones(3)},
+    )
+    with pytest.raises(ValueError, match="'mask_embedding' must hold 64 floats"):
+        load_dflash(short, CPU, torch.float32, target_cfg)
+    selector = _edit(
+        write_tiny_dflash(tmp_path / "c", Path(tiny_llama)),
+        tensors=lambda w: {**w, "candidate_selector.hidden_projection.weight": torch.ones(4, 64)},
+    )
+    with pytest.raises(ValueError, match="belongs to a DFlash2 draft"):
+        load_dflash(selector, CPU, torch.float32, target_cfg)

@@ -18,7 +18,8 @@ Checkpoint: an HF folder, config.json with Qwen3 fields plus `block_size`, `dfla
 terms), safetensors `fc.weight` [H, n H_target], `hidden_norm.weight`, `norm.weight`,
 `layers.{i}.self_attn.{q,k,v,o}_proj.weight` (+ `.bias` with `attention_bias`), `layers.{i}.self_attn.{q,k}_norm.weight`,
 `layers.{i}.{input_layernorm,post_attention_layernorm}.weight`, `layers.{i}.mlp.{gate,up,down}_proj.weight`;
-optionally `embed_tokens.weight`, `lm_head.weight` and `d2t` (else the target's embedding and LM head). A `model.`
+optionally `embed_tokens.weight`, `lm_head.weight` and `d2t` (else the target's embedding and LM head) and
+`mask_embedding` [H] (vLLM's mask_embedding.pt, kept in safetensors: pickles are not read). A `model.`
 prefix, `midlayer.` for `layers.0.` and `encoder.{fc,output_norm_enc}.` are accepted, as vLLM does.
 """
 
@@ -147,6 +148,9 @@ class DFlashDraft(nn.Module):
         self.lm_head = Dense(h, draft_vocab, bias=False) if own_head else None
         # [draft_vocab] target id - draft id
         self.register_buffer("d2t", None)
+        # [H] a separately trained embedding of the mask token (replaces its row of the embedding table)
+        self.register_buffer("mask_embedding", None)
+        self.mask_token: int | None = None
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
         self.register_buffer(
             "inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False
@@ -184,14 +188,19 @@ class DFlashDraft(nn.Module):
             h = layer.forward(h, rope, ctx, cache)
         return self.norm.forward(h)
 
-    def bind_target(self, target) -> None:
+    def bind_target(self, target, mask_token: int) -> None:
         """The target's raw token embedding and LM head, unless the checkpoint has its own (bound methods: not
-        submodules, so the target's weights are neither copied nor converted with the draft's)."""
+        submodules, so the target's weights are neither copied nor converted with the draft's); the mask token id."""
         self._target_embed = target.embed_tokens.forward
         self._target_head = target.lm_head.forward
+        self.mask_token = mask_token
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return self._target_embed(ids) if self.embed_tokens is None else self.embed_tokens(ids)
+        """[N] -> [N, H]; the mask token's row is the checkpoint's `mask_embedding` where it has one."""
+        e = self._target_embed(ids) if self.embed_tokens is None else self.embed_tokens(ids)
+        if self.mask_embedding is None:
+            return e
+        return torch.where((ids == self.mask_token)[:, None], self.mask_embedding.to(e.dtype), e)
 
     def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [N] target token ids of the argmax."""
@@ -284,6 +293,12 @@ def load_dflash(
             name = name.replace(old, new)
         tensors[name] = value
     tensors.pop("t2d", None)
+    dflash2 = sorted(n for n in tensors if n.startswith("candidate_selector.") or "_conv." in n)
+    if dflash2:
+        raise ValueError(
+            f"{folder}: {dflash2[0]!r} belongs to a DFlash2 draft (candidate selector, dynamic convolutions), which "
+            "this build does not run; it runs DFlash drafts"
+        )
     last = f"layers.{cfg.num_layers - 1}.input_layernorm.weight"
     require_weights(tensors, [last], folder, "DFlash", f"says {cfg.num_layers} layers")
     fc_in = len(spec.aux_layers) * target.hidden_size
@@ -299,6 +314,19 @@ def load_dflash(
         raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
     own_embed, own_head = "embed_tokens.weight" in tensors, "lm_head.weight" in tensors
     draft = DFlashDraft(cfg, spec, fc_in, draft_vocab, own_embed, own_head)
+    if (folder / "mask_embedding.pt").is_file():
+        raise ValueError(
+            f"{folder}: mask_embedding.pt is a pickle, which this build does not load; store the embedding as a "
+            "tensor 'mask_embedding' in a .safetensors file of the folder instead"
+        )
+    mask_embedding = tensors.pop("mask_embedding", None)
+    if mask_embedding is not None:
+        if mask_embedding.numel() != cfg.hidden_size or not mask_embedding.is_floating_point():
+            raise ValueError(
+                f"{folder}: 'mask_embedding' must hold {cfg.hidden_size} floats (the hidden size), got "
+                f"{mask_embedding.dtype} {tuple(mask_embedding.shape)}"
+            )
+        draft.mask_embedding = mask_embedding.reshape(-1).float()
     d2t = tensors.pop("d2t", None)
     if draft_vocab != cfg.vocab_size:
         if not own_head or d2t is None:

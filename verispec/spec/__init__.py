@@ -249,7 +249,7 @@ def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             f"(the newest token and {block - 1} mask tokens): use at most {block - 1}"
         )
     mask = parallel_drafting_token(read_hf_config(Path(cfg.model)), target.vocab_size)
-    draft.bind_target(ctx.target.model)
+    draft.bind_target(ctx.target.model, mask)
     _follow_target_weights(draft, ctx)
     cache = KVCache(c, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return DFlashProposer(draft, ModelRunner(draft, cache, ctx.device), mask)
