@@ -205,7 +205,9 @@ class DFlashDraft(nn.Module):
     def draft_ids(self, head_in: torch.Tensor) -> torch.Tensor:
         """[N, H] -> [N] target token ids of the argmax."""
         logits = self._target_head(head_in) if self.lm_head is None else self.lm_head.forward(head_in)
-        ids = logits.argmax(dim=-1)
+        # the native row argmax where it applies (a full-vocabulary argmax per draft)
+        ids = ops.argmax(logits)
+        ids = logits.argmax(dim=-1) if ids is None else ids
         return ids if self.d2t is None else ids + self.d2t[ids]
 
 
