@@ -156,6 +156,9 @@ def test_target_layers_and_block_size_from_config():
     nested = {**base, "block_size": 16, "dflash_config": {**base["dflash_config"], "block_size": 4}}
     assert dflash_config(nested, 36).block_size == 4
     assert dflash_config({**base, "is_causal": True}, 36).causal
+    causal = {**base, "dflash_config": {**base["dflash_config"], "causal": True}}
+    assert dflash_config({**causal, "is_causal": None}, 36).causal
+    assert not dflash_config({**causal, "is_causal": False}, 36).causal
 
 
 @pytest.mark.parametrize(

@@ -273,7 +273,9 @@ def dflash_config(hf: dict, num_target_layers: int, where: str = "config.json") 
             f"{where}: {key} {ids} must be increasing ids in {lo}..{hi}: the target has {n} layers (the streams are "
             "concatenated in layer order)"
         )
-    causal = hf.get("is_causal", dflash.get("causal"))
+    # vLLM's precedence: the top-level is_causal, then dflash_config.causal; non-causal by default
+    causal = hf.get("is_causal")
+    causal = dflash.get("causal") if causal is None else causal
     return DFlashConfig(block, tuple(aux), bool(causal))
 
 
