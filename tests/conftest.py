@@ -150,6 +150,16 @@ def tiny_eagle3(tiny_llama, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_dflash(tiny_llama, tmp_path_factory) -> str:
+    """A random seeded two-layer DFlash draft for tiny_llama (block_size 8: up to 7 drafts a step)."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_dflash
+
+    return str(write_tiny_dflash(tmp_path_factory.mktemp("dflash") / "d", Path(tiny_llama)))
+
+
+@pytest.fixture(scope="session")
 def tiny_mimo(tmp_path_factory) -> str:
     """A random seeded MiMo target with one MTP layer (method 'mtp' drafts with it)."""
     from tests.tiny_models import write_tiny_mimo

@@ -366,6 +366,76 @@ def write_tiny_eagle3(
     return folder
 
 
+def write_tiny_dflash(
+    folder: Path,
+    target: Path,
+    seed: int = 0,
+    num_layers: int = 2,
+    block_size: int = 8,
+    target_layer_ids: list[int] | None = None,
+    mask_token_id: int = VOCAB - 1,
+    **config,
+) -> Path:
+    """A DFlash draft in z-lab's / vLLM's format (Qwen3 layers `layers.{i}.*` with q/k norms, `fc` [H, n H],
+    `hidden_norm`, `norm`; no embedding or LM head: the target's) for the target at `target`, random seeded weights.
+    config.json has `block_size`, `num_target_layers` and `dflash_config` {`mask_token_id`, `target_layer_ids`
+    (default: the outputs of the target's first and last layers)}; `config` adds or overrides top-level keys."""
+    from safetensors.torch import save_file
+
+    tcfg = json.loads((target / "config.json").read_text())
+    h, inter, vocab = tcfg["hidden_size"], tcfg["intermediate_size"], tcfg["vocab_size"]
+    heads, kv_heads = tcfg["num_attention_heads"], tcfg["num_key_value_heads"]
+    hd = tcfg.get("head_dim") or h // heads
+    ids = target_layer_ids if target_layer_ids is not None else [0, tcfg["num_hidden_layers"] - 1]
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.08):
+        return torch.randn(*shape, generator=g) * scale
+
+    tensors = {"fc.weight": rnd(h, len(ids) * h), "hidden_norm.weight": 1 + rnd(h), "norm.weight": 1 + rnd(h)}
+    shapes = {
+        "self_attn.q_proj": (heads * hd, h),
+        "self_attn.k_proj": (kv_heads * hd, h),
+        "self_attn.v_proj": (kv_heads * hd, h),
+        "self_attn.o_proj": (h, heads * hd),
+        "mlp.gate_proj": (inter, h),
+        "mlp.up_proj": (inter, h),
+        "mlp.down_proj": (h, inter),
+    }
+    for i in range(num_layers):
+        for name, shape in shapes.items():
+            tensors[f"layers.{i}.{name}.weight"] = rnd(*shape, scale=0.3)
+        for name, dim in (("self_attn.q_norm", hd), ("self_attn.k_norm", hd)):
+            tensors[f"layers.{i}.{name}.weight"] = 1 + rnd(dim)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            tensors[f"layers.{i}.{name}.weight"] = 1 + rnd(h)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"))
+    cfg = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hd,
+        "num_hidden_layers": num_layers,
+        "vocab_size": vocab,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1e6,
+        "max_position_embeddings": tcfg["max_position_embeddings"],
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "block_size": block_size,
+        "num_target_layers": tcfg["num_hidden_layers"],
+        "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": ids},
+        **config,
+    }
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
 def write_tiny_mimo(folder: Path, seed: int = 0, pass_through: bool = False) -> Path:
     """A tiny MiMo target (`MiMoForCausalLM`: Qwen2 blocks) with one MTP layer (`model.mtp_layers.0.*`): random
     seeded, or with pass_through an MTP layer that hands the target's state to its LM head unchanged (input_proj

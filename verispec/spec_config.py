@@ -339,6 +339,9 @@ def _infer_method(model: str, draft_model_type: str | None) -> str:
 def _resolve_method_keys(values: dict[str, Any], draft: _DraftInfo) -> None:
     """Resolve model, ngram bounds, num_speculative_tokens and the token tree for the resolved method."""
     method = values["method"]
+    if method == "dflash":
+        # as in vLLM: a DFlash draft always drafts its block in parallel
+        values["parallel_drafting"] = True
     values[_AUX_LAYERS_KEY] = _aux_layer_ids(values.pop("draft_model_config", None), method)
     values["model"] = _resolve_model(method, values["model"], values["num_speculative_tokens"])
     lookup = _resolve_prompt_lookup(method, values["prompt_lookup_min"], values["prompt_lookup_max"])

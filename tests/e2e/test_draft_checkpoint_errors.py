@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.tiny_models import (
+    write_tiny_dflash,
     write_tiny_eagle,
     write_tiny_eagle3,
     write_tiny_medusa,
@@ -165,3 +166,51 @@ def test_pard_token_null_falls_through_to_ptd_token_id(tiny_llama, tiny_draft, t
 def test_a_file_is_not_a_draft_folder(tiny_llama, tiny_eagle):
     spec = {"method": "eagle", "model": str(Path(tiny_eagle) / "config.json"), "num_speculative_tokens": 2}
     _fails(tiny_llama, spec, "a file, not a model folder")
+
+
+def test_dflash_settings(tiny_llama, tmp_path):
+    """DFlash: the block size bounds num_speculative_tokens; the mask token, the target layers and the sizes must fit
+    the target; the layer count is checked against the weights before allocating."""
+
+    def dflash(name, **kw):
+        return str(write_tiny_dflash(tmp_path / name, Path(tiny_llama), **kw))
+
+    spec = {"method": "dflash", "num_speculative_tokens": 2}
+    _fails(
+        tiny_llama,
+        {**spec, "model": dflash("a", block_size=4), "num_speculative_tokens": 4},
+        r"num_speculative_tokens=4 but .* drafts blocks of block_size=4 \(the newest token and 3 mask tokens\): "
+        "use at most 3",
+    )
+    no_mask = _edit(Path(dflash("b")), config=lambda c: {**c, "dflash_config": {"target_layer_ids": [0, 2]}})
+    _fails(
+        tiny_llama,
+        {**spec, "model": str(no_mask)},
+        r"`dflash_config.mask_token_id` specified in its config.json",
+    )
+    _fails(
+        tiny_llama,
+        {**spec, "model": dflash("c", mask_token_id=320)},
+        r"mask token 320 must be a token id in \[0, 320\)",
+    )
+    _fails(
+        tiny_llama,
+        {**spec, "model": dflash("d", target_layer_ids=[0, 3])},
+        r"dflash_config.target_layer_ids \[0, 3\] must be increasing ids in 0..2: the target has 3 layers",
+    )
+    vocab = _edit(Path(dflash("e")), config=lambda c: {**c, "vocab_size": 400})
+    _fails(tiny_llama, {**spec, "model": str(vocab)}, "DFlash vocab_size=400 but the target's is 320")
+    layers = _edit(Path(dflash("f")), config=lambda c: {**c, "num_hidden_layers": 10**6})
+    _fails(tiny_llama, {**spec, "model": str(layers)}, "says 1000000 layers")
+    tree = {**spec, "model": dflash("g"), "speculative_token_tree": "[(0,), (1,), (0, 0)]"}
+    _fails(tiny_llama, tree, "tree drafting is supported with methods eagle, eagle3, mtp, not 'dflash'")
+    # the block size may sit in dflash_config
+    nested = _edit(
+        Path(dflash("h", block_size=16)),
+        config=lambda c: {**c, "dflash_config": {**c["dflash_config"], "block_size": 3}},
+    )
+    _fails(
+        tiny_llama,
+        {**spec, "model": str(nested), "num_speculative_tokens": 3},
+        "block_size=3 .* use at most 2",
+    )

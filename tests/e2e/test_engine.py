@@ -268,7 +268,7 @@ def test_bad_engine_args(tiny_llama, kwargs, match):
         LLM(tiny_llama, **kwargs)
 
 
-@pytest.mark.parametrize("method", ["dflash"])
+@pytest.mark.parametrize("method", ["ngram_gpu"])
 def test_methods_not_in_this_build_fail_clearly(tiny_llama, method):
     with pytest.raises(ValueError, match="not supported by this build"):
         LLM(

@@ -35,7 +35,9 @@ def reference(tiny_gguf):
     }
 
 
-def _configs(tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3) -> dict:
+def _configs(
+    tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3, tiny_dflash
+) -> dict:
     return {
         "ngram": {
             "method": "ngram",
@@ -54,17 +56,37 @@ def _configs(tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle
         },
         "eagle": {"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 3},
         "eagle3": {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 3},
+        "dflash": {"method": "dflash", "model": tiny_dflash, "num_speculative_tokens": 3},
     }
 
 
 @pytest.mark.parametrize(
     "method",
-    ["ngram", "suffix", "draft_model", "draft_model_self", "medusa", "mlp_speculator", "eagle", "eagle3"],
+    [
+        "ngram",
+        "suffix",
+        "draft_model",
+        "draft_model_self",
+        "medusa",
+        "mlp_speculator",
+        "eagle",
+        "eagle3",
+        "dflash",
+    ],
 )
 def test_int8_greedy_equality(
-    tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3, reference, method
+    tiny_gguf,
+    tiny_draft,
+    tiny_medusa,
+    tiny_mlp_speculator,
+    tiny_eagle,
+    tiny_eagle3,
+    tiny_dflash,
+    reference,
+    method,
 ):
-    cfg = _configs(tiny_gguf, tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3)[method]
+    drafts = (tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3, tiny_dflash)
+    cfg = _configs(tiny_gguf, *drafts)[method]
     llm = LLM(tiny_gguf, max_model_len=256, max_num_seqs=4, activation_dtype="int8", speculative_config=cfg)
     for b in BATCHES:
         outs = llm.generate(_prompts(b, b), SP, use_tqdm=False)

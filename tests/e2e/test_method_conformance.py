@@ -32,6 +32,7 @@ SETUPS = {
     "eagle": Setup(draft="tiny_eagle"),
     "eagle3": Setup(draft="tiny_eagle3"),
     "mtp": Setup(target="tiny_mimo"),
+    "dflash": Setup(draft="tiny_dflash"),
 }
 
 # repeated spans, so that n-gram and suffix drafts exist and get both accepted and rejected

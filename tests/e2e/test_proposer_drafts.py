@@ -122,3 +122,59 @@ def test_eagle3_draft_follows_a_quantized_targets_weights(tiny_llama, tiny_eagle
     outs = llm.generate(prompts, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
     assert llm.engine.counters.spec.num_draft_tokens > 0
+
+
+def test_dflash_block_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_dflash):
+    """The proposer writes the context K/V of the target states as they arrive (prompt chunks, accepted drafts) and
+    overwrites its block's K/V the next step: each step's drafts must be the argmax of the DFlash formula run from
+    scratch on all the target's states so far and the block [newest token, mask, ..., mask]. A context position
+    skipped, written twice or one off, or a stale block entry, gives other logits."""
+    from tests.dflash_reference import dflash_reference
+
+    folder = Path(tiny_dflash)
+    w, cfg = load_file(str(folder / "model.safetensors")), json.loads((folder / "config.json").read_text())
+    target = load_file(str(Path(tiny_llama) / "model.safetensors"))
+    embed, head = target["model.embed_tokens.weight"], target["lm_head.weight"]
+    mask = cfg["dflash_config"]["mask_token_id"]
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        speculative_config={"method": "dflash", "model": tiny_dflash, "num_speculative_tokens": 4},
+    )
+    prop = llm.engine.proposer
+    states: dict[str, list[torch.Tensor]] = {}
+    calls = []
+    observe, propose = prop.observe_hidden, prop.propose
+
+    def spy_observe(reqs, hidden):
+        for r, h in zip(reqs, hidden):
+            states.setdefault(r.request_id, []).append(h.clone())
+        observe(reqs, hidden)
+
+    def spy_propose(reqs, k_max):
+        out = propose(reqs, k_max)
+        for r, drafts in zip(reqs, out.token_ids):
+            calls.append((r.tokens_from(0), torch.cat(states[r.request_id])[: r.num_computed], drafts))
+        return out
+
+    prop.observe_hidden, prop.propose = spy_observe, spy_propose
+    prompts = [{"prompt_token_ids": list(range(5, 40))}, {"prompt_token_ids": [9, 10, 11, 9, 10, 11, 12]}]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    checked = 0
+    for tokens, h, drafts in calls:
+        # the states of every position before the newest token, each the target's two streams
+        assert h.shape == (len(tokens) - 1, 2 * 64)
+        if not drafts:
+            continue
+        block = torch.tensor([tokens[-1]] + [mask] * len(drafts))
+        with torch.no_grad():
+            out = dflash_reference(w, cfg, h, embed[block])
+        # [k, V]: the mask positions
+        logits = out[1:] @ head.T
+        for d, row in zip(drafts, logits):
+            # the argmax (up to float ties)
+            assert row[d] >= row.max() - 1e-4
+            checked += 1
+    assert checked > 20

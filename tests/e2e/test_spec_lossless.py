@@ -689,6 +689,7 @@ DRAFTERS = {
     "mlp_speculator": "tiny_mlp_speculator",
     "eagle": "tiny_eagle",
     "eagle3": "tiny_eagle3",
+    "dflash": "tiny_dflash",
 }
 
 
@@ -773,6 +774,7 @@ def test_state_drafters_read_the_state_behind_the_newest_token(tiny_llama, tmp_p
         ("eagle3", "strict"),
         ("medusa", "probabilistic"),
         ("mlp_speculator", "strict"),
+        ("dflash", "probabilistic"),
     ],
 )
 def test_model_drafter_sampled_tokens_follow_target_distribution(request, tiny_llama, method, rule):

@@ -319,6 +319,15 @@ def test_valid_sampling_keys(extra):
     assert all(getattr(cfg, key) == value for key, value in extra.items())
 
 
+@pytest.mark.parametrize("given", [{}, {"parallel_drafting": False}])
+def test_dflash_always_drafts_in_parallel(given):
+    """As in vLLM: method 'dflash' sets parallel_drafting (its draft fills a block of mask tokens in one forward)."""
+    cfg = make(
+        {"method": "dflash", "model": "z-lab/Qwen3-8B-DFlash-b16", "num_speculative_tokens": 3, **given}
+    )
+    assert cfg.parallel_drafting is True
+
+
 @pytest.mark.parametrize(
     "extra, method, block",
     [

@@ -241,6 +241,38 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers), tree)
 
 
+def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    from verispec.engine.kv_cache import KVCache
+    from verispec.engine.model_runner import ModelRunner
+    from verispec.loader.hf import read_hf_config
+    from verispec.models.dflash import load_dflash
+    from verispec.spec.dflash import DFlashProposer
+
+    target = ctx.target.config
+    draft = load_dflash(cfg.model, ctx.device, ctx.dtype, target)
+    c, block = draft.cfg, draft.dflash.block_size
+    # the hidden size must match where the draft uses the target's embedding or LM head
+    shared = draft.embed_tokens is None or draft.lm_head is None
+    for key, mine, theirs in (
+        ("vocab_size", c.vocab_size, target.vocab_size),
+        ("hidden_size", c.hidden_size, target.hidden_size),
+    ):
+        if mine != theirs and (key == "vocab_size" or shared):
+            raise ValueError(
+                f"speculative_config.model {cfg.model!r}: DFlash {key}={mine} but the target's is {theirs}"
+            )
+    if cfg.num_speculative_tokens > block - 1:
+        raise ValueError(
+            f"num_speculative_tokens={cfg.num_speculative_tokens} but {cfg.model!r} drafts blocks of block_size={block} "
+            f"(the newest token and {block - 1} mask tokens): use at most {block - 1}"
+        )
+    mask = parallel_drafting_token(read_hf_config(Path(cfg.model)), target.vocab_size)
+    draft.bind_target(ctx.target.model, mask)
+    _follow_target_weights(draft, ctx)
+    cache = KVCache(c, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    return DFlashProposer(draft, ModelRunner(draft, cache, ctx.device), mask)
+
+
 def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.engine.kv_cache import KVCache
     from verispec.engine.model_runner import ModelRunner
@@ -289,6 +321,7 @@ _METHODS: dict[str, _Method] = {
     "eagle": _Method(_eagle),
     "eagle3": _Method(_eagle3),
     "mtp": _Method(_mtp),
+    "dflash": _Method(_dflash),
 }
 SUPPORTED_METHODS = tuple(_METHODS)
 
