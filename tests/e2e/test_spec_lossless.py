@@ -654,7 +654,8 @@ def test_request_output_spec_decode_metrics_add_up_to_the_engine_counters(
 
 
 def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_through_eagle):
-    """strict verification of a tree: every emitted token is the target's own sample at its node."""
+    """strict verification of a tree: every emitted token is the target's own sample at its node (4 tokens: the
+    second comes from a whole-tree step, which needs room for the tree's 2 levels)."""
     spec = {
         "method": "eagle",
         "model": pass_through_eagle,
@@ -664,7 +665,7 @@ def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_t
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
     )
-    _assert_second_token_law(llm)
+    _assert_second_token_law(llm, max_tokens=4)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
 
 
@@ -718,12 +719,34 @@ def test_token_tree_probabilistic_follows_target_distribution(tiny_llama, pass_t
         "num_speculative_tokens": 2,
         "speculative_token_tree": TREE,
         "rejection_sample_method": "probabilistic",
+        # every step verifies a whole tree
+        "enable_adaptive_verification": False,
     }
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
     )
     _assert_second_token_law(llm, max_tokens=4)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
+
+
+def test_token_tree_probabilistic_accepts_more_than_the_strict_walk(tiny_llama, pass_through_eagle):
+    """Sampled children judged against the drafter's probabilities accept far more than the target's own sample
+    landing on a top-ranked child (the tiny target's distributions are flat: strict accepts ~6/320 per level)."""
+    base = {
+        "method": "eagle",
+        "model": pass_through_eagle,
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": TREE,
+        "enable_adaptive_verification": False,
+    }
+    sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    accepted = {}
+    for method in ("strict", "probabilistic"):
+        spec = base | {"rejection_sample_method": method}
+        llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=32, speculative_config=spec, seed=5)
+        llm.generate(_prompts(32, seed=9), sp, use_tqdm=False)
+        accepted[method] = _mean_accepted(llm)
+    assert accepted["probabilistic"] > 0.5 > 0.2 > accepted["strict"]
 
 
 @pytest.mark.parametrize("method", ["strict", "probabilistic"])
@@ -738,6 +761,7 @@ def test_dynamic_tree_follows_target_distribution(tiny_llama, tiny_eagle, method
         "eagle_topk": 3,
         "num_draft_tokens": 7,
         "rejection_sample_method": method,
+        "enable_adaptive_verification": False,
     }
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=3, spec_token_budget=4096
@@ -752,10 +776,20 @@ def test_dynamic_tree_greedy_equality(request, tiny_llama, monkeypatch, drafter,
     """EAGLE-2 dynamic trees (one per request and step, per-request attention masks) verified in one forward: the
     output is plain decoding's; whole trees ran (batch 8 x 8 rows exceeds the step budget: chains there)."""
     from verispec.engine.kv_cache import KVCache
+    from verispec.spec.eagle import EagleProposer
 
-    moves = []
+    moves, shapes = [], []
     move = KVCache.move
     monkeypatch.setattr(KVCache, "move", lambda self, slot, s, d: (moves.append(s), move(self, slot, s, d)))
+    propose = EagleProposer._propose_dynamic
+
+    def spy(self, *args):
+        prop = propose(self, *args)
+        # whether the requests of this step got differently shaped trees
+        shapes.append(bool((prop.tree.parent != prop.tree.parent[:1]).any()))
+        return prop
+
+    monkeypatch.setattr(EagleProposer, "_propose_dynamic", spy)
     spec = {
         "method": "eagle3" if drafter == "tiny_eagle3" else "eagle",
         "model": request.getfixturevalue(drafter),
@@ -776,6 +810,8 @@ def test_dynamic_tree_greedy_equality(request, tiny_llama, monkeypatch, drafter,
         assert stats.num_draft_tokens > 4 * stats.num_drafts
     if drafter == "pass_through_eagle" and batch * 8 <= 32:
         assert stats.num_accepted_tokens > 0 and moves
+    if drafter == "tiny_eagle" and batch > 1:
+        assert any(shapes)
 
 
 DRAFTERS = {
