@@ -743,7 +743,14 @@ def test_token_tree_probabilistic_accepts_more_than_the_strict_walk(tiny_llama, 
     accepted = {}
     for method in ("strict", "probabilistic"):
         spec = base | {"rejection_sample_method": method}
-        llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=32, speculative_config=spec, seed=5)
+        llm = LLM(
+            tiny_llama,
+            max_model_len=64,
+            max_num_seqs=32,
+            speculative_config=spec,
+            seed=5,
+            spec_token_budget=4096,
+        )
         llm.generate(_prompts(32, seed=9), sp, use_tqdm=False)
         accepted[method] = _mean_accepted(llm)
     assert accepted["probabilistic"] > 0.5 > 0.2 > accepted["strict"]
