@@ -727,6 +727,8 @@ def test_token_tree_probabilistic_follows_target_distribution(tiny_llama, pass_t
     )
     _assert_second_token_law(llm, max_tokens=4)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
+    # 3 tokens: the step after the prompt has room for one level only; its chain of first draws carries q
+    _assert_second_token_law(llm, max_tokens=3)
 
 
 def test_token_tree_probabilistic_accepts_more_than_the_strict_walk(tiny_llama, pass_through_eagle):

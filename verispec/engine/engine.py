@@ -314,7 +314,10 @@ class LLMEngine:
                     prop = Proposal(prop.tree.top_chains(prop.token_ids))
                 else:
                     chain = prop.tree.chain
-                    prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids])
+                    # a sampled tree's first children are draws from q at their parents: q goes along
+                    probs = prop.draft_probs
+                    probs = None if probs is None else probs[:, [0] + chain[:-1]]
+                    prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids], probs)
             asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
             if planner is None:
                 kept = fit_budget(asked, self.opts.spec_token_budget - len(reqs))
