@@ -487,9 +487,13 @@ def test_eagle3_config_errors(tiny_llama, tmp_path):
 # None: num_speculative_tokens from num_nextn_predict_layers (1)
 @pytest.mark.parametrize("k", [None, 3])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_mtp_greedy_equality(tiny_mimo, k, batch):
+# "dynamic": EAGLE-2 trees from the MTP layer
+@pytest.mark.parametrize("tree", [None, "dynamic"])
+def test_mtp_greedy_equality(tiny_mimo, k, batch, tree):
     plain = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16)
     cfg = {"method": "mtp", **({"num_speculative_tokens": k} if k else {})}
+    if tree is not None:
+        cfg |= {"speculative_token_tree": tree, "num_draft_tokens": 6}
     llm = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     assert llm.engine.opts.num_speculative_tokens == (k or 1)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
