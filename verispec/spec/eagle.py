@@ -268,6 +268,6 @@ class EagleProposer:
         parent = torch.cat([root, remap.gather(1, all_parent.gather(1, keep))], dim=1)
         node_depth = torch.tensor([0] + c_depth, device=dev)[torch.cat([root + 1, keep + 1], dim=1)]
         max_depth = int(node_depth.max())
-        tree = TreeBatch(parent, node_depth, ancestors_of(parent, max_depth), max_depth)
+        tree = TreeBatch(parent, node_depth, ancestors_of(parent, max_depth), max_depth, k)
         # the step's host sync
         return Proposal(all_tok.gather(1, keep).tolist(), tree=tree)

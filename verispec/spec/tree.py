@@ -18,6 +18,7 @@ step's trees as tensors, one row per request; a static tree becomes one with `To
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -96,12 +97,14 @@ class TreeBatch:
     ancestors: torch.Tensor
     # deepest node of any row (host int)
     max_depth: int
+    # most children of any node (host int; None: read from parent, a host sync)
+    width: int | None = None
 
     @property
     def size(self) -> int:
         return self.parent.shape[1] - 1
 
-    def children(self, width: int | None = None) -> torch.Tensor:
+    def children(self) -> torch.Tensor:
         """[B, 1 + N, R] the children of every node in breadth-first order (their rank order), -1 padded."""
         b, n = self.parent.shape
         # [B, 1 + N, 1 + N]: j < i and i, j siblings
@@ -110,7 +113,7 @@ class TreeBatch:
         ).tril(-1)
         # [B, N] index of each node among its siblings
         rank = same.sum(-1)[:, 1:]
-        r = width if width is not None else max(int(rank.max()) + 1 if n > 1 else 1, 1)
+        r = self.width if self.width is not None else max(int(rank.max()) + 1 if n > 1 else 1, 1)
         out = torch.full((b, n * r), -1, dtype=torch.long, device=self.parent.device)
         nodes = torch.arange(1, n, device=self.parent.device).expand(b, -1)
         out.scatter_(1, self.parent[:, 1:] * r + rank, nodes)
@@ -138,6 +141,7 @@ def batch_of(tree: TokenTree, b: int, device=None) -> TreeBatch:
         torch.tensor(tree.depth, device=device).expand(b, n),
         tree.ancestor_mask(device).expand(b, n, n),
         tree.max_depth,
+        max(Counter(tree.parent[1:]).values(), default=1),
     )
 
 
