@@ -61,6 +61,10 @@ _AUX_LAYERS_KEY = "eagle_aux_hidden_state_layer_ids"
 _NO_MODEL = "num_speculative_tokens was provided but without speculative model"
 # drafted tokens one step may verify per request (vLLM sets no bound)
 MAX_SPECULATIVE_TOKENS = 1024
+# speculative_token_tree's value for EAGLE-2 dynamic trees, and their default sizes
+DYNAMIC_TREE = "dynamic"
+DYNAMIC_TOPK = 4
+DYNAMIC_NUM_DRAFT_TOKENS = 16
 # Range rules: key -> (check, rule in vLLM's message style).
 _BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_model_len": (lambda v: v is None or v >= 1, "must be >= 1"),
@@ -121,8 +125,13 @@ class SpeculativeConfig:
     # resolved: 0 for non-ngram methods, as in vLLM
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
-    # resolved: str(list of tuples), sorted breadth-first
+    # resolved: str(list of tuples), sorted breadth-first; or "dynamic" (verispec: EAGLE-2 dynamic trees, per
+    # request and step, num_speculative_tokens levels deep)
     speculative_token_tree: str | None = None
+    # dynamic trees only (SGLang's speculative_eagle_topk / speculative_num_draft_tokens): children per expanded node
+    # and nodes expanded per level; nodes verified per request, the root (newest committed token) included
+    eagle_topk: int | None = None
+    num_draft_tokens: int | None = None
     parallel_drafting: bool = False
     # cross-tokenizer drafting (TLI): the draft model has its own vocabulary; it proposes only tokens both
     # vocabularies hold, mapped to the target's ids (method draft_model only)
@@ -175,12 +184,19 @@ class SpeculativeConfig:
     def num_lookahead_slots(self) -> int:
         """Extra KV slots per step: one per position a step scores beyond the committed token (each speculative
         token, or every node of a token tree)."""
-        return max(self.num_speculative_tokens or 0, len(self.token_tree))
+        nodes = self.num_draft_tokens - 1 if self.dynamic_tree else len(self.token_tree)
+        return max(self.num_speculative_tokens or 0, nodes)
+
+    @property
+    def dynamic_tree(self) -> bool:
+        return self.speculative_token_tree == DYNAMIC_TREE
 
     @property
     def token_tree(self) -> list[tuple[int, ...]]:
-        """The parsed ``speculative_token_tree``, in breadth-first order."""
-        return ast.literal_eval(self.speculative_token_tree) if self.speculative_token_tree else []
+        """The parsed ``speculative_token_tree``, in breadth-first order ([] for a dynamic tree)."""
+        if not self.speculative_token_tree or self.dynamic_tree:
+            return []
+        return ast.literal_eval(self.speculative_token_tree)
 
     def to_dict(self) -> dict[str, Any]:
         """User-facing keys with resolved values; JSON-serialisable and accepted back by ``from_dict``."""
@@ -349,6 +365,7 @@ def _resolve_method_keys(values: dict[str, Any], draft: _DraftInfo) -> None:
     _check_bounds(values)
     num_tokens = values["num_speculative_tokens"] = _resolve_num_tokens(method, values, draft)
     values["speculative_token_tree"] = _resolve_tree(values["speculative_token_tree"], num_tokens)
+    _resolve_dynamic_tree(values)
 
 
 def _aux_layer_ids(draft_model_config: Mapping[str, Any] | None, method: str) -> tuple[int, ...] | None:
@@ -428,14 +445,36 @@ def _resolve_num_tokens(method: str, values: dict[str, Any], draft: _DraftInfo) 
 
 
 def _resolve_tree(tree: str | list[Any] | tuple[Any, ...] | None, num_tokens: int) -> str:
-    """A chain of ``num_tokens`` by default; else the parsed tree sorted breadth-first."""
+    """A chain of ``num_tokens`` by default; "dynamic"; else the parsed tree sorted breadth-first."""
     if tree is None:
         return str([(i + 1) * (0,) for i in range(num_tokens)])
+    if tree == DYNAMIC_TREE:
+        return tree
     return str(sorted(_parse_tree(tree), key=lambda t: (len(t), t)))
 
 
+def _resolve_dynamic_tree(values: dict[str, Any]) -> None:
+    """eagle_topk / num_draft_tokens: defaults for a dynamic tree, errors without one."""
+    keys = ("eagle_topk", "num_draft_tokens")
+    if values["speculative_token_tree"] != DYNAMIC_TREE:
+        for key in keys:
+            if values[key] is not None:
+                raise ValueError(f"{key} sizes dynamic trees: it needs speculative_token_tree 'dynamic'")
+        return
+    topk = values["eagle_topk"] = DYNAMIC_TOPK if values["eagle_topk"] is None else values["eagle_topk"]
+    if values["num_draft_tokens"] is None:
+        values["num_draft_tokens"] = DYNAMIC_NUM_DRAFT_TOKENS
+    if topk < 1:
+        raise ValueError(f"eagle_topk={topk} must be >= 1")
+    if not 2 <= values["num_draft_tokens"] <= MAX_SPECULATIVE_TOKENS + 1:
+        raise ValueError(
+            f"num_draft_tokens={values['num_draft_tokens']} must be in [2, {MAX_SPECULATIVE_TOKENS + 1}] (the root "
+            "and at least one drafted node)"
+        )
+
+
 def _parse_tree(tree: str | list[Any] | tuple[Any, ...]) -> list[tuple[int, ...]]:
-    example = "e.g. '[(0,), (1,), (0, 0)]'"
+    example = "e.g. '[(0,), (1,), (0, 0)]' or 'dynamic'"
     if isinstance(tree, str):
         try:
             tree = ast.literal_eval(tree)

@@ -197,11 +197,12 @@ def test_vllm_spec_decode_example_reads_the_metrics(tiny_llama):
 # ------------------------------------------------------------------ distribution
 
 
-def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000) -> None:
-    """n sampled 3-token generations of one prompt: the second output token (the first one speculation produced) must
-    follow the target's exact marginal, and the same test must reject a half-uniform mixture (its power)."""
+def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000, max_tokens: int = 3) -> None:
+    """n sampled 3-token (max_tokens) generations of one prompt: the second output token (the first one speculation
+    produced) must follow the target's exact marginal, and the same test must reject a half-uniform mixture (its
+    power)."""
     prompt = [11, 42, 7, 99, 5]
-    sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=3, ignore_eos=True)
+    sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=max_tokens, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
     v = llm.engine.runner.model.cfg.vocab_size
     counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
@@ -486,9 +487,13 @@ def test_eagle3_config_errors(tiny_llama, tmp_path):
 # None: num_speculative_tokens from num_nextn_predict_layers (1)
 @pytest.mark.parametrize("k", [None, 3])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_mtp_greedy_equality(tiny_mimo, k, batch):
+# "dynamic": EAGLE-2 trees from the MTP layer
+@pytest.mark.parametrize("tree", [None, "dynamic"])
+def test_mtp_greedy_equality(tiny_mimo, k, batch, tree):
     plain = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16)
     cfg = {"method": "mtp", **({"num_speculative_tokens": k} if k else {})}
+    if tree is not None:
+        cfg |= {"speculative_token_tree": tree, "num_draft_tokens": 6}
     llm = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     assert llm.engine.opts.num_speculative_tokens == (k or 1)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -653,7 +658,8 @@ def test_request_output_spec_decode_metrics_add_up_to_the_engine_counters(
 
 
 def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_through_eagle):
-    """strict verification of a tree: every emitted token is the target's own sample at its node."""
+    """strict verification of a tree: every emitted token is the target's own sample at its node (4 tokens: the
+    second comes from a whole-tree step, which needs room for the tree's 2 levels)."""
     spec = {
         "method": "eagle",
         "model": pass_through_eagle,
@@ -663,7 +669,7 @@ def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_t
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
     )
-    _assert_second_token_law(llm)
+    _assert_second_token_law(llm, max_tokens=4)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
 
 
@@ -673,15 +679,152 @@ def test_token_tree_config_errors(tiny_llama, tiny_eagle):
         ValueError, match="tree drafting is supported with methods eagle, eagle3, mtp, not 'ngram'"
     ):
         LLM(tiny_llama, speculative_config=ngram)
-    prob = {
+    eagle = {
         "method": "eagle",
         "model": tiny_eagle,
         "num_speculative_tokens": 2,
         "speculative_token_tree": TREE,
-        "rejection_sample_method": "probabilistic",
     }
+    synthetic = eagle | {"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.5}
     with pytest.raises(ValueError, match="trees are verified with rejection_sample_method 'strict'"):
-        LLM(tiny_llama, speculative_config=prob)
+        LLM(tiny_llama, speculative_config=synthetic)
+    block = eagle | {"rejection_sample_method": "probabilistic", "enable_block_verify": True}
+    with pytest.raises(ValueError, match="enable_block_verify applies to chains only"):
+        LLM(tiny_llama, speculative_config=block)
+    dynamic = eagle | {"speculative_token_tree": "dynamic"}
+    with pytest.raises(
+        ValueError, match="tree drafting is supported with methods eagle, eagle3, mtp, not 'ngram'"
+    ):
+        LLM(tiny_llama, speculative_config=ngram | {"speculative_token_tree": "dynamic"})
+    with pytest.raises(
+        ValueError, match="eagle_topk sizes dynamic trees: it needs speculative_token_tree 'dynamic'"
+    ):
+        LLM(tiny_llama, speculative_config=eagle | {"eagle_topk": 2})
+    with pytest.raises(ValueError, match="eagle_topk=0 must be >= 1"):
+        LLM(tiny_llama, speculative_config=dynamic | {"eagle_topk": 0})
+    with pytest.raises(ValueError, match=r"num_draft_tokens=1 must be in \[2, "):
+        LLM(tiny_llama, speculative_config=dynamic | {"num_draft_tokens": 1})
+    with pytest.raises(ValueError, match="'eagle_topk' must be an int or null"):
+        LLM(tiny_llama, speculative_config=dynamic | {"eagle_topk": "4"})
+
+
+def _mean_accepted(llm: LLM) -> float:
+    spec = llm.engine.counters.spec
+    return spec.num_accepted_tokens / max(1, spec.num_drafts)
+
+
+def test_token_tree_probabilistic_follows_target_distribution(tiny_llama, pass_through_eagle):
+    """`probabilistic` on a static tree: random requests' children are sampled from the drafter without replacement
+    and verified by recursive rejection sampling; the second token (a root child or the residual's sample, from a
+    whole-tree step: 4 tokens leave room for the tree's 2 levels) follows the target's law."""
+    spec = {
+        "method": "eagle",
+        "model": pass_through_eagle,
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": TREE,
+        "rejection_sample_method": "probabilistic",
+        # every step verifies a whole tree
+        "enable_adaptive_verification": False,
+    }
+    llm = LLM(
+        tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
+    )
+    _assert_second_token_law(llm, max_tokens=4)
+    assert llm.engine.counters.spec.num_accepted_tokens > 0
+    # 3 tokens: the step after the prompt has room for one level only; its chain of first draws carries q
+    _assert_second_token_law(llm, max_tokens=3)
+
+
+def test_token_tree_probabilistic_accepts_more_than_the_strict_walk(tiny_llama, pass_through_eagle):
+    """Sampled children judged against the drafter's probabilities accept far more than the target's own sample
+    landing on a top-ranked child (the tiny target's distributions are flat: strict accepts ~6/320 per level)."""
+    base = {
+        "method": "eagle",
+        "model": pass_through_eagle,
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": TREE,
+        "enable_adaptive_verification": False,
+    }
+    sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    accepted = {}
+    for method in ("strict", "probabilistic"):
+        spec = base | {"rejection_sample_method": method}
+        llm = LLM(
+            tiny_llama,
+            max_model_len=64,
+            max_num_seqs=32,
+            speculative_config=spec,
+            seed=5,
+            spec_token_budget=4096,
+        )
+        llm.generate(_prompts(32, seed=9), sp, use_tqdm=False)
+        accepted[method] = _mean_accepted(llm)
+    assert accepted["probabilistic"] > 0.5 > 0.2 > accepted["strict"]
+
+
+@pytest.mark.parametrize("method", ["strict", "probabilistic"])
+def test_dynamic_tree_follows_target_distribution(tiny_llama, tiny_eagle, method):
+    """Dynamic trees under sampling: verified with the target's own picks (their nodes are chosen by their own draft
+    confidence), whatever the rule; the second token follows the target's law."""
+    spec = {
+        "method": "eagle",
+        "model": tiny_eagle,
+        "num_speculative_tokens": 2,
+        "speculative_token_tree": "dynamic",
+        "eagle_topk": 3,
+        "num_draft_tokens": 7,
+        "rejection_sample_method": method,
+        "enable_adaptive_verification": False,
+    }
+    llm = LLM(
+        tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=3, spec_token_budget=4096
+    )
+    _assert_second_token_law(llm, max_tokens=4)
+    assert llm.engine.counters.spec.num_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("drafter", ["pass_through_eagle", "tiny_eagle", "tiny_eagle3"])
+def test_dynamic_tree_greedy_equality(request, tiny_llama, monkeypatch, drafter, batch):
+    """EAGLE-2 dynamic trees (one per request and step, per-request attention masks) verified in one forward: the
+    output is plain decoding's; whole trees ran (batch 8 x 8 rows exceeds the step budget: chains there)."""
+    from verispec.engine.kv_cache import KVCache
+    from verispec.spec.eagle import EagleProposer
+
+    moves, shapes = [], []
+    move = KVCache.move
+    monkeypatch.setattr(KVCache, "move", lambda self, slot, s, d: (moves.append(s), move(self, slot, s, d)))
+    propose = EagleProposer._propose_dynamic
+
+    def spy(self, *args):
+        prop = propose(self, *args)
+        # whether the requests of this step got differently shaped trees
+        shapes.append(bool((prop.tree.parent != prop.tree.parent[:1]).any()))
+        return prop
+
+    monkeypatch.setattr(EagleProposer, "_propose_dynamic", spy)
+    spec = {
+        "method": "eagle3" if drafter == "tiny_eagle3" else "eagle",
+        "model": request.getfixturevalue(drafter),
+        "num_speculative_tokens": 3,
+        "speculative_token_tree": "dynamic",
+        "eagle_topk": 3,
+        "num_draft_tokens": 8,
+    }
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=spec)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = _prompts(batch, seed=batch + 60)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
+    stats = llm.engine.counters.spec
+    if batch * 8 <= 32:
+        # 7 nodes per whole-tree step
+        assert stats.num_draft_tokens > 4 * stats.num_drafts
+    if drafter == "pass_through_eagle" and batch * 8 <= 32:
+        assert stats.num_accepted_tokens > 0 and moves
+    if drafter == "tiny_eagle" and batch > 1:
+        assert any(shapes)
 
 
 DRAFTERS = {

@@ -64,6 +64,8 @@ def test_every_reference_key_is_accepted():
         "num_speculative_tokens_per_batch_size",
         "enable_adaptive_verification",
         "use_heterogeneous_vocab",
+        "eagle_topk",
+        "num_draft_tokens",
     }
     assert ALLOWED_KEYS == expected
     fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
@@ -254,6 +256,17 @@ def test_token_tree_default_chain_and_breadth_first_sort(tree, expected):
     cfg = make({**EAGLE_CFG, "speculative_token_tree": tree})
     assert cfg.speculative_token_tree == expected
     assert str(cfg.token_tree) == expected
+
+
+def test_dynamic_token_tree_defaults_and_lookahead():
+    cfg = make({**EAGLE_CFG, "speculative_token_tree": "dynamic"})
+    assert cfg.dynamic_tree and cfg.token_tree == []
+    assert (cfg.eagle_topk, cfg.num_draft_tokens) == (4, 16)
+    # every node of the tree is scored past the committed token
+    assert cfg.num_lookahead_slots == 15
+    sized = make({**EAGLE_CFG, "speculative_token_tree": "dynamic", "eagle_topk": 2, "num_draft_tokens": 3})
+    assert (sized.eagle_topk, sized.num_draft_tokens, sized.num_lookahead_slots) == (2, 3, 3)
+    assert make(sized.to_dict()) == sized
 
 
 # --- parallelism and lengths --------------------------------------------------------------------------
@@ -654,6 +667,9 @@ ERRORS = [
         "speculative_token_tree has duplicate nodes",
     ),
     ({**EAGLE_CFG, "speculative_token_tree": "[(0,), (1, 0)]"}, {}, "node (1, 0) has no parent (1,)"),
+    ({**EAGLE_CFG, "speculative_token_tree": "dynamo"}, {}, "(0, 0)]' or 'dynamic'"),
+    ({**EAGLE_CFG, "num_draft_tokens": 8}, {}, "num_draft_tokens sizes dynamic trees: it needs"),
+    ({**EAGLE_CFG, "speculative_token_tree": "dynamic", "eagle_topk": 0}, {}, "eagle_topk=0 must be >= 1"),
     # input shape
     ([("method", "ngram")], {}, "speculative_config must be a mapping (JSON object), got list"),
     (NGRAM, {"draft_hf_config": ["llama"]}, "draft_hf_config must be a mapping"),

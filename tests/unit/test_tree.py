@@ -2,7 +2,7 @@
 
 import torch
 
-from verispec.spec.tree import TokenTree, tree_accept
+from verispec.spec.tree import TokenTree, ancestors_of, batch_of, tree_accept
 
 # root -> (0,) a, (1,) b;  a -> (0, 0) c, (0, 1) d;  c -> (0, 0, 0) e
 TREE = TokenTree(((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))
@@ -56,3 +56,28 @@ def test_walk_follows_the_target_picks():
     deepest, paths = _accept(tokens, picks)
     assert deepest == [5, 2, 4, 0]
     assert [[i for i, on in enumerate(p) if on] for p in paths] == [[0, 1, 3, 5], [0, 2], [0, 1, 4], [0]]
+
+
+def test_batch_structure_matches_the_static_tree():
+    tb = batch_of(TREE, 2)
+    assert tb.size == 5 and tb.max_depth == 3
+    assert torch.equal(ancestors_of(tb.parent, 3), tb.ancestors)
+    # children by rank, -1 padded: root -> a, b; a -> c, d; c -> e
+    assert tb.children()[0].tolist() == [[1, 2], [3, 4], [-1, -1], [5, -1], [-1, -1], [-1, -1]]
+    assert tb.top_chains([[11, 12, 13, 14, 15]]) == [[11, 13, 15]]
+
+
+def test_walk_with_one_tree_per_row():
+    """Dynamic trees: row 0 is TREE, row 1 a chain of 5; each row walks its own structure."""
+    chain = TokenTree(((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)))
+    rows = [batch_of(TREE, 1), batch_of(chain, 1)]
+    parent = torch.cat([r.parent for r in rows])
+    anc = torch.cat([r.ancestors for r in rows])
+    depth = torch.cat([r.depth for r in rows])
+    tokens = torch.tensor([[50, 11, 12, 13, 14, 15], [50, 11, 12, 13, 14, 15]])
+    # row 0: root picks b (node 2); row 1: 11, 12, 13 match, then 99
+    picks = torch.tensor([[12, 0, 0, 0, 0, 0], [11, 12, 13, 99, 0, 0]])
+    deepest, on_path = tree_accept(tokens, picks, parent, anc, depth)
+    assert deepest.tolist() == [2, 3]
+    assert [[i for i, on in enumerate(p) if on] for p in on_path.tolist()] == [[0, 2], [0, 1, 2, 3]]
+    assert batch_of(chain, 1).top_chains([[11, 12, 13, 14, 15]]) == [[11, 12, 13, 14, 15]]

@@ -20,9 +20,11 @@ from verispec.sample.constraints import constrain_tokens, has_position_constrain
 from verispec.sample.logits import make_generator
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
 from verispec.sample.step import sample_step
+from verispec.sample.tree_verify import tree_rejection_sample
+from verispec.sample.verify import draw_uniform
 from verispec.spec.base import Proposal, Proposer, ProposerNeeds
 from verispec.spec.planner import DraftPlanner, schedule_cap
-from verispec.spec.tree import TokenTree, tree_accept
+from verispec.spec.tree import TokenTree, TreeBatch, batch_of, tree_accept
 
 
 @dataclass
@@ -308,8 +310,14 @@ class LLMEngine:
                 if self._tree_step_ok(reqs, spec, caps, prop.tree):
                     return self._decode_tree(reqs, prop)
                 # this step verifies the tree's top-1 path as a chain
-                chain = prop.tree.chain
-                prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids])
+                if isinstance(prop.tree, TreeBatch):
+                    prop = Proposal(prop.tree.top_chains(prop.token_ids))
+                else:
+                    chain = prop.tree.chain
+                    # a sampled tree's first children are draws from q at their parents: q goes along
+                    probs = prop.draft_probs
+                    probs = None if probs is None else probs[:, [0] + chain[:-1]]
+                    prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids], probs)
             asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
             if planner is None:
                 kept = fit_budget(asked, self.opts.spec_token_budget - len(reqs))
@@ -366,7 +374,7 @@ class LLMEngine:
         )
 
     def _tree_step_ok(
-        self, reqs: list[Request], spec: list[Request], caps: list[int], tree: TokenTree
+        self, reqs: list[Request], spec: list[Request], caps: list[int], tree: TokenTree | TreeBatch
     ) -> bool:
         """Whether this step can verify whole trees: every request speculates with room for the tree's depth, the
         trees fit the step's token budget, and no request needs position-dependent processing along a path
@@ -378,15 +386,21 @@ class LLMEngine:
         return not any(has_position_constraints(r) for r in reqs)
 
     def _decode_tree(self, reqs: list[Request], prop: Proposal) -> list[Request]:
-        """Verify a token tree per request in one forward; walk it with the target's own picks (tree_accept); make
-        the accepted path's K/V contiguous; commit."""
-        tree = prop.tree
-        n, anc, depth = tree.size + 1, tree.ancestor_mask(), tree.depth
+        """Verify a token tree per request in one forward: walk it with the target's own picks (tree_accept), or, under
+        `probabilistic` with random requests, by recursive rejection sampling against the drafter's probabilities
+        (tree_rejection_sample); make the accepted path's K/V contiguous; commit."""
+        b = len(reqs)
+        tree = prop.tree if isinstance(prop.tree, TreeBatch) else batch_of(prop.tree, b)
+        n = tree.size + 1
         # [B][1 + N]
         nodes = [[r.last_token_id] + toks for r, toks in zip(reqs, prop.token_ids)]
-        rows = [RowInput(r.slot, r.num_computed, t, tree_mask=anc, depths=depth) for r, t in zip(reqs, nodes)]
+        depth_l = tree.depth.tolist()
+        rows = [
+            RowInput(r.slot, r.num_computed, t, tree_mask=tree.ancestors[i], depths=depth_l[i])
+            for i, (r, t) in enumerate(zip(reqs, nodes))
+        ]
         out, states = self._forward(reqs, rows)
-        b, v = len(reqs), out.logits.shape[-1]
+        v = out.logits.shape[-1]
         logits = out.logits.view(b, n, v)
         if any(r.disallowed is not None or r.logit_bias_ids is not None for r in reqs):
             logits = logits.clone()
@@ -398,26 +412,51 @@ class LLMEngine:
             )
         flat = logits.reshape(b * n, v)
         params = [r.params for r in reqs]
+        gens = [r.generator for r in reqs]
+        argmax = S.greedy(flat)
+        dev = argmax.device
+        tok = torch.tensor(nodes, device=dev)
+        parent, anc, depth = tree.parent.to(dev), tree.ancestors.to(dev), tree.depth.to(dev)
         probs = noise = greedy = None
         if not all(p.is_greedy for p in params):
             st = S.SamplingTensors.from_params(params, flat.device, v).repeat_interleave([n] * b)
-            noise = S.draw_noise([n] * b, [r.generator for r in reqs], v, flat.device, self.generator)
             probs, greedy = S.logits_to_probs(flat, st), st.is_greedy
-        # [B, 1 + N] the target's own pick at every node
-        picks = S.greedy_or_sample(S.greedy(flat), probs, noise, greedy).view(b, n)
-        dev = picks.device
-        tok = torch.tensor(nodes, device=dev)
-        deepest, on_path = tree_accept(
-            tok, picks, torch.tensor(tree.parent, device=dev), anc.to(dev), torch.tensor(depth, device=dev)
-        )
+        if probs is not None and self.opts.verify.method == "probabilistic":
+            # greedy rows: one-hot at the argmax, their walk then follows the argmax
+            target = torch.where(
+                greedy[:, None], torch.nn.functional.one_hot(argmax, v).to(probs.dtype), probs
+            )
+            sampled = ~greedy.view(b, n)[:, 0]
+            if prop.draft_probs is None:
+                sampled = torch.zeros_like(sampled)
+            uniform = draw_uniform((b, n), gens, dev)
+            noise = S.draw_noise([1] * b, gens, v, dev, self.generator)
+            deepest, bonus = tree_rejection_sample(
+                tok,
+                target.view(b, n, v),
+                prop.draft_probs,
+                sampled,
+                tree.children(),
+                tree.max_depth,
+                uniform,
+                noise,
+            )
+            on_path = anc[torch.arange(b, device=dev), deepest]
+        else:
+            if probs is not None:
+                noise = S.draw_noise([n] * b, gens, v, flat.device, self.generator)
+            # [B, 1 + N] the target's own pick at every node
+            picks = S.greedy_or_sample(argmax, probs, noise, greedy).view(b, n)
+            deepest, on_path = tree_accept(tok, picks, parent, anc, depth)
+            bonus = picks.gather(1, deepest[:, None]).squeeze(1)
         # the step's host sync
-        deepest_l, on_l, picks_l = deepest.tolist(), on_path.tolist(), picks.tolist()
+        on_l, bonus_l = on_path.tolist(), bonus.tolist()
         stats = SpecDecodingStats(max(self.opts.num_speculative_tokens, tree.max_depth))
         emitted, hidden_rows = [], []
         for i, r in enumerate(reqs):
             # breadth-first order = increasing depth
             path = [j for j in range(1, n) if on_l[i][j]]
-            emitted.append([nodes[i][j] for j in path] + [picks_l[i][deepest_l[i]]])
+            emitted.append([nodes[i][j] for j in path] + [bonus_l[i]])
             moved = [(j, d) for d, j in enumerate(path, start=1) if j != d]
             # the accepted nodes' K/V to positions start + 1.. (O(depth) per request)
             if moved:

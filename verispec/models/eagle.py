@@ -54,6 +54,10 @@ class TargetHeadDraft(nn.Module):
         """[B, H] -> [B, k] the k most likely tokens, best first (token trees)."""
         return self._target_logits(head_in).topk(k, dim=-1).indices
 
+    def draft_logits(self, head_in: torch.Tensor) -> torch.Tensor:
+        """[B, H] -> [B, V] the drafter's logits over the target vocabulary (sampled and dynamic trees)."""
+        return self._target_logits(head_in)
+
 
 class EagleDraft(TargetHeadDraft):
     packed_modules_mapping = PACKED_MODULES

@@ -110,6 +110,17 @@ class Eagle3Draft(nn.Module):
         ids = self.lm_head(head_in).topk(k, dim=-1).indices
         return ids if self.d2t is None else ids + self.d2t[ids]
 
+    def draft_logits(self, head_in: torch.Tensor) -> torch.Tensor:
+        """[B, H] -> [B, V] the drafter's logits over the target vocabulary, -inf outside the draft vocabulary
+        (sampled and dynamic trees)."""
+        logits = self.lm_head(head_in)
+        if self.d2t is None:
+            return logits
+        out = logits.new_full((logits.shape[0], self.cfg.vocab_size), float("-inf"))
+        ids = torch.arange(logits.shape[1], device=logits.device)
+        out[:, ids + self.d2t] = logits
+        return out
+
 
 def aux_layer_ids(hf: dict, num_target_layers: int) -> tuple[int, ...]:
     """The target layers whose input streams EAGLE-3 reads: the checkpoint's, else vLLM's (2, L // 2, L - 3)."""

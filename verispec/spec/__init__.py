@@ -209,7 +209,10 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     _follow_target_weights(draft, ctx)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return EagleProposer(
-        draft, ModelRunner(draft, cache, ctx.device), tree=token_tree(cfg, target.vocab_size)
+        draft,
+        ModelRunner(draft, cache, ctx.device),
+        tree=token_tree(cfg, target.vocab_size),
+        sample_children=_samples_trees(cfg),
     )
 
 
@@ -238,7 +241,9 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     _follow_target_weights(draft, ctx)
     cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     tree = token_tree(cfg, draft.lm_head.out_features)
-    return EagleProposer(draft, ModelRunner(draft, cache, ctx.device), tuple(layers), tree)
+    return EagleProposer(
+        draft, ModelRunner(draft, cache, ctx.device), tuple(layers), tree, _samples_trees(cfg)
+    )
 
 
 def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -293,7 +298,10 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     layer.bind_target(target.model)
     cache = KVCache(replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return EagleProposer(
-        layer, ModelRunner(layer, cache, ctx.device), tree=token_tree(cfg, target.config.vocab_size)
+        layer,
+        ModelRunner(layer, cache, ctx.device),
+        tree=token_tree(cfg, target.config.vocab_size),
+        sample_children=_samples_trees(cfg),
     )
 
 
@@ -329,11 +337,19 @@ SUPPORTED_METHODS = tuple(_METHODS)
 TREE_METHODS = ("eagle", "eagle3", "mtp")
 
 
-def token_tree(cfg: SpeculativeConfig, draft_vocab: int | None = None):
-    """The configured speculative_token_tree as a TokenTree, or None when it is a chain (the default). With
-    draft_vocab: every child rank must name one of the drafter's tokens."""
-    from verispec.spec.tree import TokenTree
+def _samples_trees(cfg: SpeculativeConfig) -> bool:
+    """Whether a static tree's children of random requests are sampled from the drafter (`probabilistic`:
+    recursive rejection sampling verifies them)."""
+    return cfg.rejection_sample_method == "probabilistic"
 
+
+def token_tree(cfg: SpeculativeConfig, draft_vocab: int | None = None):
+    """The configured speculative_token_tree as a TokenTree, a DynamicTree, or None when it is a chain (the
+    default). With draft_vocab: every child rank must name one of the drafter's tokens."""
+    from verispec.spec.tree import DynamicTree, TokenTree
+
+    if cfg.dynamic_tree:
+        return DynamicTree(cfg.eagle_topk, cfg.num_draft_tokens - 1, cfg.num_speculative_tokens)
     paths = cfg.token_tree
     if not paths or (all(set(p) == {0} for p in paths) and len(paths) == max(len(p) for p in paths)):
         return None
@@ -360,11 +376,17 @@ def check_supported(cfg: SpeculativeConfig) -> None:
             f"speculative_token_tree: tree drafting is supported with methods {', '.join(TREE_METHODS)}, not "
             f"'{cfg.method}'; omit the key (a chain of num_speculative_tokens={cfg.num_speculative_tokens})"
         )
-    if tree is not None and cfg.rejection_sample_method != "strict":
+    if tree is not None and cfg.rejection_sample_method not in ("strict", "probabilistic"):
         raise ValueError(
             "speculative_token_tree: trees are verified with rejection_sample_method 'strict' (the target's own pick "
-            f"at every node), got '{cfg.rejection_sample_method}'"
+            "at every node) or 'probabilistic' (recursive rejection sampling of sampled children), got "
+            f"'{cfg.rejection_sample_method}'"
         )
+    for key in ("enable_block_verify", "enable_entropy_verify"):
+        if tree is not None and getattr(cfg, key):
+            raise ValueError(
+                f"speculative_token_tree: {key} applies to chains only; remove one of the two keys"
+            )
     unsupported = {
         "quantization": cfg.quantization is not None,
         "revision": cfg.revision is not None,

@@ -13,7 +13,7 @@ import torch
 
 if TYPE_CHECKING:
     from verispec.engine.request import Request
-    from verispec.spec.tree import TokenTree
+    from verispec.spec.tree import TokenTree, TreeBatch
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,11 @@ class ProposerNeeds:
 class Proposal:
     # per request 0..k_max[b] drafts (host lists: the runner builds inputs from them)
     token_ids: list[list[int]]
-    # [B, K, V] draft distribution for `probabilistic`; None = one-hot at each draft
+    # [B, K, V] draft distribution for `probabilistic`; None = one-hot at each draft. With a tree: [B, 1 + N, V] the
+    # drafter's distribution at each node, which a random request's children were sampled from without replacement
     draft_probs: torch.Tensor | None = None
-    # a token tree: token_ids[b] are then the tree's nodes in its (breadth-first) order
-    tree: TokenTree | None = None
+    # a token tree (a TreeBatch: one per request): token_ids[b] are then the tree's nodes in its (breadth-first) order
+    tree: TokenTree | TreeBatch | None = None
     # per request and draft, the proposer's own estimate that the draft is accepted if the ones before it were
     # (suffix decoding's frequency ratios); the planner calibrates it. None: no estimate
     confidence: list[list[float]] | None = None

@@ -8,11 +8,17 @@ its ancestors (`ancestor_mask`), at RoPE position start + depth.
 Verification (`tree_accept`) walks down from the root: at each node it takes the target's own pick there (argmax for
 greedy requests, a sample of the target's distribution for random ones: the `strict` rule), moves to the child holding
 that token if there is one, and stops otherwise. Every emitted token is the target's pick at its position, so the
-output follows the target exactly, whatever the tree held.
+output follows the target exactly, whatever the tree held. Under `probabilistic`, static trees whose children were
+sampled from the drafter are verified by recursive rejection sampling instead (sample/tree_verify.py).
+
+A `DynamicTree` (`speculative_token_tree: "dynamic"`) is EAGLE-2's: each step the drafter grows the tree where its
+own path confidence is highest and keeps the best nodes, so every request gets its own tree. A `TreeBatch` holds one
+step's trees as tensors, one row per request; a static tree becomes one with `TokenTree.batch`.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -62,27 +68,121 @@ class TokenTree:
         return m.to(device)
 
 
+@dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2 dynamic trees: `depth` expansion steps; at each, the `topk` nodes of the newest level with the highest
+    path confidence (product of draft probabilities from the root) get their `topk` most likely children; of every
+    node drafted, the `num_nodes` most confident are verified (their ancestors are at least as confident, so they
+    form a tree)."""
+
+    topk: int
+    # nodes verified per request, root excluded
+    num_nodes: int
+    depth: int
+
+    @property
+    def max_depth(self) -> int:
+        return self.depth
+
+
+@dataclass
+class TreeBatch:
+    """One step's token trees, one row per request, every tree with the same node count (node 0: the root)."""
+
+    # [B, 1 + N] parent node (root: -1)
+    parent: torch.Tensor
+    # [B, 1 + N]
+    depth: torch.Tensor
+    # [B, 1 + N, 1 + N] bool ancestor-or-self
+    ancestors: torch.Tensor
+    # deepest node of any row (host int)
+    max_depth: int
+    # most children of any node (host int; None: read from parent, a host sync)
+    width: int | None = None
+
+    @property
+    def size(self) -> int:
+        return self.parent.shape[1] - 1
+
+    def children(self) -> torch.Tensor:
+        """[B, 1 + N, R] the children of every node in breadth-first order (their rank order), -1 padded."""
+        b, n = self.parent.shape
+        # [B, 1 + N, 1 + N]: j < i and i, j siblings
+        same = (self.parent[:, :, None] == self.parent[:, None, :]) & torch.ones(
+            n, n, dtype=torch.bool, device=self.parent.device
+        ).tril(-1)
+        # [B, N] index of each node among its siblings
+        rank = same.sum(-1)[:, 1:]
+        r = self.width if self.width is not None else max(int(rank.max()) + 1 if n > 1 else 1, 1)
+        out = torch.full((b, n * r), -1, dtype=torch.long, device=self.parent.device)
+        nodes = torch.arange(1, n, device=self.parent.device).expand(b, -1)
+        out.scatter_(1, self.parent[:, 1:] * r + rank, nodes)
+        return out.view(b, n, r)
+
+    def top_chains(self, token_ids: list[list[int]]) -> list[list[int]]:
+        """Per request, the tokens along its first children from the root (the drafter's most likely path)."""
+        out = []
+        for par, toks in zip(self.parent.tolist(), token_ids):
+            chain, node = [], 0
+            # breadth-first: a node's first child is the first node naming it as parent
+            for j in range(1, len(par)):
+                if par[j] == node:
+                    chain.append(toks[j - 1])
+                    node = j
+            out.append(chain)
+        return out
+
+
+def batch_of(tree: TokenTree, b: int, device=None) -> TreeBatch:
+    """A static tree as a TreeBatch of b identical rows."""
+    n = tree.size + 1
+    return TreeBatch(
+        torch.tensor(tree.parent, device=device).expand(b, n),
+        torch.tensor(tree.depth, device=device).expand(b, n),
+        tree.ancestor_mask(device).expand(b, n, n),
+        tree.max_depth,
+        max(Counter(tree.parent[1:]).values(), default=1),
+    )
+
+
+def ancestors_of(parent: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """parent [B, 1 + N] (root -1) -> [B, 1 + N, 1 + N] bool ancestor-or-self, by max_depth doublings of the
+    parent's row (a loop over depth, not nodes)."""
+    b, n = parent.shape
+    eye = torch.eye(n, dtype=torch.bool, device=parent.device).expand(b, n, n)
+    up = parent.clamp_min(0)[:, :, None].expand(b, n, n)
+    anc = eye
+    for _ in range(max_depth):
+        # each node's row |= its parent's row (the root's own row stays itself)
+        anc = eye | (torch.gather(anc, 1, up) & (parent >= 0)[:, :, None])
+    return anc
+
+
 def tree_accept(
     # [B, 1 + N] node tokens (column 0: the root, the newest committed token)
     tokens: torch.Tensor,
     # [B, 1 + N] the target's pick at each node (argmax or a sample of its distribution)
     picks: torch.Tensor,
-    # [1 + N] parent node index (root: -1)
+    # [1 + N] or [B, 1 + N] parent node index (root: -1)
     parent: torch.Tensor,
-    # [1 + N, 1 + N] bool ancestor-or-self mask
+    # [1 + N, 1 + N] or [B, 1 + N, 1 + N] bool ancestor-or-self mask
     ancestors: torch.Tensor,
-    # [1 + N]
+    # [1 + N] or [B, 1 + N]
     depth: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (the deepest accepted node [B], the nodes on its path [B, 1 + N] bool). A node is accepted when its token is
-    its parent's pick and its parent is accepted; the accepted nodes form one path (siblings hold distinct tokens)."""
+    its parent's pick and its parent is accepted; the accepted nodes form one path (siblings hold distinct tokens).
+    The structure is one tree for every row, or one per row (dynamic trees)."""
+    b, n = tokens.shape
+    parent, depth = parent.expand(b, n), depth.expand(b, n)
+    ancestors = ancestors.expand(b, n, n)
     # [B, N]
-    match = tokens[:, 1:] == picks.gather(1, parent[1:].expand(tokens.shape[0], -1))
+    match = tokens[:, 1:] == picks.gather(1, parent[:, 1:])
     # the root always stands
     match = torch.cat([torch.ones_like(match[:, :1]), match], dim=1)
     # [B, 1 + N]: every ancestor-or-self matched
-    ok = ~((ancestors[None] & ~match[:, None, :]).any(dim=-1))
+    ok = ~((ancestors & ~match[:, None, :]).any(dim=-1))
     # unique: one accepted node per depth
-    deepest = torch.where(ok, depth[None], -1).argmax(dim=1)
+    deepest = torch.where(ok, depth, -1).argmax(dim=1)
     # [B], [B, 1 + N]
-    return deepest, ancestors[deepest]
+    return deepest, ancestors[torch.arange(b, device=tokens.device), deepest]
