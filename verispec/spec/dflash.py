@@ -13,43 +13,21 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
 from verispec.models.dflash import DFlashDraft
 from verispec.spec.base import Proposal, ProposerNeeds
+from verispec.spec.state_slots import StateSlots
 
 
-class DFlashProposer:
+class DFlashProposer(StateSlots):
     def __init__(self, draft: DFlashDraft, runner: ModelRunner, mask_token: int):
         """draft: bound to the target (embedding, LM head); runner: the draft's cache and contexts; mask_token: the
         id the masked block positions are fed as (`dflash_config.mask_token_id`)."""
         self.draft, self.runner, self.mask_token = draft, runner, mask_token
         self.causal = draft.dflash.causal
         self.needs = ProposerNeeds(target_hidden="all", aux_layers=draft.dflash.aux_layers, runs_forward=True)
-        self.cache: KVCache = runner.cache
-        self.slot: dict[str, int] = {}
-        # positions whose context K/V are in the draft cache
-        self.computed: dict[str, int] = {}
-        # target states of positions computed[rid].. not yet written
-        self.pending: dict[str, list[torch.Tensor]] = {}
-
-    def add_request(self, req: Request) -> None:
-        slot = self.cache.allocate()
-        assert slot is not None, "the draft cache has as many slots as the target's"
-        self.slot[req.request_id], self.computed[req.request_id], self.pending[req.request_id] = slot, 0, []
-
-    def remove_request(self, req: Request, aborted: bool) -> None:
-        slot = self.slot.pop(req.request_id, None)
-        if slot is not None:
-            self.cache.free(slot)
-        self.computed.pop(req.request_id, None)
-        self.pending.pop(req.request_id, None)
-
-    def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
-        # h [n, n_aux H]: positions num_computed - n .. num_computed - 1, in order
-        for r, h in zip(reqs, hidden):
-            self.pending[r.request_id].append(h)
+        self._init_slots(runner.cache)
 
     def _write_context(self, reqs: list[Request]) -> None:
         """The context K/V of every pending target state, all requests in one pass."""

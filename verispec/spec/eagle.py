@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
 from verispec.sample.logits import draw_noise
 from verispec.sample.tree_verify import sample_children
 from verispec.spec.base import Proposal, ProposerNeeds
+from verispec.spec.state_slots import StateSlots
 from verispec.spec.tree import DynamicTree, TokenTree, TreeBatch, ancestors_of
 
 
-class EagleProposer:
+class EagleProposer(StateSlots):
     def __init__(
         self,
         draft: torch.nn.Module,
@@ -44,29 +44,7 @@ class EagleProposer:
         self.draft, self.runner, self.tree = draft, runner, tree
         self.sample_children = sample_children
         self.needs = ProposerNeeds(target_hidden="all", aux_layers=aux_layers, runs_forward=True)
-        self.cache: KVCache = runner.cache
-        self.slot: dict[str, int] = {}
-        # draft positions whose K/V pair a committed token with a target state
-        self.computed: dict[str, int] = {}
-        # target states of positions computed[rid].. not yet read
-        self.pending: dict[str, list[torch.Tensor]] = {}
-
-    def add_request(self, req: Request) -> None:
-        slot = self.cache.allocate()
-        assert slot is not None, "the draft cache has as many slots as the target's"
-        self.slot[req.request_id], self.computed[req.request_id], self.pending[req.request_id] = slot, 0, []
-
-    def remove_request(self, req: Request, aborted: bool) -> None:
-        slot = self.slot.pop(req.request_id, None)
-        if slot is not None:
-            self.cache.free(slot)
-        self.computed.pop(req.request_id, None)
-        self.pending.pop(req.request_id, None)
-
-    def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
-        # h [n, H]: positions num_computed - n .. num_computed - 1, in order
-        for r, h in zip(reqs, hidden):
-            self.pending[r.request_id].append(h)
+        self._init_slots(runner.cache)
 
     @torch.inference_mode()
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
