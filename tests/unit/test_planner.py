@@ -149,6 +149,25 @@ def test_planner_probes_a_request_it_keeps_skipping():
     assert chosen[PROBE_AFTER] == 1
 
 
+def test_probes_of_a_batch_fall_on_the_same_steps():
+    """Requests that went idle at different steps probe together, on every PROBE_AFTER-th planned step: a probe
+    makes the whole step score two rows per request, so it should not happen on most steps."""
+    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
+    for rid in "abc":
+        for _ in range(40):
+            planner.observe(rid, 4, 0)
+    probes: dict[int, list[int]] = {}
+    for step in range(3 * PROBE_AFTER + 1):
+        # requests join one after another
+        ids = ["a", "b", "c"][: 1 + min(2, step // 5)]
+        chosen = planner.choose(ids, [[1, 2, 3, 4]] * len(ids), None, len(ids), 0.0)
+        if any(chosen):
+            probes[step] = chosen
+    assert sorted(probes) == [PROBE_AFTER, 2 * PROBE_AFTER, 3 * PROBE_AFTER]
+    # every request probes once per PROBE_AFTER steps, all together
+    assert probes[3 * PROBE_AFTER] == [1, 1, 1]
+
+
 def test_planner_asks_forward_drafters_only_for_what_it_will_verify():
     planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=True, max_rows=64)
     for _ in range(40):

@@ -100,6 +100,13 @@ class _Rate:
         self.trials = self.trials * decay + 1.0
 
 
+# a request whose drafts the planner skipped this many speculating steps in a row verifies one draft (a probe):
+# without it a request that once looked hopeless would never show that it has become predictable. Probes happen
+# on every PROBE_AFTER-th planned step only, all due requests together: one probing request makes the whole step
+# score and sample two rows per request, so probes spread over many steps would slow most steps of a batch
+PROBE_AFTER = 16
+
+
 @dataclass
 class _RequestHistory:
     # per draft position, decayed accepted drafts and the shared estimate's predictions for them: the request's
@@ -186,9 +193,6 @@ def _bin(conf: float) -> int:
     return min(_CONF_BINS - 1, max(0, int(conf * _CONF_BINS)))
 
 
-# a request whose drafts the planner skipped this many speculating steps in a row verifies one draft (a probe):
-# without it a request that once looked hopeless would never show that it has become predictable
-PROBE_AFTER = 16
 # how many draft positions decide whether a cheap drafter drafts at all this step
 _ASK_DEPTH = 4
 
@@ -208,6 +212,8 @@ class DraftPlanner:
         # what the planner chose, for the mean chosen K
         self.planned_tokens = 0
         self.planned_drafts = 0
+        # planned steps so far: probes happen on every PROBE_AFTER-th
+        self.steps = 0
 
     def draft_cost(self, k: int) -> float:
         """Estimated drafting seconds when the longest draft is k: measured, or scaled from the nearest measured k
@@ -259,6 +265,7 @@ class DraftPlanner:
         ]
         lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
         lengths = self._probe(request_ids, lengths, [len(d) for d in drafts], count=True)
+        self.steps += 1
         self.planned_tokens += sum(lengths)
         self.planned_drafts += len(lengths)
         return lengths
@@ -270,7 +277,7 @@ class DraftPlanner:
             if k > 0 or cap == 0:
                 if count:
                     h.idle_steps = 0
-            elif h.idle_steps >= PROBE_AFTER:
+            elif h.idle_steps >= PROBE_AFTER - 1 and self.steps % PROBE_AFTER == 0:
                 out[i] = 1
                 if count:
                     h.idle_steps = 0
