@@ -245,7 +245,10 @@ class EagleProposer(StateSlots):
         root = torch.full((b, 1), -1, dtype=torch.long, device=dev)
         parent = torch.cat([root, remap.gather(1, all_parent.gather(1, keep))], dim=1)
         node_depth = torch.tensor([0] + c_depth, device=dev)[torch.cat([root + 1, keep + 1], dim=1)]
-        max_depth = int(node_depth.max())
-        tree = TreeBatch(parent, node_depth, ancestors_of(parent, max_depth), max_depth, k)
-        # the step's host sync
-        return Proposal(all_tok.gather(1, keep).tolist(), tree=tree)
+        # depth doublings reach every ancestor (further ones change nothing)
+        ancestors = ancestors_of(parent, depth)
+        # the step's one host sync: [B, 2n] the kept tokens, then their depths
+        host = torch.cat([all_tok.gather(1, keep), node_depth[:, 1:]], dim=1).tolist()
+        max_depth = max(max(row[n:]) for row in host)
+        tree = TreeBatch(parent, node_depth, ancestors, max_depth, k)
+        return Proposal([row[:n] for row in host], tree=tree)
