@@ -1,0 +1,123 @@
+"""Where a decode step's time goes: plain decoding against speculative configs on one workload, with the engine's
+parts timed per call (the target forward, sampling and verification, the proposer, the planner's ask / choose).
+
+    .venv/bin/python benchmarks/step_breakdown.py --workload chat --batch-size 16 --temperature 1 \
+        -sc '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}'
+
+Prints the CPU, one row per run (milliseconds per decode step for each part; the forward row counts prompt chunks
+too) and writes JSON to bench_results/step_breakdown.json. The timers add a few microseconds per call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from adaptive_k import cpu_model
+
+import verispec.engine.engine as engine_module
+from verispec.bench import time_llm
+from verispec.sampling_params import SamplingParams
+from verispec.workloads import WORKLOADS, build_workload
+
+# (part, object attribute path from the engine, method name)
+PARTS = (
+    ("decode step", "", "_decode"),
+    ("forward", "", "_forward"),
+    ("propose", "proposer", "propose"),
+    ("planner ask", "planner", "ask"),
+    ("planner choose", "planner", "choose"),
+)
+
+
+def _timed(obj, name: str, totals: dict, key: str) -> None:
+    """Wrap obj.name so that its calls add their seconds to totals[key]."""
+    inner = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[key] += time.perf_counter() - t
+
+    setattr(obj, name, wrapper)
+
+
+def run(args, label: str, spec: dict | None, prompts: list[list[int]], sp: SamplingParams) -> dict:
+    from verispec import LLM
+
+    llm = LLM(args.model, max_num_seqs=args.batch_size, max_model_len=2048, speculative_config=spec)
+    eng = llm.engine
+    totals: dict[str, float] = defaultdict(float)
+    for key, path, name in PARTS:
+        obj = getattr(eng, path) if path else eng
+        if obj is not None:
+            _timed(obj, name, totals, key)
+    counts = defaultdict(int)
+    inner_decode = eng._decode
+
+    def counted(reqs):
+        counts["steps"] += 1
+        return inner_decode(reqs)
+
+    eng._decode = counted
+    sample_step = engine_module.sample_step
+    _timed(engine_module, "sample_step", totals, "sampling")
+    try:
+        res, _ = time_llm(llm, prompts, sp, label)
+    finally:
+        engine_module.sample_step = sample_step
+    steps = max(1, counts["steps"])
+    ms = {
+        key: totals[key] * 1e3 / steps
+        for key in ("decode step", "forward", "sampling", *[p[0] for p in PARTS[2:]])
+    }
+    return asdict(res) | {"decode_steps": counts["steps"], "ms_per_step": ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m-instruct")
+    ap.add_argument("--workload", default="chat", choices=WORKLOADS)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--num-prompts", type=int, default=None, help="default: the batch size")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampled runs are seeded; 0 = greedy")
+    ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")
+    ap.add_argument("--output", default="bench_results/step_breakdown.json")
+    args = ap.parse_args()
+    from verispec import LLM
+
+    tok = LLM(args.model, max_num_seqs=1, max_model_len=2048).tokenizer
+    convs = build_workload(args.workload, args.num_prompts or args.batch_size)
+    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    sp = SamplingParams(
+        temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None
+    )
+    specs = [json.loads(s) for s in args.speculative_config or []]
+    rows = [run(args, "plain", None, prompts, sp)]
+    rows += [run(args, s.get("method", str(s.get("model"))), s, prompts, sp) for s in specs]
+    print(f"CPU: {cpu_model()}, threads={torch.get_num_threads()}")
+    print(
+        f"model={args.model} workload={args.workload} batch={args.batch_size} prompts={len(prompts)} "
+        f"max_tokens={args.max_tokens} temperature={args.temperature}"
+    )
+    keys = list(rows[0]["ms_per_step"])
+    head = f"{'run':<12}{'tok/s':>8}{'steps':>7}" + "".join(f"{k:>16}" for k in keys)
+    print("ms per decode step\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        cells = "".join(f"{r['ms_per_step'][k]:>16.3f}" for k in keys)
+        print(f"{r['label']:<12}{r['tok_per_s']:>8.1f}{r['decode_steps']:>7}" + cells)
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"cpu": cpu_model(), "args": vars(args), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
