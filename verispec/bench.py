@@ -128,7 +128,7 @@ def run_bench(
     model = engine.model
     plain = LLM(**kw)
     # a bad config fails now, not after the plain run
-    resolve_speculative_config(spec, plain.max_model_len)
+    resolve_speculative_config(spec, plain.max_model_len, target_model=model)
     tok = plain.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
     sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0 if temperature else None)

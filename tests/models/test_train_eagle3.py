@@ -85,6 +85,8 @@ def test_written_checkpoint_drafts_losslessly_and_gets_accepted(tiny_llama, trai
     [
         (["--epochs", "0"], "--epochs must be at least 1"),
         (["--draft-vocab", "-5"], "--draft-vocab must be at least 1"),
+        (["--positions", "0"], "--positions must be at least 1"),
+        (["--activation-dtype", "int4"], "invalid choice: 'int4'"),
         (["--lr", "nan"], "--lr must be positive"),
         (["--model", "/nonexistent/model.gguf"], "error:"),
     ],
@@ -117,3 +119,40 @@ def test_training_progress_bar_and_log_lines(trained, monkeypatch, capsys):
     std = capsys.readouterr()
     assert "training: 100%" in std.err and f"{len(samples)}/{len(samples)}" in std.err and "loss=" in std.err
     assert f"epoch 0 step 3/{len(samples)} loss" in std.out and "training" not in std.out
+
+
+def test_interrupted_training_resumes_to_the_same_draft(trained, monkeypatch, tmp_path):
+    """Killed right after a saved state, the same call continues from it and ends with the uninterrupted run's
+    parameters, bit for bit (the epoch orders follow from the seed; AdamW's moments are saved)."""
+    from verispec.train import eagle3
+
+    llm, _, samples, *_ = trained
+    kw = dict(draft_vocab=120, steps=2, epochs=2, lr=3e-3, log_every=0, save_every_s=0.0)
+    straight, d2t, history = train(samples, llm.ckpt.model, state_dir=tmp_path / "a", **kw)
+    save_state, calls = eagle3._save_state, []
+
+    def killed_after_the_fourth(*args):
+        save_state(*args)
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(eagle3, "_save_state", killed_after_the_fourth)
+    with pytest.raises(KeyboardInterrupt):
+        train(samples, llm.ckpt.model, state_dir=tmp_path / "b", **kw)
+    monkeypatch.setattr(eagle3, "_save_state", save_state)
+    resumed, d2t_b, history_b = train(samples, llm.ckpt.model, state_dir=tmp_path / "b", **kw)
+    assert torch.equal(d2t, d2t_b) and history == history_b
+    for (name, a), (_, b) in zip(straight.named_parameters(), resumed.named_parameters()):
+        assert torch.equal(a, b), name
+    # other data or epochs than the saved run's: a clear error
+    with pytest.raises(ValueError, match="remove the folder to start over"):
+        train(samples, llm.ckpt.model, state_dir=tmp_path / "b", **{**kw, "epochs": 3})
+
+
+def test_bf16_training_lowers_the_loss(trained):
+    llm, _, samples, *_ = trained
+    _, _, history = train(
+        samples, llm.ckpt.model, draft_vocab=120, steps=2, epochs=20, lr=3e-3, log_every=0, bf16=True
+    )
+    assert history[-1] < 0.3 * history[0]

@@ -129,10 +129,20 @@ def test_confidence_is_calibrated_per_bin():
     # the proposer says 0.9 but only half of such drafts are accepted
     for i in range(400):
         model.observe(f"r{i}", 1, i % 2, confidence=[0.9])
-    est = model.confidence[9].value()
+    est = model.confidence[0][9].value()
     assert est == pytest.approx(0.5, abs=0.1)
     # an untouched bin keeps its centre
-    assert model.confidence[2].value() == pytest.approx(0.25)
+    assert model.confidence[0][2].value() == pytest.approx(0.25)
+
+
+def test_confidence_is_calibrated_per_draft_position():
+    """The same stated confidence can mean a likely first draft and an unlikely third one."""
+    model = AcceptanceModel(num_positions=4)
+    # first drafts at 0.5 always accepted, second ones at 0.5 never, third ones untouched
+    for i in range(400):
+        model.observe(f"r{i}", 2, 1, confidence=[0.5, 0.5])
+    first, second, third = model.conditional("new", 3, [0.5, 0.5, 0.5])
+    assert first > 0.9 and second < 0.1 and third == pytest.approx(0.55)
 
 
 class FixedCost(StepCostModel):

@@ -61,7 +61,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     )
     cfg = ckpt.config
     spec = resolve_speculative_config(
-        args.speculative_config, args.max_model_len or cfg.max_position_embeddings, ckpt.hf_config
+        args.speculative_config, args.max_model_len or cfg.max_position_embeddings, ckpt.hf_config, args.model
     )
     kv_transfer = args.kv_transfer_config
     check_kv_transfer(spec, kv_transfer)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from verispec.drafts import shipped_draft
 from verispec.spec.base import Proposal, Proposer, ProposerNeeds
 from verispec.spec_config import MTP_MODEL_TYPES, SpeculativeConfig, parse_json_config
 
@@ -437,12 +438,18 @@ def resolve_speculative_config(
     speculative_config: Mapping[str, Any] | str | None,
     target_max_model_len: int,
     target_hf_config: dict | None = None,
+    target_model: str | None = None,
 ) -> SpeculativeConfig | None:
     """The user's speculative_config (a dict or a JSON string) validated and resolved as vLLM does, and checked
-    against what this build supports; ValueError naming the key otherwise."""
+    against what this build supports; ValueError naming the key otherwise. Without `model`, a method with a draft
+    shipped for `target_model` (verispec/drafts) uses it."""
     if speculative_config is None:
         return None
     speculative_config = parse_json_config(speculative_config)
+    if speculative_config.get("model") is None:
+        shipped = shipped_draft(target_model, speculative_config.get("method"))
+        if shipped is not None:
+            speculative_config = {**speculative_config, "model": shipped}
     if speculative_config.get("model"):
         draft_hf = _draft_hf_config(speculative_config)
     elif speculative_config.get("method") in ("mtp", *MTP_MODEL_TYPES):

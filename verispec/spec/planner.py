@@ -11,7 +11,8 @@ probabilities of a request's drafts decrease with depth, so the best allocation 
 probabilities over the batch; the planner scans n and keeps the best ratio (exact for this objective).
 
 `AcceptanceModel` estimates the conditional acceptance P(draft i accepted | drafts before it accepted) online: a
-base rate per draft position (or per confidence bin when the proposer says how sure it is, as suffix decoding does),
+base rate per draft position (or per draft position and confidence bin when the proposer says how sure it is, as
+suffix decoding does),
 learned across requests, times a per-request factor from the request's own recent history.
 
 Everything here is plain Python on host numbers: no tensors, no model, tested on its own.
@@ -25,6 +26,9 @@ from dataclasses import dataclass, field
 # conditional acceptance estimates stay inside (floor, ceiling): a draft is never certain, nor hopeless
 _FLOOR, _CEILING = 0.01, 0.98
 _CONF_BINS = 10
+# confidence is calibrated separately for the first draft, the second, and the rest: the same stated confidence
+# means more at the first position (suffix decoding's first draft is accepted more often than a deep one)
+_CONF_DEPTHS = 3
 
 
 def expected_gains(cond: Sequence[float]) -> list[float]:
@@ -119,9 +123,10 @@ class _RequestHistory:
 
 @dataclass
 class AcceptanceModel:
-    """Online estimates of conditional draft acceptance: a shared estimate per draft position, or per
-    proposer-confidence bin (learned across requests: the method's prior), times a per-request, per-position
-    correction (accepted / predicted over the request's recent drafts, shrunk towards 1)."""
+    """Online estimates of conditional draft acceptance: a shared estimate per draft position, or per draft
+    position (first, second, later) and proposer-confidence bin (learned across requests: the method's prior),
+    times a per-request, per-position correction (accepted / predicted over the request's recent drafts, shrunk
+    towards 1)."""
 
     num_positions: int
     prior: float = 0.6
@@ -130,18 +135,24 @@ class AcceptanceModel:
     request_decay: float = 0.9
     request_strength: float = 2.0
     positions: list[_Rate] = field(default_factory=list)
-    confidence: list[_Rate] = field(default_factory=list)
+    # [_CONF_DEPTHS][_CONF_BINS]
+    confidence: list[list[_Rate]] = field(default_factory=list)
     requests: dict[str, _RequestHistory] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.positions = [_Rate(self.prior) for _ in range(self.num_positions)]
         # a bin's prior is its centre: a calibrated proposer needs no correction
-        self.confidence = [_Rate((j + 0.5) / _CONF_BINS) for j in range(_CONF_BINS)]
+        self.confidence = [
+            [_Rate((j + 0.5) / _CONF_BINS) for j in range(_CONF_BINS)] for _ in range(_CONF_DEPTHS)
+        ]
+
+    def _rate(self, pos: int, conf: float | None) -> _Rate:
+        if conf is not None:
+            return self.confidence[min(pos, _CONF_DEPTHS - 1)][_bin(conf)]
+        return self.positions[min(pos, self.num_positions - 1)]
 
     def _base(self, pos: int, conf: float | None) -> float:
-        if conf is not None:
-            return self.confidence[_bin(conf)].value()
-        return self.positions[min(pos, self.num_positions - 1)].value()
+        return self._rate(pos, conf).value()
 
     def _history(self, request_id: str) -> _RequestHistory:
         h = self.requests.get(request_id)
@@ -182,8 +193,7 @@ class AcceptanceModel:
             hit = i < num_accepted
             h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
             h.predicted[j] = h.predicted[j] * self.request_decay + self._base(i, c)
-            rate = self.confidence[_bin(c)] if c is not None else self.positions[j]
-            rate.observe(hit, self.shared_decay)
+            self._rate(i, c).observe(hit, self.shared_decay)
 
     def remove(self, request_id: str) -> None:
         self.requests.pop(request_id, None)

@@ -1,12 +1,15 @@
 """Train an EAGLE-3 draft for a target on the target's own outputs and write it in vLLM's checkpoint format.
 
-    .venv/bin/python -m verispec.train.eagle3 --model smollm2-135m-instruct --out drafts/smollm2-eagle3
+    .venv/bin/python -m verispec.train.eagle3 --out drafts/smollm2-eagle3 --positions 2000000 --bf16
 
-1. Data (`collect`): the target answers training conversations greedily (verispec itself); one more forward over
-   each prompt + answer records, per position p, the target's streams entering the aux layers (default 2, L // 2,
-   L - 3: what the proposer hands the draft) and the target's argmax there (label[p]: the token it would put at
-   p + 1). Labels are the target's own picks at every position, so the draft learns what greedy verification
-   accepts.
+One command, resumable: it collects until the data folder holds --positions positions, trains (saving its state
+every five minutes), writes the draft. Rerun it after an interruption and both halves continue where they stopped.
+
+1. Data (train/data.py, `collect`): the target answers conversations greedily (verispec itself); one more forward
+   over each prompt + answer records, per position p, the target's streams entering the aux layers (default 2,
+   L // 2, L - 3: what the proposer hands the draft) and the target's argmax there (label[p]: the token
+   it would put at p + 1). Labels are the target's own picks at every position, so the draft learns what greedy
+   verification accepts.
 2. Model (`Eagle3Trainable`): the block of models/eagle3.py written with plain torch ops (autograd), the same
    parameter names as the checkpoint. The draft vocabulary is the `draft_vocab` most frequent labels (`d2t`), the
    LM head starts from the target's rows for them and the final norm from the target's.
@@ -16,6 +19,7 @@
    proposer's KV cache holds when it drafts k tokens after committed position p (spec/eagle.py).
 4. `save`: config.json (Llama-style, `LlamaForCausalLMEagle3`, `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`)
    and model.safetensors (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`); the target's embedding is not copied.
+   OUT/training.json records the arguments, the data's manifest and the losses.
 """
 
 from __future__ import annotations
@@ -72,25 +76,6 @@ def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) 
         aux = torch.cat(res.aux_hidden, dim=-1)
         samples.append(Sample(torch.tensor(tokens), aux.float().cpu(), labels.cpu()))
     return samples
-
-
-def corpus_chunks(tokenizer, n: int, length: int = 512) -> list[list[int]]:
-    """n token chunks of text that ships with Python, half prose (the reference manual's topics in pydoc_data),
-    half code (standard-library sources; not the modules the benchmark workloads quote). Labels are still the
-    target's own argmax at every position: text the target did not write, but more of it than answers cost."""
-    import sysconfig
-    from pydoc_data.topics import topics
-
-    prose = "\n\n".join(topics[k] for k in sorted(topics))
-    # the code-edit / summarize fallbacks (json is a package: not globbed)
-    skip = {"textwrap.py", "shlex.py"}
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))
-    code = "\n\n".join(f.read_text(errors="replace") for f in files if f.name not in skip)
-    out: list[list[int]] = []
-    for text, count in ((prose, n // 2), (code, n - n // 2)):
-        ids = tokenizer.encode(text[: count * length * 8], add_special_tokens=False)
-        out += [ids[i : i + length] for i in range(0, min(len(ids), count * length), length)]
-    return [c for c in out if len(c) > 8]
 
 
 # standard-library modules whose functions the prompts quote (not textwrap, shlex or json: the
@@ -315,6 +300,46 @@ def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> tuple[torc
     return ids, t2d
 
 
+def _save_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer, info: dict) -> None:
+    """Training state in safetensors + JSON (no pickle): parameters, AdamW's moments and the counters."""
+    from safetensors.torch import save_file
+
+    from verispec.train.data import write_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {f"param.{n}": p.detach() for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        st = opt.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                tensors[f"{key}.{n}"] = st[key]
+        if "step" in st:
+            info["adam_step"] = float(st["step"])
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    write_atomic(folder / "state.safetensors", lambda p: save_file(tensors, str(p)))
+    write_atomic(folder / "state.json", lambda p: p.write_text(json.dumps(info, indent=1)))
+
+
+def _load_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict | None:
+    from safetensors.torch import load_file
+
+    if not (folder / "state.json").exists():
+        return None
+    info = json.loads((folder / "state.json").read_text())
+    tensors = load_file(str(folder / "state.safetensors"))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(tensors[f"param.{n}"])
+            if f"exp_avg.{n}" in tensors:
+                step = torch.tensor(info["adam_step"])
+                opt.state[p] = {
+                    "step": step,
+                    "exp_avg": tensors[f"exp_avg.{n}"],
+                    "exp_avg_sq": tensors[f"exp_avg_sq.{n}"],
+                }
+    return info
+
+
 def train(
     samples: list[Sample],
     target,
@@ -324,9 +349,16 @@ def train(
     lr: float = 1e-3,
     seed: int = 0,
     log_every: int = 50,
+    state_dir: Path | None = None,
+    save_every_s: float = 300.0,
+    bf16: bool = False,
 ) -> tuple[Eagle3Trainable, torch.Tensor, list[float]]:
     """-> (the draft, d2t [draft_vocab], the mean loss of each epoch). target: the target DecoderLM (embedding,
-    final norm and LM head rows)."""
+    final norm and LM head rows). One sequence per optimizer step.
+
+    state_dir: where the training state is saved every save_every_s seconds and at the end; a later call with the
+    same samples and arguments resumes from it (the epoch orders follow from the seed). bf16: matrix products in
+    bfloat16 under autocast (AMX / AVX512-BF16), the parameters and the optimizer in float32."""
     torch.manual_seed(seed)
     cfg = target.cfg
     ids, t2d = draft_vocabulary(samples, draft_vocab, cfg.vocab_size)
@@ -339,30 +371,46 @@ def train(
         model.norm.copy_(target.norm.weight.float())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     total = epochs * len(samples)
+    info = {"done": 0, "history": [], "epoch_losses": []}
+    if state_dir is not None:
+        resumed = _load_state(state_dir, model, opt)
+        if resumed is not None:
+            if resumed.get("total") != total:
+                raise ValueError(
+                    f"{state_dir} holds a run of {resumed.get('total')} steps, not {total}: other data or "
+                    "epochs; remove the folder to start over"
+                )
+            info = resumed
+    info["total"] = total
+    # warm-up then cosine, counted from the first step of the run (a resumed run starts at info["done"])
+    done = info["done"]
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min(1.0, (i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * i / total))
+        opt, lambda i: min(1.0, (done + i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * (done + i) / total))
     )
-    history, t0 = [], time.perf_counter()
-    bar = progress.bar(total=total, desc="training", unit="seq")
-    for epoch in range(epochs):
-        order = torch.randperm(len(samples)).tolist()
-        losses = []
-        for i, j in enumerate(order):
-            s = samples[j]
+    t0, saved = time.perf_counter(), time.perf_counter()
+    bar = progress.bar(total=total, desc="training", unit="seq", initial=info["done"])
+    while info["done"] < total:
+        epoch, start = divmod(info["done"], len(samples))
+        order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        losses = info.setdefault("epoch_losses", [])
+        for i in range(start, len(samples)):
+            s = samples[order[i]]
             with torch.no_grad():
                 embeds = target.embed(s.tokens).float()
-            logits = model.step_logits(embeds, s.aux, steps)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = model.step_logits(embeds, s.aux.float(), steps)
             loss = 0.0
             for k, lg in enumerate(logits, start=1):
                 # -1: outside the draft vocabulary (ignored)
                 lab = t2d[s.labels[k : k + lg.shape[0]]]
-                loss = loss + (0.8 ** (k - 1)) * F.cross_entropy(lg, lab, ignore_index=-1)
+                loss = loss + (0.8 ** (k - 1)) * F.cross_entropy(lg.float(), lab, ignore_index=-1)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             losses.append(float(loss.detach()))
+            info["done"] += 1
             bar.update()
             bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}", refresh=False)
             if log_every and (i + 1) % log_every == 0:
@@ -373,9 +421,15 @@ def train(
                         f"{sum(losses[-log_every:]) / log_every:.3f} ({time.perf_counter() - t0:.0f} s)",
                         flush=True,
                     )
-        history.append(sum(losses) / len(losses))
+            if state_dir is not None and time.perf_counter() - saved > save_every_s:
+                _save_state(state_dir, model, opt, info)
+                saved = time.perf_counter()
+        info["history"].append(sum(losses) / len(losses))
+        info["epoch_losses"] = []
     bar.close()
-    return model, ids - torch.arange(len(ids)), history
+    if state_dir is not None:
+        _save_state(state_dir, model, opt, info)
+    return model, ids - torch.arange(len(ids)), info["history"]
 
 
 def save(model: Eagle3Trainable, d2t: torch.Tensor, folder: Path, tcfg, aux_layers: tuple[int, ...]) -> None:
@@ -411,32 +465,38 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m verispec.train.eagle3", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--out", required=True, help="folder for config.json + model.safetensors")
-    ap.add_argument("--num-chat", type=int, default=40, help="MT-bench questions (from the 41st on)")
     ap.add_argument(
-        "--num-code", type=int, default=64, help="HumanEval problems (from the 101st on), x2 tasks"
+        "--data", help="folder of collected shards, created or extended (default: OUT/../<OUT name>-data)"
     )
-    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument(
-        "--corpus-chunks", type=int, default=0, help="512-token chunks of Python's own text to add"
+        "--positions", type=int, default=300_000, help="train on the first shards holding this many positions"
     )
-    ap.add_argument("--python-prompts", type=int, default=0, help="more conversations from Python's own text")
-    ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--shard-size", type=int, default=128, help="conversations per shard")
+    ap.add_argument("--max-tokens", type=int, default=384, help="answer length cap")
+    ap.add_argument(
+        "--activation-dtype",
+        choices=("float32", "int8"),
+        default="float32",
+        help="the target's numerics while collecting (answers, states, labels); int8 collects about 2x faster",
+    )
+    ap.add_argument("--draft-vocab", type=int, default=4096)
     ap.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (drafts per base)")
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--bf16", action="store_true", help="matrix products in bfloat16 (AMX / AVX512-BF16)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
     # bars on stderr only on a terminal, none with --quiet
     progress.set_quiet(args.quiet)
-    counts = ("num_chat", "num_code", "corpus_chunks", "python_prompts")
-    for key in (*counts, "max_tokens", "draft_vocab", "ttt_steps", "epochs"):
-        low = 0 if key in counts else 1
-        if getattr(args, key) < low:
-            ap.error(f"--{key.replace('_', '-')} must be at least {low}, got {getattr(args, key)}")
+    for key in ("positions", "shard_size", "max_tokens", "draft_vocab", "ttt_steps", "epochs"):
+        if getattr(args, key) < 1:
+            ap.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     if not args.lr > 0:
         ap.error(f"--lr must be positive, got {args.lr}")
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        ap.error(f"--out {args.out} is a file; give a folder")
+    for key in ("out", "data"):
+        path = getattr(args, key)
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            ap.error(f"--{key} {path} is a file; give a folder")
     try:
         run(args)
     except (ValueError, OSError) as exc:
@@ -445,29 +505,67 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    """Collect until the data folder holds --positions positions, train (resuming from OUT/train_state), write
+    the draft and OUT/training.json (the command, the data's manifest, the losses). Rerun the same command after
+    an interruption: both halves continue where they stopped."""
     from verispec import LLM
     from verispec.models.eagle3 import aux_layer_ids
+    from verispec.train.data import collect_shards, load_samples
     from verispec.workloads import training_conversations
 
-    llm = LLM(args.model, max_model_len=2048, max_num_seqs=8)
-    tok, model = llm.tokenizer, llm.ckpt.model
-    convs = training_conversations(args.num_chat, args.num_code) + python_prompts(args.python_prompts)
-    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    out = Path(args.out)
+    data = Path(args.data) if args.data else out.parent / f"{out.name}-data"
+    llm = LLM(args.model, max_model_len=2048, max_num_seqs=64, activation_dtype=args.activation_dtype)
+    model = llm.ckpt.model
     aux = aux_layer_ids({}, model.cfg.num_layers)
     t0 = time.perf_counter()
-    samples = collect(llm, prompts, args.max_tokens, aux)
-    if args.corpus_chunks:
-        samples += target_states(llm, corpus_chunks(tok, args.corpus_chunks), aux)
-    n = sum(len(s.tokens) for s in samples)
-    print(
-        f"collected {len(samples)} sequences, {n} positions in {time.perf_counter() - t0:.0f} s", flush=True
+    manifest = collect_shards(
+        llm,
+        args.model,
+        data,
+        args.positions,
+        training_conversations(40, 64) + python_prompts(600),
+        aux,
+        shard_size=args.shard_size,
+        max_tokens=args.max_tokens,
+        activation_dtype=args.activation_dtype,
     )
+    print(f"{data}: {manifest['positions']} positions ({time.perf_counter() - t0:.0f} s)", flush=True)
+    samples = load_samples(data, args.positions)
+    n = sum(len(s.tokens) for s in samples)
     counts = torch.bincount(torch.cat([s.labels for s in samples]), minlength=model.cfg.vocab_size)
-    cover = counts.sort(descending=True).values[: args.draft_vocab].sum() / counts.sum()
-    print(f"the {args.draft_vocab} most frequent labels cover {100 * float(cover):.1f}% of them", flush=True)
-    draft, d2t, history = train(samples, model, args.draft_vocab, args.ttt_steps, args.epochs, args.lr)
-    save(draft, d2t, Path(args.out), model.cfg, aux)
-    print(f"epoch losses {', '.join(f'{x:.3f}' for x in history)}; wrote {args.out}")
+    cover = float(counts.sort(descending=True).values[: args.draft_vocab].sum() / counts.sum())
+    print(
+        f"training on {len(samples)} sequences, {n} positions; the {args.draft_vocab} most frequent labels "
+        f"cover {100 * cover:.1f}% of them",
+        flush=True,
+    )
+    draft, d2t, history = train(
+        samples,
+        model,
+        args.draft_vocab,
+        args.ttt_steps,
+        args.epochs,
+        args.lr,
+        state_dir=out / "train_state",
+        bf16=args.bf16,
+    )
+    save(draft, d2t, out, model.cfg, aux)
+    used = []
+    for entry in manifest["shards"]:
+        used.append(entry)
+        if sum(e["positions"] for e in used) >= args.positions:
+            break
+    report = {
+        "arguments": vars(args),
+        "positions": n,
+        "sequences": len(samples),
+        "draft_vocab_coverage": round(cover, 4),
+        "epoch_losses": history,
+        "data": {k: v for k, v in manifest.items() if k != "shards"} | {"shards": used},
+    }
+    (out / "training.json").write_text(json.dumps(report, indent=1))
+    print(f"epoch losses {', '.join(f'{x:.3f}' for x in history)}; wrote {out}")
 
 
 if __name__ == "__main__":
