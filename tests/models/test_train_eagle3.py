@@ -156,3 +156,47 @@ def test_bf16_training_lowers_the_loss(trained):
         samples, llm.ckpt.model, draft_vocab=120, steps=2, epochs=20, lr=3e-3, log_every=0, bf16=True
     )
     assert history[-1] < 0.3 * history[0]
+
+
+def test_heldout_acceptance_is_the_teacher_forced_greedy_chain(trained):
+    """evaluate: the share of bases whose drafts 1..k all match the target's picks; non-increasing in k, high on
+    the data the draft learned, and step 1 equal to a direct count."""
+    from verispec.train.eagle3 import evaluate
+
+    llm, _, samples, draft, d2t, *_ = trained
+    ids = d2t + torch.arange(len(d2t))
+    t2d = torch.full((llm.ckpt.model.cfg.vocab_size,), -1, dtype=torch.long)
+    t2d[ids] = torch.arange(len(ids))
+    acc = evaluate(draft, samples, llm.ckpt.model, t2d, 3)
+    assert 1.0 >= acc[0] >= acc[1] >= acc[2] >= 0.0 and acc[0] > 0.5
+    hits = bases = 0
+    with torch.no_grad():
+        for s in samples:
+            n = len(s.tokens) - 3
+            lg = draft.step_logits(llm.ckpt.model.embed(s.tokens).float(), s.aux, 1)[0]
+            hits += int((lg[:n].argmax(-1) == t2d[s.labels[1 : 1 + n]]).sum())
+            bases += n
+    assert acc[0] == pytest.approx(hits / bases)
+
+
+def test_training_records_the_learning_curve(trained, tmp_path):
+    llm, _, samples, *_ = trained
+    train(
+        samples,
+        llm.ckpt.model,
+        draft_vocab=120,
+        steps=2,
+        epochs=2,
+        lr=3e-3,
+        log_every=0,
+        state_dir=tmp_path,
+        eval_samples=samples[:2],
+        eval_every=5,
+    )
+    curve = json.loads((tmp_path / "state.json").read_text())["curve"]
+    total = sum(len(s.tokens) for s in samples)
+    # after sequences 5 and 10, then at the end (12)
+    positions = [c["positions"] for c in curve]
+    assert len(curve) == 3 and positions == sorted(set(positions)) and positions[-1] == 2 * total
+    assert all(len(c["acceptance"]) == 2 for c in curve)
+    assert curve[-1]["acceptance"][0] > curve[0]["acceptance"][0]

@@ -129,12 +129,14 @@ def collect_shards(
     max_tokens: int = 384,
     seed: int = 0,
     activation_dtype: str = "float32",
+    self_instruct: bool = True,
     log=print,
 ) -> dict:
     """Add shards to `folder` until it holds at least `positions` positions; -> the manifest.
 
     llm: the target, which writes the requests and answers and records the states and labels, in the numerics
-    `activation_dtype` names (int8 activations collect about twice as fast; a folder keeps one numerics)."""
+    `activation_dtype` names (int8 activations collect about twice as fast; a folder keeps one numerics).
+    self_instruct=False stops once the curated conversations are used up (a held-out set)."""
     from verispec.train.eagle3 import collect
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -163,6 +165,8 @@ def collect_shards(
         i = len(manifest["shards"])
         if i * shard_size < len(curated):
             convs, source = curated[i * shard_size : (i + 1) * shard_size], "curated"
+        elif not self_instruct:
+            break
         else:
             queries = self_instruct_queries(llm, shard_size, seed + i)
             if not queries:

@@ -300,6 +300,31 @@ def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> tuple[torc
     return ids, t2d
 
 
+@torch.no_grad()
+def evaluate(
+    model: Eagle3Trainable, samples: list[Sample], target, t2d: torch.Tensor, steps: int, bf16: bool = False
+) -> list[float]:
+    """Teacher-forced greedy acceptance on held-out samples: for k = 1..steps, the share of base positions whose
+    drafts 1..k all equal the target's picks (what greedy verification accepts of a k-token chain started
+    there). The mean acceptance length of a K-token chain is 1 + the sum of the first K."""
+    hits, bases = torch.zeros(steps), 0
+    for s in samples:
+        t = len(s.tokens)
+        if t <= steps + 1:
+            continue
+        embeds = target.embed(s.tokens).float()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = model.step_logits(embeds, s.aux.float(), steps)
+        # bases 0..n-1 have all `steps` drafts
+        n = t - steps
+        ok = torch.ones(n, dtype=torch.bool)
+        for k, lg in enumerate(logits, start=1):
+            ok &= lg[:n].argmax(-1) == t2d[s.labels[k : k + n]]
+            hits[k - 1] += ok.sum()
+        bases += n
+    return (hits / max(1, bases)).tolist()
+
+
 def _save_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer, info: dict) -> None:
     """Training state in safetensors + JSON (no pickle): parameters, AdamW's moments and the counters."""
     from safetensors.torch import save_file
@@ -352,13 +377,17 @@ def train(
     state_dir: Path | None = None,
     save_every_s: float = 300.0,
     bf16: bool = False,
+    eval_samples: list[Sample] | None = None,
+    eval_every: int = 0,
 ) -> tuple[Eagle3Trainable, torch.Tensor, list[float]]:
     """-> (the draft, d2t [draft_vocab], the mean loss of each epoch). target: the target DecoderLM (embedding,
     final norm and LM head rows). One sequence per optimizer step.
 
     state_dir: where the training state is saved every save_every_s seconds and at the end; a later call with the
     same samples and arguments resumes from it (the epoch orders follow from the seed). bf16: matrix products in
-    bfloat16 under autocast (AMX / AVX512-BF16), the parameters and the optimizer in float32."""
+    bfloat16 under autocast (AMX / AVX512-BF16), the parameters and the optimizer in float32. eval_samples: held-out
+    data scored by `evaluate` every eval_every sequences and at the end, kept in the state's "curve" (the learning
+    curve: training positions seen against held-out acceptance)."""
     torch.manual_seed(seed)
     cfg = target.cfg
     ids, t2d = draft_vocabulary(samples, draft_vocab, cfg.vocab_size)
@@ -371,7 +400,7 @@ def train(
         model.norm.copy_(target.norm.weight.float())
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     total = epochs * len(samples)
-    info = {"done": 0, "history": [], "epoch_losses": []}
+    info = {"done": 0, "seen": 0, "history": [], "epoch_losses": [], "curve": []}
     if state_dir is not None:
         resumed = _load_state(state_dir, model, opt)
         if resumed is not None:
@@ -388,6 +417,18 @@ def train(
         opt, lambda i: min(1.0, (done + i + 1) / 50) * 0.5 * (1 + math.cos(math.pi * (done + i) / total))
     )
     t0, saved = time.perf_counter(), time.perf_counter()
+
+    def score() -> None:
+        # labels outside the draft vocabulary map to -1, which no argmax equals
+        acc = evaluate(model, eval_samples, target, t2d, steps, bf16)
+        info["curve"].append({"positions": info["seen"], "acceptance": [round(a, 4) for a in acc]})
+        with bar.external_write_mode():
+            print(
+                f"held-out after {info['seen']} positions: acceptance {' / '.join(f'{a:.3f}' for a in acc)}, "
+                f"mean acceptance length at K={steps} {1 + sum(acc):.2f}",
+                flush=True,
+            )
+
     bar = progress.bar(total=total, desc="training", unit="seq", initial=info["done"])
     while info["done"] < total:
         epoch, start = divmod(info["done"], len(samples))
@@ -411,6 +452,7 @@ def train(
             sched.step()
             losses.append(float(loss.detach()))
             info["done"] += 1
+            info["seen"] += len(s.tokens)
             bar.update()
             bar.set_postfix(epoch=epoch, loss=f"{losses[-1]:.3f}", refresh=False)
             if log_every and (i + 1) % log_every == 0:
@@ -421,11 +463,15 @@ def train(
                         f"{sum(losses[-log_every:]) / log_every:.3f} ({time.perf_counter() - t0:.0f} s)",
                         flush=True,
                     )
+            if eval_samples and eval_every and info["done"] % eval_every == 0:
+                score()
             if state_dir is not None and time.perf_counter() - saved > save_every_s:
                 _save_state(state_dir, model, opt, info)
                 saved = time.perf_counter()
         info["history"].append(sum(losses) / len(losses))
         info["epoch_losses"] = []
+    if eval_samples and not (info["curve"] and info["curve"][-1]["positions"] == info["seen"]):
+        score()
     bar.close()
     if state_dir is not None:
         _save_state(state_dir, model, opt, info)
@@ -479,6 +525,14 @@ def main(argv: list[str] | None = None) -> None:
         default="float32",
         help="the target's numerics while collecting (answers, states, labels); int8 collects about 2x faster",
     )
+    ap.add_argument(
+        "--heldout",
+        help="folder for the held-out set: the target's answers to the chat benchmark's questions (MT-bench's "
+        "first 40, never trained on); default OUT/../<OUT name>-heldout",
+    )
+    ap.add_argument(
+        "--eval-every", type=int, default=400, help="score the held-out set every this many sequences"
+    )
     ap.add_argument("--draft-vocab", type=int, default=4096)
     ap.add_argument("--ttt-steps", type=int, default=3, help="training-time-test steps (drafts per base)")
     ap.add_argument("--epochs", type=int, default=1)
@@ -488,12 +542,12 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     # bars on stderr only on a terminal, none with --quiet
     progress.set_quiet(args.quiet)
-    for key in ("positions", "shard_size", "max_tokens", "draft_vocab", "ttt_steps", "epochs"):
+    for key in ("positions", "shard_size", "max_tokens", "draft_vocab", "ttt_steps", "epochs", "eval_every"):
         if getattr(args, key) < 1:
             ap.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     if not args.lr > 0:
         ap.error(f"--lr must be positive, got {args.lr}")
-    for key in ("out", "data"):
+    for key in ("out", "data", "heldout"):
         path = getattr(args, key)
         if path is not None and Path(path).exists() and not Path(path).is_dir():
             ap.error(f"--{key} {path} is a file; give a folder")
@@ -511,7 +565,7 @@ def run(args: argparse.Namespace) -> None:
     from verispec import LLM
     from verispec.models.eagle3 import aux_layer_ids
     from verispec.train.data import collect_shards, load_samples
-    from verispec.workloads import training_conversations
+    from verispec.workloads import build_workload, training_conversations
 
     out = Path(args.out)
     data = Path(args.data) if args.data else out.parent / f"{out.name}-data"
@@ -531,6 +585,20 @@ def run(args: argparse.Namespace) -> None:
         activation_dtype=args.activation_dtype,
     )
     print(f"{data}: {manifest['positions']} positions ({time.perf_counter() - t0:.0f} s)", flush=True)
+    heldout = Path(args.heldout) if args.heldout else out.parent / f"{out.name}-heldout"
+    collect_shards(
+        llm,
+        args.model,
+        heldout,
+        1 << 62,
+        build_workload("chat", 40),
+        aux,
+        shard_size=args.shard_size,
+        max_tokens=args.max_tokens,
+        activation_dtype=args.activation_dtype,
+        self_instruct=False,
+    )
+    eval_samples = load_samples(heldout)
     samples = load_samples(data, args.positions)
     n = sum(len(s.tokens) for s in samples)
     counts = torch.bincount(torch.cat([s.labels for s in samples]), minlength=model.cfg.vocab_size)
@@ -549,7 +617,10 @@ def run(args: argparse.Namespace) -> None:
         args.lr,
         state_dir=out / "train_state",
         bf16=args.bf16,
+        eval_samples=eval_samples,
+        eval_every=args.eval_every,
     )
+    state = json.loads((out / "train_state" / "state.json").read_text())
     save(draft, d2t, out, model.cfg, aux)
     used = []
     for entry in manifest["shards"]:
@@ -562,6 +633,8 @@ def run(args: argparse.Namespace) -> None:
         "sequences": len(samples),
         "draft_vocab_coverage": round(cover, 4),
         "epoch_losses": history,
+        "heldout": f"{heldout} (the chat benchmark's questions: MT-bench's first 40)",
+        "learning_curve": state["curve"],
         "data": {k: v for k, v in manifest.items() if k != "shards"} | {"shards": used},
     }
     (out / "training.json").write_text(json.dumps(report, indent=1))
