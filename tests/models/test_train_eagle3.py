@@ -200,3 +200,36 @@ def test_training_records_the_learning_curve(trained, tmp_path):
     assert len(curve) == 3 and positions == sorted(set(positions)) and positions[-1] == 2 * total
     assert all(len(c["acceptance"]) == 2 for c in curve)
     assert curve[-1]["acceptance"][0] > curve[0]["acceptance"][0]
+
+
+def test_q8_0_checkpoint_loads_to_the_blocks_and_drafts_losslessly(tiny_llama, trained, tmp_path):
+    """weights="q8_0" writes model.gguf; it loads as method eagle3, every matrix equal to its Q8_0 round trip,
+    and drafts losslessly."""
+    import gguf
+
+    from verispec.loader.hf import load_hf_tensors
+
+    llm, prompts, _, draft, d2t, *_ = trained
+    save(draft, d2t, tmp_path, llm.ckpt.model.cfg, (2, 1, 0), weights="q8_0")
+    assert (tmp_path / "model.gguf").exists() and not (tmp_path / "model.safetensors").exists()
+    stored, ref = load_hf_tensors(tmp_path), draft.checkpoint(d2t)
+    assert stored.keys() == ref.keys()
+    assert stored["d2t"].dtype == torch.int32 and torch.equal(stored["d2t"].long(), d2t)
+    w = ref["fc.weight"].numpy()
+    q8 = gguf.quants.dequantize(
+        gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+    )
+    assert torch.equal(stored["fc.weight"], torch.from_numpy(q8))
+    torch.testing.assert_close(stored["norm.weight"], ref["norm.weight"])
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    spec = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        speculative_config={"method": "eagle3", "model": str(tmp_path), "num_speculative_tokens": 3},
+    )
+    batch = [{"prompt_token_ids": p} for p in prompts]
+    outs = spec.generate(batch, sp, use_tqdm=False)
+    plain = llm.generate(batch, sp, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    assert spec.engine.counters.spec.num_accepted_tokens > 0

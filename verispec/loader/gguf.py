@@ -161,6 +161,26 @@ def load_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFCheckpoint:
     )
 
 
+def load_gguf_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a GGUF file under its own name: float types dequantized to float32, I32 as int32. For draft
+    weights stored as GGUF blocks beside a config.json (a shipped draft's Q8_0 weights, `train/eagle3.save`), which
+    the quantized CPU path re-blocks into the same Q8_0 blocks."""
+    header = read_gguf_header(path)
+    ints = {i.name for i in header.tensors if i.ggml_type == GGMLQuantizationType.I32}
+    floats = [i for i in header.tensors if i.name not in ints]
+    _check_tensor_types(GGUFHeader(header.path, header.version, header.metadata, floats))
+    _check_tensor_bounds(header)
+    data = np.memmap(header.path, dtype=np.uint8, mode="r")
+    tensors = {}
+    for info in header.tensors:
+        if info.name in ints:
+            raw = np.asarray(data[info.offset : info.offset + info.nbytes]).view(np.int32)
+            tensors[info.name] = torch.from_numpy(raw.copy().reshape(info.shape))
+        else:
+            tensors[info.name] = torch.from_numpy(_dequantize(data, info))
+    return tensors
+
+
 # ---- header -----------------------------------------------------------------------------------
 
 

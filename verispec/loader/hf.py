@@ -59,7 +59,16 @@ def safetensors_files(folder: Path) -> list[Path]:
 
 
 def load_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's safetensors weights, or, in a folder without any, its *.gguf files' tensors by their own names
+    (draft weights stored as GGUF blocks)."""
     tensors: dict[str, torch.Tensor] = {}
+    ggufs = sorted(folder.glob("*.gguf"))
+    if ggufs and not any(folder.glob("*.safetensors")):
+        from verispec.loader.gguf import load_gguf_tensors
+
+        for f in ggufs:
+            tensors.update(load_gguf_tensors(f))
+        return tensors
     for f in safetensors_files(folder):
         try:
             tensors.update(load_file(str(f)))

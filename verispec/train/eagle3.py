@@ -478,12 +478,48 @@ def train(
     return model, ids - torch.arange(len(ids)), info["history"]
 
 
-def save(model: Eagle3Trainable, d2t: torch.Tensor, folder: Path, tcfg, aux_layers: tuple[int, ...]) -> None:
-    """tcfg: the target's ModelConfig (the draft block has the target's dimensions)."""
+def write_q8_0(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """The tensors as a GGUF file under their own names: matrices whose rows hold whole 32-value blocks as Q8_0
+    (gguf's quantizer), the rest as F32, integer tensors as I32. About a quarter of float32's size."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch="eagle3-draft")
+    for name, t in tensors.items():
+        if not t.dtype.is_floating_point:
+            writer.add_tensor(name, t.numpy().astype(np.int32))
+        elif t.dim() == 2 and t.shape[1] % 32 == 0:
+            q = gguf.quants.quantize(t.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, t.float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def save(
+    model: Eagle3Trainable,
+    d2t: torch.Tensor,
+    folder: Path,
+    tcfg,
+    aux_layers: tuple[int, ...],
+    weights: str = "float32",
+) -> None:
+    """tcfg: the target's ModelConfig (the draft block has the target's dimensions). weights: "float32"
+    (model.safetensors, vLLM's format) or "q8_0" (model.gguf: the quantized target's weight format, the blocks
+    its CPU kernels run the draft with)."""
     from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
-    save_file(model.checkpoint(d2t), str(folder / "model.safetensors"))
+    tensors = model.checkpoint(d2t)
+    for stale in ("model.safetensors", "model.gguf"):
+        (folder / stale).unlink(missing_ok=True)
+    if weights == "q8_0":
+        write_q8_0(tensors, folder / "model.gguf")
+    else:
+        save_file(tensors, str(folder / "model.safetensors"))
     cfg = {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
@@ -538,6 +574,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--epochs", type=int, default=1)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--bf16", action="store_true", help="matrix products in bfloat16 (AMX / AVX512-BF16)")
+    ap.add_argument(
+        "--weights",
+        choices=("float32", "q8_0"),
+        default="float32",
+        help="float32: model.safetensors (vLLM's format); q8_0: model.gguf, a quarter of the size",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
     # bars on stderr only on a terminal, none with --quiet
@@ -621,7 +663,7 @@ def run(args: argparse.Namespace) -> None:
         eval_every=args.eval_every,
     )
     state = json.loads((out / "train_state" / "state.json").read_text())
-    save(draft, d2t, out, model.cfg, aux)
+    save(draft, d2t, out, model.cfg, aux, args.weights)
     used = []
     for entry in manifest["shards"]:
         used.append(entry)
