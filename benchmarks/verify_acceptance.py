@@ -59,7 +59,7 @@ def accepted_per_step(k: int, mode: str, sampled_drafts: bool, n: int, length: i
             p,
             draft_probs=draft[contexts[:, :k]] if sampled_drafts else None,
             uniform_samples=torch.rand(n, k, generator=g, dtype=torch.float64),
-            exp_noise=torch.empty(n, k + 1, V, dtype=torch.float64).exponential_(generator=g),
+            sample_u=torch.rand(n, k + 1, generator=g, dtype=torch.float64),
             block=mode == "block",
             thresholds=entropy_thresholds(p[:, :k], 0.95, 0.4) if mode == "entropy" else None,
         )

@@ -9,6 +9,7 @@ from verispec.sample.logits import (
     compute_logprobs,
     draft_aware_counts,
     draw_noise,
+    draw_row_uniforms,
     greedy,
     greedy_or_sample,
     logits_to_probs,
@@ -230,7 +231,7 @@ def _run_request(
         # other rows: arbitrary logits
         logits = torch.randn(sum(n_rows), V)
         logits[start : start + 3] = target_logits[step]
-        noise = draw_noise(n_rows, generators, V, "cpu")
+        noise = draw_row_uniforms(n_rows, generators, "cpu")
         tokens, _ = sample_tokens(logits, st, noise)
         out.append(tokens[start : start + 3].tolist())
     return out
@@ -256,17 +257,26 @@ def test_draw_noise_unseeded_uses_default_generator():
     assert torch.equal(a[2:3], torch.empty(1, 10).exponential_(generator=make_generator(3, "cpu")))
 
 
+def test_draw_row_uniforms_unseeded_use_default_generator():
+    n_rows, gens = [2, 1, 3], [None, make_generator(3, "cpu"), None]
+    a = draw_row_uniforms(n_rows, gens, "cpu", default_generator=torch.Generator().manual_seed(5))
+    gens[1] = make_generator(3, "cpu")
+    b = draw_row_uniforms(n_rows, gens, "cpu", default_generator=torch.Generator().manual_seed(5))
+    assert a.shape == (6,) and torch.equal(a, b) and bool(((a >= 0) & (a < 1)).all())
+    assert torch.equal(a[2:3], torch.rand(1, generator=make_generator(3, "cpu")))
+
+
 def test_sample_follows_probs_chi_square():
     probs = torch.tensor([0.05, 0.1, 0.15, 0.2, 0.2, 0.3])
     n = 50_000
-    noise = draw_noise([n], [make_generator(0, "cpu")], 6, "cpu")
+    noise = draw_row_uniforms([n], [make_generator(0, "cpu")], "cpu")
     tokens = sample(probs.expand(n, 6), noise)
     observed = torch.bincount(tokens, minlength=6).double()
     expected = probs.double() * n
     chi2 = float(((observed - expected) ** 2 / expected).sum())
     # df=5, p=0.001
     assert chi2 < 20.52, chi2
-    # unnormalised input gives the same draw (exponential race is scale invariant)
+    # unnormalised input gives the same draw (the inverse CDF scales u by the total)
     assert torch.equal(sample(probs.expand(n, 6) * 4.0, noise), tokens)
 
 
@@ -274,7 +284,7 @@ def test_sample_never_picks_zero_prob():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 1.0, 0.0]])
     g = make_generator(1, "cpu")
     for _ in range(50):
-        noise = draw_noise([2], [g], 4, "cpu")
+        noise = draw_row_uniforms([2], [g], "cpu")
         t = sample(probs, noise)
         assert t[0] in (1, 3) and t[1] == 2
 
@@ -293,7 +303,7 @@ def test_greedy_and_sample_tokens_mixed_batch():
     prompt_mask[:, 1] = True
     counts = torch.zeros(3, V, dtype=torch.int64)
     st = _st(params, V)
-    noise = draw_noise([3], [None], V, "cpu", torch.Generator().manual_seed(0))
+    noise = draw_row_uniforms([3], [None], "cpu", torch.Generator().manual_seed(0))
     tokens, probs = sample_tokens(logits, st, noise, prompt_mask, counts)
     assert tokens.tolist() == [2, 1, 2]
     assert probs is not None and probs.shape == (3, V)

@@ -12,9 +12,9 @@ TREE = TokenTree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1)))
 V = 6
 
 
-def _run(tokens, p, q, sampled, uniform, noise, tree=TREE):
+def _run(tokens, p, q, sampled, uniform, bonus_u, tree=TREE):
     tb = batch_of(tree, tokens.shape[0])
-    return tree_rejection_sample(tokens, p, q, sampled, tb.children(), tree.max_depth, uniform, noise)
+    return tree_rejection_sample(tokens, p, q, sampled, tb.children(), tree.max_depth, uniform, bonus_u)
 
 
 def test_greedy_rows_accept_exactly_the_argmax_path():
@@ -23,22 +23,20 @@ def test_greedy_rows_accept_exactly_the_argmax_path():
     p = torch.zeros(1, 8, V)
     p[0, 0, 2] = p[0, 2, 5] = p[0, 7, 1] = 1
     p[0, [1, 3, 4, 5, 6], 0] = 1
-    noise = torch.ones(1, V)
-    deepest, bonus = _run(tokens, p, None, torch.tensor([False]), torch.full((1, 8), 0.999), noise)
+    deepest, bonus = _run(tokens, p, None, torch.tensor([False]), torch.full((1, 8), 0.999), torch.zeros(1))
     assert deepest.tolist() == [7] and bonus.tolist() == [1]
 
 
 def test_sampled_child_rejected_then_residual():
     """One sampled child, p = (.5, .5), q = (.9, .1), child = token 0: accepted iff u < 5/9; after a rejection the
-    residual is (0, 1): the bonus must be token 1 whatever the noise."""
+    residual is (0, 1): the bonus must be token 1 whatever its uniform."""
     tree = TokenTree(((0,),))
     tokens = torch.tensor([[0, 0], [0, 0]])
     p = torch.tensor([0.5, 0.5] + [0.0] * (V - 2)).expand(2, 2, V).clone()
     q = torch.tensor([0.9, 0.1] + [0.0] * (V - 2)).expand(2, 2, V).clone()
     uniform = torch.tensor([[0.0, 0.5], [0.0, 0.6]])
-    noise = torch.tensor([[1e-6, 1.0, 1, 1, 1, 1]] * 2)
-    deepest, bonus = _run(tokens, p, q, torch.tensor([True, True]), uniform, noise, tree)
-    # row 0: 0.5 * 0.9 < 0.5 accepted (bonus from the child's p, the noise picks token 0)
+    deepest, bonus = _run(tokens, p, q, torch.tensor([True, True]), uniform, torch.zeros(2), tree)
+    # row 0: 0.5 * 0.9 < 0.5 accepted (bonus from the child's p: u = 0 draws token 0)
     assert deepest.tolist() == [1, 0] and bonus.tolist() == [0, 1]
 
 
@@ -78,7 +76,9 @@ def _draw_pairs(n: int, seed: int, q_verify_scale: float = 1.0) -> torch.Tensor:
         draft = draft**q_verify_scale
     sampled = torch.ones(n, dtype=torch.bool)
     uniform = torch.rand(n, 8, generator=g)
-    deepest, bonus = tree_rejection_sample(tokens, target, draft, sampled, kids, 2, uniform, exp())
+    deepest, bonus = tree_rejection_sample(
+        tokens, target, draft, sampled, kids, 2, uniform, torch.rand(n, generator=g)
+    )
     depth = tb.depth[0]
     anc = tb.ancestors[0]
     # emitted: the accepted path's tokens, then the bonus

@@ -3,7 +3,7 @@ import torch
 
 from verispec.sample.verify import (
     METHODS,
-    draw_exp_noise,
+    categorical,
     draw_uniform,
     entropy_thresholds,
     greedy_verify,
@@ -59,7 +59,7 @@ def _simulate(method, p_rows, q_rows, seed=0, draft_probs_mode="q", rate=None, n
         target_probs,
         draft_probs=draft_probs,
         uniform_samples=torch.rand(N, K, generator=g, dtype=torch.float64),
-        exp_noise=torch.empty(N, K + 1, V, dtype=torch.float64).exponential_(generator=g),
+        sample_u=torch.rand(N, K + 1, generator=g, dtype=torch.float64),
         synthetic_acceptance_rate=rate,
     )
 
@@ -109,7 +109,7 @@ def test_mixed_greedy_and_random_rows(method):
         _one_hot_probs(argmax),
         is_greedy,
         uniform_samples=torch.full((B, K), 0.5, dtype=torch.float64),
-        exp_noise=torch.ones(B, K + 1, V, dtype=torch.float64),
+        sample_u=torch.zeros(B, K + 1, dtype=torch.float64),
         synthetic_acceptance_rate=1.0,
     )
     # row 0 is greedy: rejected at 2 even for synthetic(rate=1) which would accept everything
@@ -134,7 +134,7 @@ def test_probabilistic_empty_residual_falls_back_to_p():
         target,
         draft_probs=_one_hot_probs(_t([[3]])),
         uniform_samples=torch.zeros(1, 1, dtype=torch.float64),
-        exp_noise=torch.ones(1, 2, V, dtype=torch.float64),
+        sample_u=torch.zeros(1, 2, dtype=torch.float64),
     )
     assert out.tolist() == [[3, -1]] and na.tolist() == [0]
 
@@ -142,13 +142,13 @@ def test_probabilistic_empty_residual_falls_back_to_p():
 def test_bad_arguments():
     d, p = _t([[1]]), torch.full((1, 2, V), 1.0 / V)
     with pytest.raises(ValueError):
-        rejection_sample("nope", d, p, exp_noise=torch.ones(1, 2, V))
+        rejection_sample("nope", d, p, sample_u=torch.zeros(1, 2))
     with pytest.raises(ValueError):
         # no random inputs and no greedy rows
         rejection_sample("strict", d, p)
     with pytest.raises(ValueError):
         # no uniforms
-        rejection_sample("probabilistic", d, p, exp_noise=torch.ones(1, 2, V))
+        rejection_sample("probabilistic", d, p, sample_u=torch.zeros(1, 2))
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -164,7 +164,7 @@ def test_no_host_sync(method, with_q):
         torch.empty(B, dtype=torch.bool, **meta),
         draft_probs=torch.empty(B, K, V, **meta) if with_q else None,
         uniform_samples=torch.empty(B, K, **meta),
-        exp_noise=torch.empty(B, K + 1, V, **meta),
+        sample_u=torch.empty(B, K + 1, **meta),
         synthetic_acceptance_rate=0.5,
     )
     assert out.shape == (B, K + 1) and out.dtype == torch.long and na.shape == (B,)
@@ -177,13 +177,34 @@ def test_per_request_generators_are_honoured():
     def gens(seeds):
         return [None if s is None else torch.Generator().manual_seed(s) for s in seeds]
 
-    a = draw_exp_noise((3, 4, V), gens([7, None, 11]))
+    a = draw_uniform((3, 4), gens([7, None, 11]))
     # same requests, other batch and order
-    b = draw_exp_noise((2, 4, V), gens([11, 7]))
-    assert torch.equal(a[0], b[1]) and torch.equal(a[2], b[0]) and (a > 0).all()
+    b = draw_uniform((2, 4), gens([11, 7]))
+    assert torch.equal(a[0], b[1]) and torch.equal(a[2], b[0])
     u1 = draw_uniform((2, 3), gens([5, None]))
     u2 = draw_uniform((1, 3), gens([5]))
     assert torch.equal(u1[0], u2[0]) and ((u1 >= 0) & (u1 < 1)).all()
+
+
+def test_categorical_is_the_inverse_cdf_and_never_draws_a_zero_mass_token():
+    # unnormalised, with zero-mass tokens first, between and last
+    p = torch.tensor([0.0, 2.0, 0.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float32)
+    u = torch.tensor([0.0, 0.49, 0.5, 0.74, 0.75, 0.999, 1 - 2**-24])
+    assert categorical(p.expand(7, -1), u).tolist() == [1, 1, 4, 4, 5, 5, 5]
+    # shapes: [..., V] with [...] uniforms
+    g = torch.Generator().manual_seed(0)
+    probs = torch.rand(3, 4, V, generator=g).softmax(-1)
+    assert categorical(probs, torch.rand(3, 4, generator=g)).shape == (3, 4)
+
+
+def test_categorical_follows_the_distribution():
+    g = torch.Generator().manual_seed(1)
+    p = torch.tensor([0.5, 0.0, 0.2, 0.3], dtype=torch.float64)
+    n = 20000
+    draws = categorical(p.expand(n, -1), torch.rand(n, generator=g, dtype=torch.float64))
+    freq = torch.bincount(draws, minlength=4).double() / n
+    # 4 standard errors at most
+    assert (freq - p).abs().max() < 4 * (0.25 / n) ** 0.5 and freq[1] == 0
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -279,7 +300,7 @@ def test_synthetic_mean_acceptance_is_the_rate(k, r):
         drafts,
         P.expand(n, k + 1, V),
         uniform_samples=torch.rand(n, k, generator=g, dtype=torch.float64),
-        exp_noise=torch.empty(n, k + 1, V, dtype=torch.float64).exponential_(generator=g),
+        sample_u=torch.rand(n, k + 1, generator=g, dtype=torch.float64),
         synthetic_acceptance_rate=r,
     )
     # [n]
@@ -305,7 +326,7 @@ def test_synthetic_calibrates_each_row_for_its_draft_count():
         drafts,
         P.expand(n, K + 1, V),
         uniform_samples=torch.rand(n, K, generator=g, dtype=torch.float64),
-        exp_noise=torch.empty(n, K + 1, V, dtype=torch.float64).exponential_(generator=g),
+        sample_u=torch.rand(n, K + 1, generator=g, dtype=torch.float64),
         synthetic_acceptance_rate=r,
     )
     assert (na <= counts).all()
@@ -324,21 +345,21 @@ def test_block_verify_accepts_past_a_failed_position():
     p = torch.tensor(
         [[[0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0.25, 0.25, 0.25, 0.25]]], dtype=torch.float64
     )
-    noise = torch.ones(1, 4, 4, dtype=torch.float64)
+    noise = torch.zeros(1, 4, dtype=torch.float64)
     out, na = rejection_sample(
-        "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), exp_noise=noise, block=True
+        "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), sample_u=noise, block=True
     )
-    # bonus: race of equal weights picks token 0
+    # bonus: u = 0 draws the first token with mass, token 0
     assert out.tolist() == [[1, 2, 3, 0]] and na.tolist() == [3]
     # token-level verification rejects x_1 (0.9 > 0.5)
     out, na = rejection_sample(
-        "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), exp_noise=noise
+        "probabilistic", d, p, uniform_samples=torch.tensor([[0.9, 0.9, 0.3]]), sample_u=noise
     )
     # residual max(p - q, 0) = token 0
     assert na.tolist() == [0] and out.tolist() == [[0, -1, -1, -1]]
     # nothing passes: the residual of position 0 (token 0)
     out, na = rejection_sample(
-        "probabilistic", d, p, uniform_samples=torch.tensor([[0.3, 0.9, 0.9]]), exp_noise=noise, block=True
+        "probabilistic", d, p, uniform_samples=torch.tensor([[0.3, 0.9, 0.9]]), sample_u=noise, block=True
     )
     assert out.tolist() == [[0, -1, -1, -1]] and na.tolist() == [0]
 
@@ -350,12 +371,12 @@ def test_block_verify_with_one_draft_is_token_verification():
     q = torch.rand(B, 1, V, generator=g, dtype=torch.float64).softmax(-1)
     d = torch.multinomial(q[:, 0], 1, generator=g)
     u = torch.rand(B, 1, generator=g, dtype=torch.float64)
-    noise = torch.empty(B, 2, V, dtype=torch.float64).exponential_(generator=g)
+    noise = torch.rand(B, 2, generator=g, dtype=torch.float64)
     for dp in (q, None):
         block = rejection_sample(
-            "probabilistic", d, p, draft_probs=dp, uniform_samples=u, exp_noise=noise, block=True
+            "probabilistic", d, p, draft_probs=dp, uniform_samples=u, sample_u=noise, block=True
         )
-        token = rejection_sample("probabilistic", d, p, draft_probs=dp, uniform_samples=u, exp_noise=noise)
+        token = rejection_sample("probabilistic", d, p, draft_probs=dp, uniform_samples=u, sample_u=noise)
         assert torch.equal(block[0], token[0]) and torch.equal(block[1], token[1])
 
 
@@ -364,7 +385,7 @@ def test_block_verify_ragged_rows_stop_at_their_own_last_draft():
     d = _t([[2, -1, -1], [-1, -1, -1]])
     p = torch.full((2, 4, V), 1.0 / V, dtype=torch.float64)
     out, na = rejection_sample(
-        "probabilistic", d, p, uniform_samples=torch.zeros(2, 3), exp_noise=torch.ones(2, 4, V), block=True
+        "probabilistic", d, p, uniform_samples=torch.zeros(2, 3), sample_u=torch.zeros(2, 4), block=True
     )
     assert (
         na.tolist() == [1, 0]
@@ -403,7 +424,7 @@ def _markov_outputs(method, q_mode, block=False, entropy=None, n=20_000, length=
             target,
             draft_probs=MQ[contexts[:, :k]] if q_mode == "q" else None,
             uniform_samples=torch.rand(n, k, generator=g, dtype=torch.float64),
-            exp_noise=torch.empty(n, k + 1, V, dtype=torch.float64).exponential_(generator=g),
+            sample_u=torch.rand(n, k + 1, generator=g, dtype=torch.float64),
             block=block,
             thresholds=thresholds,
         )
@@ -491,7 +512,7 @@ def test_block_and_entropy_verify_make_no_host_sync():
             torch.empty(B, dtype=torch.bool, **meta),
             draft_probs=dp,
             uniform_samples=torch.empty(B, K, **meta),
-            exp_noise=torch.empty(B, K + 1, V, **meta),
+            sample_u=torch.empty(B, K + 1, **meta),
             block=True,
             thresholds=entropy_thresholds(probs[:, :K], 0.95, 0.4),
         )
@@ -502,4 +523,4 @@ def test_block_and_entropy_need_probabilistic():
     d, p = _t([[1]]), torch.full((1, 2, V), 1.0 / V)
     for kw in ({"block": True}, {"thresholds": torch.ones(1, 1)}):
         with pytest.raises(ValueError, match="probabilistic"):
-            rejection_sample("strict", d, p, exp_noise=torch.ones(1, 2, V), **kw)
+            rejection_sample("strict", d, p, sample_u=torch.zeros(1, 2), **kw)

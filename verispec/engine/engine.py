@@ -417,7 +417,7 @@ class LLMEngine:
         dev = argmax.device
         tok = torch.tensor(nodes, device=dev)
         parent, anc, depth = tree.parent.to(dev), tree.ancestors.to(dev), tree.depth.to(dev)
-        probs = noise = greedy = None
+        probs = sample_u = greedy = None
         if not all(p.is_greedy for p in params):
             st = S.SamplingTensors.from_params(params, flat.device, v).repeat_interleave([n] * b)
             probs, greedy = S.logits_to_probs(flat, st), st.is_greedy
@@ -430,7 +430,7 @@ class LLMEngine:
             if prop.draft_probs is None:
                 sampled = torch.zeros_like(sampled)
             uniform = draw_uniform((b, n), gens, dev)
-            noise = S.draw_noise([1] * b, gens, v, dev, self.generator)
+            sample_u = S.draw_row_uniforms([1] * b, gens, dev, self.generator)
             deepest, bonus = tree_rejection_sample(
                 tok,
                 target.view(b, n, v),
@@ -439,14 +439,14 @@ class LLMEngine:
                 tree.children(),
                 tree.max_depth,
                 uniform,
-                noise,
+                sample_u,
             )
             on_path = anc[torch.arange(b, device=dev), deepest]
         else:
             if probs is not None:
-                noise = S.draw_noise([n] * b, gens, v, flat.device, self.generator)
+                sample_u = S.draw_row_uniforms([n] * b, gens, flat.device, self.generator)
             # [B, 1 + N] the target's own pick at every node
-            picks = S.greedy_or_sample(argmax, probs, noise, greedy).view(b, n)
+            picks = S.greedy_or_sample(argmax, probs, sample_u, greedy).view(b, n)
             deepest, on_path = tree_accept(tok, picks, parent, anc, depth)
             bonus = picks.gather(1, deepest[:, None]).squeeze(1)
         # the step's host sync

@@ -20,9 +20,8 @@ from typing import NamedTuple
 import torch
 
 from verispec.kernels import ops
+from verispec.sample.verify import categorical
 from verispec.sampling_params import SamplingParams
-
-_TINY = torch.finfo(torch.float32).tiny
 
 
 @dataclass
@@ -225,11 +224,11 @@ def logits_to_probs(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return probs
 
 
-def sample(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-    """Exponential race: argmax(probs / noise), noise ~ Exp(1) [N, V] -> tokens [N] int64.
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse CDF: probs [N, V], u [N] in [0, 1) -> tokens [N] int64 (verify.categorical).
 
     P(token i) = probs[i] / sum(probs): probs need not be normalised (e.g. a rejection residual)."""
-    return (probs / noise.clamp_min(_TINY)).argmax(dim=-1)
+    return categorical(probs, u)
 
 
 def greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -243,6 +242,27 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+# [N] float32 U[0, 1), N = sum(n_rows_per_request)
+def draw_row_uniforms(
+    n_rows_per_request: Sequence[int],
+    generators: Sequence[torch.Generator | None],
+    device: torch.device | str,
+    default_generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """One uniform per row, for `sample`: seeded requests draw theirs from their own generator, all unseeded rows
+    from one batched draw. A seeded request's draws are thus independent of the batch."""
+    total = sum(n_rows_per_request)
+    if all(g is None for g in generators):
+        return torch.rand(total, device=device, generator=default_generator)
+    shared = torch.rand(total, device=device, generator=default_generator)
+    chunks, off = [], 0
+    # loop over requests, not tokens
+    for n, g in zip(n_rows_per_request, generators):
+        chunks.append(shared[off : off + n] if g is None else torch.rand(n, device=device, generator=g))
+        off += n
+    return torch.cat(chunks, dim=0)
+
+
 # [N, V] float32 ~ Exp(1), N = sum(n_rows_per_request)
 def draw_noise(
     n_rows_per_request: Sequence[int],
@@ -251,8 +271,9 @@ def draw_noise(
     device: torch.device | str,
     default_generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Exp(1) noise; seeded requests draw their rows from their own generator, all unseeded rows
-    come from one batched draw. A seeded request's noise is thus independent of the batch."""
+    """Exp(1) noise over the vocabulary, for drawing several tokens without replacement (`tree_verify.
+    sample_children`); seeded requests draw their rows from their own generator, all unseeded rows come from one
+    batched draw. A seeded request's noise is thus independent of the batch."""
     total = sum(n_rows_per_request)
     if all(g is None for g in generators):
         return torch.empty(total, vocab_size, device=device).exponential_(generator=default_generator)
@@ -299,8 +320,8 @@ def greedy_or_sample(
     argmax: torch.Tensor,
     # [N, V] or None when every row is greedy
     probs: torch.Tensor | None,
-    # [N, V] Exp(1), with probs
-    noise: torch.Tensor | None,
+    # [N] U[0, 1), with probs
+    u: torch.Tensor | None,
     # [N] bool, with probs
     is_greedy: torch.Tensor | None,
 ) -> torch.Tensor:
@@ -308,4 +329,4 @@ def greedy_or_sample(
     mixes greedy and random rows of plain sampling."""
     if probs is None:
         return argmax
-    return torch.where(is_greedy, argmax, sample(probs, noise))
+    return torch.where(is_greedy, argmax, sample(probs, u))

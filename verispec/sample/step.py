@@ -89,24 +89,25 @@ def sample_step(
         flat = S.apply_penalties(flat, mask.repeat_interleave(stride, 0), counts, st)
     # [B, K+1]
     argmax = S.greedy(flat).view(b, stride)
-    probs = noise = None
+    probs = sample_u = None
     if not all_greedy:
         probs = S.logits_to_probs(flat, st).view(b, stride, v)
         gens = [r.generator for r in reqs]
-        noise = S.draw_noise([stride] * b, gens, v, dev, default_generator).view(b, stride, v)
+        # [B, K+1] one uniform per position for its sample
+        sample_u = S.draw_row_uniforms([stride] * b, gens, dev, default_generator).view(b, stride)
     # [B] bool, or None when no row is random and nothing is verified
     greedy_rows = None if all_greedy and k == 0 else torch.tensor([p.is_greedy for p in params], device=dev)
     if k == 0:
         out = S.greedy_or_sample(
             argmax.view(b),
             None if probs is None else probs.view(b, v),
-            None if noise is None else noise.view(b, v),
+            None if sample_u is None else sample_u.view(b),
             greedy_rows,
         )
         # the one host sync of the step
         tokens, accepted = [[t] for t in out.tolist()], [0] * b
     else:
-        tokens, accepted = _verify(raw, draft_t, probs, noise, argmax, greedy_rows, spec, rule, reqs)
+        tokens, accepted = _verify(raw, draft_t, probs, sample_u, argmax, greedy_rows, spec, rule, reqs)
     lp = None
     if any(p.logprobs is not None for p in params):
         want = max((p.logprobs or 0) for p in params)
@@ -115,7 +116,7 @@ def sample_step(
     return StepTokens(tokens, accepted, lp, stride)
 
 
-def _verify(raw, draft_t, probs, noise, argmax, greedy_rows, spec, rule, reqs) -> tuple[list, list]:
+def _verify(raw, draft_t, probs, sample_u, argmax, greedy_rows, spec, rule, reqs) -> tuple[list, list]:
     """Run the rule over the drafts; -> (tokens per request, accepted drafts per request)."""
     b, k = draft_t.shape
     uniform = thresholds = None
@@ -132,7 +133,7 @@ def _verify(raw, draft_t, probs, noise, argmax, greedy_rows, spec, rule, reqs) -
         target_argmax=argmax,
         draft_probs=spec.draft_probs,
         uniform_samples=uniform,
-        exp_noise=noise,
+        sample_u=sample_u,
         synthetic_acceptance_rate=rule.synthetic_acceptance_rate,
         block=rule.block and k >= 3,
         thresholds=thresholds,

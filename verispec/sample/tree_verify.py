@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from verispec.sample.verify import categorical
+
 _TINY = torch.finfo(torch.float32).tiny
 
 
@@ -42,8 +44,8 @@ def tree_rejection_sample(
     max_depth: int,
     # [B, 1 + N] U[0, 1): the acceptance test of each node
     uniform: torch.Tensor,
-    # [B, V] Exp(1): the bonus token's race
-    noise: torch.Tensor,
+    # [B] U[0, 1): the bonus token's inverse-CDF draw
+    bonus_u: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (the deepest accepted node [B], the bonus token sampled after it [B])."""
     b, _, v = target_probs.shape
@@ -95,7 +97,7 @@ def tree_rejection_sample(
         p = torch.where(moved[:, None], target_probs[rows, cur].float(), p)
         if q is not None:
             q = torch.where(moved[:, None], draft_probs[rows, cur].float(), q)
-    bonus = (p / noise.clamp_min(_TINY)).argmax(dim=-1)
+    bonus = categorical(p, bonus_u)
     return cur, bonus
 
 

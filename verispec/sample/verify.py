@@ -16,12 +16,12 @@ Conventions (B = batch rows, K = max drafts per row, V = vocab):
 Randomness is an input, never drawn here, so the caller decides seeding per request:
 
 - ``uniform_samples`` ``[B, K]`` in [0, 1): acceptance tests (``probabilistic``, ``synthetic``, block).
-- ``exp_noise`` ``[B, K+1, V]`` i.i.d. Exp(1), strictly positive: every categorical sample
-  is an "exponential race", ``argmax(p / noise)``, which is an exact sample of
-  ``p / p.sum()`` (p need not be normalised).
+- ``sample_u`` ``[B, K+1]`` in [0, 1): one per position for its categorical sample, drawn by inverse CDF
+  (``categorical``: the first token whose cumulative mass exceeds u times the total), an exact sample of
+  ``p / p.sum()`` (p need not be normalised). One uniform per position, not a vocabulary's worth of noise.
 
-``draw_uniform`` / ``draw_exp_noise`` build these tensors, drawing each row that has a
-``torch.Generator`` from that generator (one loop step per seeded request, not per token).
+``draw_uniform`` builds both, drawing each row that has a ``torch.Generator`` from that generator (one loop step
+per seeded request, not per token).
 
 Options of ``probabilistic`` (vLLM Ascend's ``rejection_sampler_config``):
 
@@ -62,25 +62,15 @@ def draw_uniform(
     return out
 
 
-def draw_exp_noise(
-    shape: Sequence[int],
-    generators: Sequence[torch.Generator | None] | None = None,
-    device: torch.device | str | None = None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Exp(1) noise of ``shape`` (first dim = rows), clamped > 0; row i uses ``generators[i]``."""
-    out = torch.empty(*shape, device=device, dtype=dtype).exponential_()
-    if generators is not None:
-        for i, gen in enumerate(generators):
-            if gen is not None:
-                out[i].exponential_(generator=gen)
-    # 0 noise would make 0/0 = nan
-    return out.clamp_min_(torch.finfo(dtype).tiny)
-
-
-def exponential_race(probs: torch.Tensor, exp_noise: torch.Tensor) -> torch.Tensor:
-    """Sample one token per distribution: ``argmax(probs / noise)``. [..., V] -> [...]."""
-    return (probs / exp_noise).argmax(dim=-1)
+def categorical(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per distribution by inverse CDF: the first index whose cumulative mass (float64) exceeds u times
+    the total. probs [..., V] >= 0, need not be normalised; u [...] in [0, 1) -> [...] int64. u < 1 keeps the
+    point below the total, so a token of zero mass is never drawn."""
+    # [..., V]
+    cdf = probs.double().cumsum(dim=-1)
+    # [..., 1]
+    point = (u.double() * cdf[..., -1])[..., None]
+    return torch.searchsorted(cdf, point, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -149,8 +139,8 @@ def strict_verify(
     draft_token_ids: torch.Tensor,
     # [B, K+1, V]
     target_probs: torch.Tensor,
-    # [B, K+1, V] Exp(1)
-    exp_noise: torch.Tensor,
+    # [B, K+1] U[0, 1)
+    sample_u: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample the target at every position; accept while the sample equals the draft.
 
@@ -159,7 +149,7 @@ def strict_verify(
     """
     K = draft_token_ids.shape[1]
     # [B, K+1]
-    samples = exponential_race(target_probs, exp_noise)
+    samples = categorical(target_probs, sample_u)
     # [B, K]
     accept = draft_token_ids == samples[:, :K]
     return _assemble(draft_token_ids, accept, samples)
@@ -174,8 +164,8 @@ def probabilistic_verify(
     draft_probs: torch.Tensor | None,
     # [B, K] U[0, 1)
     uniform_samples: torch.Tensor,
-    # [B, K+1, V] Exp(1)
-    exp_noise: torch.Tensor,
+    # [B, K+1] U[0, 1)
+    sample_u: torch.Tensor,
     # [B, K] Entropy Verify; None = 1 (lossless)
     thresholds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,7 +203,7 @@ def probabilistic_verify(
     # [B, K+1, V] unnormalised is fine
     residual = torch.where(empty, target_probs, residual)
     # [B, K+1]
-    next_tokens = exponential_race(residual, exp_noise)
+    next_tokens = categorical(residual, sample_u)
     return _assemble(draft_token_ids, accept, next_tokens)
 
 
@@ -226,8 +216,8 @@ def block_verify(
     draft_probs: torch.Tensor | None,
     # [B, K] U[0, 1)
     uniform_samples: torch.Tensor,
-    # [B, K+1, V] Exp(1)
-    exp_noise: torch.Tensor,
+    # [B, K+1] U[0, 1)
+    sample_u: torch.Tensor,
     # [B, K] Entropy Verify; None = 1 (lossless)
     thresholds: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,7 +283,7 @@ def block_verify(
     empty = res_tau.sum(dim=-1, keepdim=True) <= 0
     res_tau = torch.where(empty, target_probs[rows, tau], res_tau)
     # [B]
-    final = exponential_race(res_tau, exp_noise[rows, tau])
+    final = categorical(res_tau, sample_u[rows, tau])
     return _assemble_at(draft_token_ids, tau, final[:, None])
 
 
@@ -341,8 +331,8 @@ def synthetic_verify(
     target_probs: torch.Tensor,
     # [B, K] U[0, 1)
     uniform_samples: torch.Tensor,
-    # [B, K+1, V] Exp(1)
-    exp_noise: torch.Tensor,
+    # [B, K+1] U[0, 1)
+    sample_u: torch.Tensor,
     acceptance_rate: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Accept drafts with a position-decaying probability so that a row accepts ``acceptance_rate`` of its drafts
@@ -361,12 +351,12 @@ def synthetic_verify(
     num_draft = (draft_token_ids >= 0).sum(dim=1)
     # [B, K]
     accept = uniform_samples < rates[num_draft][:, None]
-    return _assemble(draft_token_ids, accept, exponential_race(target_probs, exp_noise))
+    return _assemble(draft_token_ids, accept, categorical(target_probs, sample_u))
 
 
 # ---------------------------------------------------------------------------- dispatcher
 
-# method -> its rule for random rows, over (drafts, p, q, uniform, noise) plus the method's own options
+# method -> its rule for random rows, over (drafts, p, q, uniform, sample_u) plus the method's own options
 _RANDOM_RULES = {
     "strict": lambda d, p, q, u, e, **_: strict_verify(d, p, e),
     "probabilistic": lambda d, p, q, u, e, block, thresholds, **_: (
@@ -391,8 +381,8 @@ def rejection_sample(
     draft_probs: torch.Tensor | None = None,
     # [B, K]; probabilistic / synthetic
     uniform_samples: torch.Tensor | None = None,
-    # [B, K+1, V]; None = every row greedy
-    exp_noise: torch.Tensor | None = None,
+    # [B, K+1]; None = every row greedy
+    sample_u: torch.Tensor | None = None,
     synthetic_acceptance_rate: float | None = None,
     # probabilistic only: Block Verify
     block: bool = False,
@@ -405,13 +395,13 @@ def rejection_sample(
     Greedy rows (``is_greedy``) always use the greedy rule, whatever ``method`` is; random
     rows use ``method`` (``strict`` | ``probabilistic`` | ``synthetic``). Which paths run is
     decided from which inputs are None, never from tensor values (no host sync):
-    ``exp_noise=None`` means no random rows, ``is_greedy=None`` means no greedy rows. When
+    ``sample_u=None`` means no random rows, ``is_greedy=None`` means no greedy rows. When
     both run, the result is selected per row, so random inputs of greedy rows are ignored.
     """
     if method not in METHODS:
         raise ValueError(f"unknown rejection sampling method {method!r}; expected one of {METHODS}")
-    if exp_noise is None and is_greedy is None:
-        raise ValueError("exp_noise is required unless every row is greedy (pass is_greedy)")
+    if sample_u is None and is_greedy is None:
+        raise ValueError("sample_u is required unless every row is greedy (pass is_greedy)")
     if (block or thresholds is not None) and method != "probabilistic":
         raise ValueError(f"Block / Entropy Verify need method 'probabilistic', got {method!r}")
 
@@ -423,7 +413,7 @@ def rejection_sample(
             # [B, K+1]
             target_argmax = target_probs.argmax(dim=-1)
         greedy = greedy_verify(draft_token_ids, target_argmax)
-        if exp_noise is None:
+        if sample_u is None:
             return greedy
 
     if target_probs is None:
@@ -437,7 +427,7 @@ def rejection_sample(
         target_probs,
         draft_probs,
         uniform_samples,
-        exp_noise,
+        sample_u,
         block=block,
         thresholds=thresholds,
         rate=synthetic_acceptance_rate,

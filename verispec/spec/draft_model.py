@@ -137,7 +137,7 @@ class DraftModelProposer:
             else:
                 # seeded requests draft reproducibly
                 gens = [r.generator for r in reqs]
-                noise = S.draw_noise([1] * len(reqs), gens, self.vocab, logits.device, self.generator)
+                noise = S.draw_row_uniforms([1] * len(reqs), gens, logits.device, self.generator)
                 tok = torch.where(st.is_greedy, S.greedy(logits), S.sample(q, noise))
             tokens.append(self._proposed(tok))
             confidence.append(draft_confidence(logits, tok))
@@ -169,7 +169,7 @@ class DraftModelProposer:
         tok = S.greedy(logits)
         if not st.all_greedy and self.sample_drafts:
             gens = [r.generator for r in reqs]
-            noise = S.draw_noise([k] * len(reqs), gens, self.vocab, logits.device, self.generator)
+            noise = S.draw_row_uniforms([k] * len(reqs), gens, logits.device, self.generator)
             tok = torch.where(st.is_greedy, tok, S.sample(q, noise))
         conf = draft_confidence(logits, tok).view(len(reqs), k)
         both = torch.stack([self._proposed(tok).view(len(reqs), k).double(), conf]).tolist()
