@@ -41,6 +41,9 @@ REJECTION_SAMPLE_ALIASES = {"standard": "probabilistic", "block": "probabilistic
 DRAFT_SAMPLE_METHODS = ("greedy", "probabilistic")
 # Methods whose drafter has a draft distribution to sample from; the others draft deterministically.
 DRAFT_SAMPLING_METHODS = ("draft_model",)
+# Methods that draft token trees; under `probabilistic` a branching tree's children may be sampled from the
+# drafter's distribution (draft_sample_method 'probabilistic', their default there).
+TREE_METHODS = ("eagle", "eagle3", "mtp")
 
 # vLLM's hf_config_override: checkpoints whose MTP layers make them drafts of model_type *_mtp.
 _MTP_MODEL_TYPE_OVERRIDES = {"deepseek_v3": "deepseek_mtp", "deepseek_v32": "deepseek_mtp"}
@@ -596,18 +599,31 @@ def _resolve_rejection_alias(values: dict[str, Any], user: Mapping[str, Any]) ->
     values["rejection_sample_method"] = REJECTION_SAMPLE_ALIASES[method]
 
 
+def _samples_tree_children(values: dict[str, Any]) -> bool:
+    """A branching static tree of a tree method under `probabilistic`: its children can be drawn from the
+    drafter's distribution without replacement and verified by recursive rejection sampling."""
+    tree = values["speculative_token_tree"]
+    if values["method"] not in TREE_METHODS or values["rejection_sample_method"] != "probabilistic":
+        return False
+    if not isinstance(tree, str) or tree == DYNAMIC_TREE:
+        return False
+    return any(any(path) for path in ast.literal_eval(tree))
+
+
 def _resolve_draft_sample_method(values: dict[str, Any]) -> str:
     method, draft_sample = values["method"], values["draft_sample_method"]
+    can_sample = method in DRAFT_SAMPLING_METHODS or _samples_tree_children(values)
     if draft_sample is None:
-        return "probabilistic" if method in DRAFT_SAMPLING_METHODS else "greedy"
+        return "probabilistic" if can_sample else "greedy"
     if draft_sample not in DRAFT_SAMPLE_METHODS:
         choices = ", ".join(map(repr, DRAFT_SAMPLE_METHODS))
         raise ValueError(f"draft_sample_method must be one of {choices}, got {draft_sample!r}")
-    if draft_sample == "probabilistic" and method not in DRAFT_SAMPLING_METHODS:
+    if draft_sample == "probabilistic" and not can_sample:
         raise ValueError(
             f"draft_sample_method 'probabilistic' samples drafts from a draft distribution, which method "
-            f"'{method}' does not have in this build (only {', '.join(DRAFT_SAMPLING_METHODS)}); "
-            "allowed here: 'greedy'"
+            f"'{method}' does not have in this build (only {', '.join(DRAFT_SAMPLING_METHODS)}, and the children "
+            f"of a branching speculative_token_tree of {', '.join(TREE_METHODS)} under rejection_sample_method "
+            "'probabilistic'); allowed here: 'greedy'"
         )
     return draft_sample
 

@@ -16,6 +16,7 @@ EAGLE = "yuhuili/EAGLE-LLaMA3.1-Instruct-8B"
 LLAMA_DRAFT = {"model_type": "llama", "max_position_embeddings": 2048}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3}
 EAGLE_CFG = {"method": "eagle", "model": EAGLE, "num_speculative_tokens": 3}
+EAGLE_TREE = {**EAGLE_CFG, "num_speculative_tokens": 2, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}
 AUX_IDS = {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 18, 34]}}
 DEEPSEEK_V3 = {
     "model_type": "deepseek_v3",
@@ -374,12 +375,45 @@ def test_vllm_rejection_sample_spellings(extra, method, block):
         ),
         ({**NGRAM, "draft_sample_method": "greedy"}, "greedy"),
         ({**EAGLE_CFG, "draft_sample_method": None}, "greedy"),
+        # a branching tree under probabilistic samples its children by default; greedy keeps the top-ranked ones
+        ({**EAGLE_TREE, "rejection_sample_method": "probabilistic"}, "probabilistic"),
+        (
+            {**EAGLE_TREE, "rejection_sample_method": "probabilistic", "draft_sample_method": "greedy"},
+            "greedy",
+        ),
+        ({**EAGLE_TREE, "rejection_sample_method": "strict"}, "greedy"),
+        ({**EAGLE_CFG, "rejection_sample_method": "probabilistic"}, "greedy"),
+        (
+            {**EAGLE_CFG, "speculative_token_tree": "dynamic", "rejection_sample_method": "probabilistic"},
+            "greedy",
+        ),
     ],
 )
 def test_draft_sample_method(config, expected):
     cfg = make(config)
     assert cfg.draft_sample_method == expected
     assert make(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {**EAGLE_CFG, "rejection_sample_method": "probabilistic"},
+        {**EAGLE_TREE, "rejection_sample_method": "strict"},
+        {**EAGLE_CFG, "speculative_token_tree": "dynamic", "rejection_sample_method": "probabilistic"},
+    ],
+)
+def test_sampled_drafts_of_a_head_need_a_branching_tree_under_probabilistic(config):
+    with pytest.raises(ValueError, match="children of a branching speculative_token_tree"):
+        make({**config, "draft_sample_method": "probabilistic"})
+
+
+def test_tree_children_follow_draft_sample_method():
+    from verispec.spec import _samples_trees
+
+    tree = {**EAGLE_TREE, "rejection_sample_method": "probabilistic"}
+    assert _samples_trees(make(tree))
+    assert not _samples_trees(make({**tree, "draft_sample_method": "greedy"}))
 
 
 # --- errors -------------------------------------------------------------------------------------------
@@ -626,7 +660,7 @@ ERRORS = [
     (
         {**NGRAM, "draft_sample_method": "probabilistic"},
         {},
-        "draft_sample_method 'probabilistic' samples drafts from a draft distribution, which method 'ngram' does not have in this build (only draft_model); allowed here: 'greedy'",
+        "draft_sample_method 'probabilistic' samples drafts from a draft distribution, which method 'ngram' does not have in this build (only draft_model, and the children of a branching speculative_token_tree",
     ),
     ({"method": "suffix", "draft_sample_method": "probabilistic"}, {}, "which method 'suffix' does not have"),
     ({**EAGLE_CFG, "draft_sample_method": "probabilistic"}, {}, "which method 'eagle' does not have"),

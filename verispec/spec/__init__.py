@@ -11,7 +11,7 @@ import torch
 
 from verispec.drafts import shipped_draft
 from verispec.spec.base import Proposal, Proposer, ProposerNeeds
-from verispec.spec_config import MTP_MODEL_TYPES, SpeculativeConfig, parse_json_config
+from verispec.spec_config import MTP_MODEL_TYPES, TREE_METHODS, SpeculativeConfig, parse_json_config
 
 __all__ = [
     "DraftContext",
@@ -335,13 +335,11 @@ _METHODS: dict[str, _Method] = {
 SUPPORTED_METHODS = tuple(_METHODS)
 
 
-TREE_METHODS = ("eagle", "eagle3", "mtp")
-
-
 def _samples_trees(cfg: SpeculativeConfig) -> bool:
-    """Whether a static tree's children of random requests are sampled from the drafter (`probabilistic`:
-    recursive rejection sampling verifies them)."""
-    return cfg.rejection_sample_method == "probabilistic"
+    """Whether a static tree's children of random requests are sampled from the drafter (draft_sample_method
+    'probabilistic', the default of a branching tree under `probabilistic`: recursive rejection sampling verifies
+    them); 'greedy' keeps the drafter's top-ranked children."""
+    return cfg.rejection_sample_method == "probabilistic" and cfg.draft_sample_method == "probabilistic"
 
 
 def token_tree(cfg: SpeculativeConfig, draft_vocab: int | None = None):
