@@ -3,6 +3,7 @@ in the output (greedy token for token, sampled in law), and its drafts are the t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -63,6 +64,30 @@ def test_greedy_equality_with_another_tokenizer(tiny_llama, sp_draft, k, rule):
     spec = llm.engine.counters.spec
     # a poor draft: some drafts are accepted, not all
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+
+
+def test_parallel_drafting_with_another_tokenizer(tiny_llama, sp_draft, tmp_path):
+    """PARD and cross-tokenizer drafting together: one draft forward carries the re-spelled catch-up tokens and
+    K - 1 mask tokens of the draft's own vocabulary; the output stays plain decoding's."""
+    folder = tmp_path / "pard"
+    shutil.copytree(sp_draft, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "pard_token": 7}))
+    prompts = _prompts(4, seed=5)
+    reference = _greedy(LLM(tiny_llama, max_model_len=256, max_num_seqs=4), prompts)
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        speculative_config=hetero(str(folder), 3, parallel_drafting=True),
+    )
+    assert _greedy(llm, prompts) == reference
+    assert llm.engine.counters.spec.num_draft_tokens > 0
+    # sampled drafts from each mask position's own q, verified by probabilistic: the target's law
+    cfg = hetero(str(folder), 2, parallel_drafting=True, rejection_sample_method="probabilistic")
+    llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=1234)
+    _assert_second_token_law(llm)
+    assert llm.engine.counters.spec.num_accepted_tokens > 0
 
 
 def test_the_same_model_under_other_ids_is_always_right(renamed_pair):
