@@ -233,3 +233,36 @@ def test_q8_0_checkpoint_loads_to_the_blocks_and_drafts_losslessly(tiny_llama, t
     plain = llm.generate(batch, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
     assert spec.engine.counters.spec.num_accepted_tokens > 0
+
+
+def test_answers_start_after_the_chat_templates_generation_prompt(tiny_llama):
+    """mark_answers finds where each answer starts; training and the held-out score only count its tokens."""
+    from verispec.train.eagle3 import Sample, answer_marker, mark_answers
+
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=1)
+    tok = llm.tokenizer
+    marker = answer_marker(tok)
+    assert marker
+    prompt = tok.encode(
+        tok.apply_chat_template([{"role": "user", "content": "hello there"}]), add_special_tokens=False
+    )
+    answer = [5, 6, 7]
+    s = Sample(torch.tensor(prompt + answer), torch.zeros(len(prompt) + 3, 6), torch.zeros(len(prompt) + 3))
+    raw = Sample(torch.tensor(answer * 3), torch.zeros(9, 6), torch.zeros(9))
+    mark_answers([s, raw], marker)
+    assert s.start == len(prompt) and raw.start == 0
+
+
+def test_heldout_score_counts_answer_bases_only(trained):
+    """Moving a sample's start past its last base removes it from the score; the other samples' score stays."""
+    from verispec.train.eagle3 import evaluate
+
+    llm, _, samples, draft, d2t, *_ = trained
+    ids = d2t + torch.arange(len(d2t))
+    t2d = torch.full((llm.ckpt.model.cfg.vocab_size,), -1, dtype=torch.long)
+    t2d[ids] = torch.arange(len(ids))
+    rest = samples[1:]
+    alone = evaluate(draft, rest, llm.ckpt.model, t2d, 2)
+    first = samples[0]
+    hidden = type(first)(first.tokens, first.aux, first.labels, start=len(first.tokens))
+    assert evaluate(draft, [hidden, *rest], llm.ckpt.model, t2d, 2) == alone

@@ -48,6 +48,27 @@ class Sample:
     aux: torch.Tensor
     # [T] the target's argmax at each position (its pick for position p + 1)
     labels: torch.Tensor
+    # the answer's first position: a base p drafts answer tokens when p + 1 >= start (the chat template's
+    # prompt before it is the same in every conversation; learning it teaches the draft nothing it will use)
+    start: int = 0
+
+
+def answer_marker(tokenizer) -> list[int]:
+    """The token ids the chat template puts between a user's turn and the assistant's answer (its generation
+    prompt): where every collected answer starts."""
+    hole = "\x00"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": hole}])
+    return tokenizer.encode(text[text.index(hole) + 1 :], add_special_tokens=False)
+
+
+def mark_answers(samples: list[Sample], marker: list[int]) -> list[Sample]:
+    """Set each sample's `start` after the last occurrence of `marker` (0, everything, where it is absent)."""
+    m = len(marker)
+    for s in samples:
+        ids = s.tokens.tolist()
+        hits = [i for i in range(len(ids) - m, -1, -1) if ids[i : i + m] == marker] if m else []
+        s.start = hits[0] + m if hits else 0
+    return samples
 
 
 def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[int, ...]) -> list[Sample]:
@@ -304,9 +325,10 @@ def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> tuple[torc
 def evaluate(
     model: Eagle3Trainable, samples: list[Sample], target, t2d: torch.Tensor, steps: int, bf16: bool = False
 ) -> list[float]:
-    """Teacher-forced greedy acceptance on held-out samples: for k = 1..steps, the share of base positions whose
-    drafts 1..k all equal the target's picks (what greedy verification accepts of a k-token chain started
-    there). The mean acceptance length of a K-token chain is 1 + the sum of the first K."""
+    """Teacher-forced greedy acceptance on held-out samples: for k = 1..steps, the share of base positions in the
+    answers (from each sample's start - 1) whose drafts 1..k all equal the target's picks (what greedy
+    verification accepts of a k-token chain started there). The mean acceptance length of a K-token chain is
+    1 + the sum of the first K."""
     hits, bases = torch.zeros(steps), 0
     for s in samples:
         t = len(s.tokens)
@@ -315,13 +337,15 @@ def evaluate(
         embeds = target.embed(s.tokens).float()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model.step_logits(embeds, s.aux.float(), steps)
-        # bases 0..n-1 have all `steps` drafts
-        n = t - steps
-        ok = torch.ones(n, dtype=torch.bool)
+        # bases 0..n-1 have all `steps` drafts; those from start - 1 on draft the answer (the engine's chains)
+        n, first = t - steps, max(0, s.start - 1)
+        if first >= n:
+            continue
+        ok = torch.ones(n - first, dtype=torch.bool)
         for k, lg in enumerate(logits, start=1):
-            ok &= lg[:n].argmax(-1) == t2d[s.labels[k : k + n]]
+            ok &= lg[first:n].argmax(-1) == t2d[s.labels[first + k : k + n]]
             hits[k - 1] += ok.sum()
-        bases += n
+        bases += n - first
     return (hits / max(1, bases)).tolist()
 
 
@@ -444,6 +468,8 @@ def train(
             for k, lg in enumerate(logits, start=1):
                 # -1: outside the draft vocabulary (ignored)
                 lab = t2d[s.labels[k : k + lg.shape[0]]]
+                # only answer tokens count: label index j = p + k predicts position j + 1
+                lab[: max(0, s.start - k)] = -1
                 loss = loss + (0.8 ** (k - 1)) * F.cross_entropy(lg.float(), lab, ignore_index=-1)
             opt.zero_grad()
             loss.backward()
@@ -640,8 +666,9 @@ def run(args: argparse.Namespace) -> None:
         activation_dtype=args.activation_dtype,
         self_instruct=False,
     )
-    eval_samples = load_samples(heldout)
-    samples = load_samples(data, args.positions)
+    marker = answer_marker(llm.tokenizer)
+    eval_samples = mark_answers(load_samples(heldout), marker)
+    samples = mark_answers(load_samples(data, args.positions), marker)
     n = sum(len(s.tokens) for s in samples)
     counts = torch.bincount(torch.cat([s.labels for s in samples]), minlength=model.cfg.vocab_size)
     cover = float(counts.sort(descending=True).values[: args.draft_vocab].sum() / counts.sum())
