@@ -91,3 +91,11 @@ def test_self_instructed_requests_are_the_targets_user_turns(smollm2_gguf_path):
         assert len(q) >= 16 and "<|im_start|>" not in q and "<|im_end|>" not in q
     # the same seed writes the same requests
     assert data.self_instruct_queries(llm, 4, seed=1, max_tokens=64) == queries
+
+
+def test_a_corrupt_shard_is_a_clear_error(tmp_path):
+    (tmp_path / "shard_00000.safetensors").write_bytes(b"not a shard")
+    manifest = {"shards": [{"file": "shard_00000.safetensors", "positions": 3}]}
+    (tmp_path / data.MANIFEST).write_text(__import__("json").dumps(manifest))
+    with pytest.raises(ValueError, match="shard_00000.safetensors: missing or corrupt shard"):
+        data.load_samples(tmp_path)

@@ -266,3 +266,11 @@ def test_heldout_score_counts_answer_bases_only(trained):
     first = samples[0]
     hidden = type(first)(first.tokens, first.aux, first.labels, start=len(first.tokens))
     assert evaluate(draft, [hidden, *rest], llm.ckpt.model, t2d, 2) == alone
+
+
+def test_a_corrupt_training_state_is_a_clear_error(trained, tmp_path):
+    llm, _, samples, *_ = trained
+    (tmp_path / "state.json").write_text("{}")
+    (tmp_path / "state.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="unreadable training state"):
+        train(samples, llm.ckpt.model, draft_vocab=120, steps=2, epochs=1, state_dir=tmp_path, log_every=0)

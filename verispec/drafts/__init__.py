@@ -1,7 +1,7 @@
 """Draft weights that ship with verispec: a speculative_config without `model` finds them by target and method.
 
-Each folder here holds a draft in vLLM's format (config.json, model.safetensors) and training.json, the command and
-the data manifest that made it, so that `{"method": "eagle3", "num_speculative_tokens": 3}` on the embedded model
+Each folder here holds a draft (config.json in vLLM's format, its weights as model.safetensors or as Q8_0 blocks in
+model.gguf) and training.json, the command and the data manifest that made it, so that `{"method": "eagle3", "num_speculative_tokens": 3}` on the embedded model
 needs no path.
 """
 

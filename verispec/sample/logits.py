@@ -13,7 +13,7 @@ Logprobs are computed from the RAW logits (vLLM's default ``raw_logprobs``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
@@ -242,6 +242,28 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+def _rows_by_request(
+    n_rows_per_request: Sequence[int],
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator | None,
+    draw: Callable[[int, torch.Generator | None], torch.Tensor],
+) -> torch.Tensor:
+    """draw(n, generator) per request: seeded requests from their own generator, all unseeded rows from one
+    batched draw of the default generator. A seeded request's draws are thus independent of the batch."""
+    if all(g is None for g in generators):
+        return draw(sum(n_rows_per_request), default_generator)
+    shared = draw(sum(n for n, g in zip(n_rows_per_request, generators) if g is None), default_generator)
+    chunks, off = [], 0
+    # loop over requests, not tokens
+    for n, g in zip(n_rows_per_request, generators):
+        if g is None:
+            chunks.append(shared[off : off + n])
+            off += n
+        else:
+            chunks.append(draw(n, g))
+    return torch.cat(chunks, dim=0)
+
+
 # [N] float32 U[0, 1), N = sum(n_rows_per_request)
 def draw_row_uniforms(
     n_rows_per_request: Sequence[int],
@@ -249,18 +271,13 @@ def draw_row_uniforms(
     device: torch.device | str,
     default_generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """One uniform per row, for `sample`: seeded requests draw theirs from their own generator, all unseeded rows
-    from one batched draw. A seeded request's draws are thus independent of the batch."""
-    total = sum(n_rows_per_request)
-    if all(g is None for g in generators):
-        return torch.rand(total, device=device, generator=default_generator)
-    shared = torch.rand(total, device=device, generator=default_generator)
-    chunks, off = [], 0
-    # loop over requests, not tokens
-    for n, g in zip(n_rows_per_request, generators):
-        chunks.append(shared[off : off + n] if g is None else torch.rand(n, device=device, generator=g))
-        off += n
-    return torch.cat(chunks, dim=0)
+    """One uniform per row, for `sample` (seeding as in `_rows_by_request`)."""
+    return _rows_by_request(
+        n_rows_per_request,
+        generators,
+        default_generator,
+        lambda n, g: torch.rand(n, device=device, generator=g),
+    )
 
 
 # [N, V] float32 ~ Exp(1), N = sum(n_rows_per_request)
@@ -272,22 +289,13 @@ def draw_noise(
     default_generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Exp(1) noise over the vocabulary, for drawing several tokens without replacement (`tree_verify.
-    sample_children`); seeded requests draw their rows from their own generator, all unseeded rows come from one
-    batched draw. A seeded request's noise is thus independent of the batch."""
-    total = sum(n_rows_per_request)
-    if all(g is None for g in generators):
-        return torch.empty(total, vocab_size, device=device).exponential_(generator=default_generator)
-    n_unseeded = sum(n for n, g in zip(n_rows_per_request, generators) if g is None)
-    shared = torch.empty(n_unseeded, vocab_size, device=device).exponential_(generator=default_generator)
-    chunks, off = [], 0
-    # loop over requests, not tokens
-    for n, g in zip(n_rows_per_request, generators):
-        if g is None:
-            chunks.append(shared[off : off + n])
-            off += n
-        else:
-            chunks.append(torch.empty(n, vocab_size, device=device).exponential_(generator=g))
-    return torch.cat(chunks, dim=0)
+    sample_children`; seeding as in `_rows_by_request`)."""
+    return _rows_by_request(
+        n_rows_per_request,
+        generators,
+        default_generator,
+        lambda n, g: torch.empty(n, vocab_size, device=device).exponential_(generator=g),
+    )
 
 
 class Logprobs(NamedTuple):

@@ -12,8 +12,7 @@ probabilities over the batch; the planner scans n and keeps the best ratio (exac
 
 `AcceptanceModel` estimates the conditional acceptance P(draft i accepted | drafts before it accepted) online: a
 base rate per draft position (or per draft position and confidence bin when the proposer says how sure it is, as
-suffix decoding does),
-learned across requests, times a per-request factor from the request's own recent history.
+suffix decoding does), learned across requests, times a per-request factor from the request's own recent history.
 
 Everything here is plain Python on host numbers: no tensors, no model, tested on its own.
 """

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +96,14 @@ def write_shard(path: Path, samples) -> tuple[int, int]:
 def read_shard(path: Path) -> Shard:
     from safetensors.torch import load_file
 
-    t = load_file(str(path))
-    return Shard(t["tokens"], t["offsets"], t["aux"], t["labels"])
+    try:
+        t = load_file(str(path))
+        return Shard(t["tokens"], t["offsets"], t["aux"], t["labels"])
+    # safetensors raises its own error types for a missing or corrupt file; a shard of another format lacks keys
+    except Exception as e:
+        raise ValueError(
+            f"{path}: missing or corrupt shard ({e}); remove it and its manifest entry to recollect"
+        ) from None
 
 
 def load_samples(folder: Path, max_positions: int | None = None) -> list:
@@ -161,6 +168,7 @@ def collect_shards(
             raise ValueError(f"{folder} holds data for {key}={manifest[key]!r}, not {value!r}")
     seed, shard_size, max_tokens = manifest["seed"], manifest["shard_size"], manifest["max_tokens"]
     tok = llm.tokenizer
+    t0 = time.perf_counter()
     while manifest["positions"] < positions:
         i = len(manifest["shards"])
         if i * shard_size < len(curated):
@@ -182,5 +190,8 @@ def collect_shards(
         manifest["shards"].append({"file": name, "source": source, "sequences": seqs, "positions": n})
         manifest["positions"] += n
         write_atomic(folder / MANIFEST, lambda p: p.write_text(json.dumps(manifest, indent=1)))
-        log(f"{name}: {source}, {seqs} sequences, {n} positions; {manifest['positions']} in all")
+        log(
+            f"{name}: {source}, {seqs} sequences, {n} positions; {manifest['positions']} in all "
+            f"({time.perf_counter() - t0:.0f} s)"
+        )
     return manifest

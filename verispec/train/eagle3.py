@@ -374,8 +374,14 @@ def _load_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer) -> d
 
     if not (folder / "state.json").exists():
         return None
-    info = json.loads((folder / "state.json").read_text())
-    tensors = load_file(str(folder / "state.safetensors"))
+    try:
+        info = json.loads((folder / "state.json").read_text())
+        tensors = load_file(str(folder / "state.safetensors"))
+    # safetensors raises its own error types for a missing or corrupt file
+    except Exception as e:
+        raise ValueError(
+            f"{folder}: unreadable training state ({e}); remove the folder to start over"
+        ) from None
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(tensors[f"param.{n}"])
