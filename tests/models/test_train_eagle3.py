@@ -274,3 +274,29 @@ def test_a_corrupt_training_state_is_a_clear_error(trained, tmp_path):
     (tmp_path / "state.safetensors").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="unreadable training state"):
         train(samples, llm.ckpt.model, draft_vocab=120, steps=2, epochs=1, state_dir=tmp_path, log_every=0)
+
+
+def test_a_written_draft_scores_as_it_was_trained(trained, tmp_path):
+    """load_trainable: a float32 draft folder reads back into the same parameters (the same held-out score); the
+    Q8_0 folder reads back its dequantized blocks."""
+    from safetensors.torch import save_file
+
+    from verispec.train.eagle3 import evaluate, load_trainable
+
+    llm, _, samples, draft, d2t, _, folder = trained
+    model = llm.ckpt.model
+    loaded, t2d = load_trainable(folder, model.cfg)
+    for name, p in draft.named_parameters():
+        assert torch.equal(getattr(loaded, name), p), name
+    ids = d2t + torch.arange(len(d2t))
+    assert torch.equal(t2d[ids], torch.arange(len(ids)))
+    assert evaluate(loaded, samples, model, t2d, 3) == evaluate(draft, samples, model, t2d, 3)
+    save(draft, d2t, tmp_path, model.cfg, (2, 1, 0), weights="q8_0")
+    q8, _ = load_trainable(tmp_path, model.cfg)
+    torch.testing.assert_close(q8.fc, draft.fc, atol=0.02, rtol=0.02)
+    with pytest.raises(ValueError, match="no \\*.safetensors weights"):
+        load_trainable(tmp_path / "missing", model.cfg)
+    (tmp_path / "model.gguf").unlink()
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="not an EAGLE-3 draft"):
+        load_trainable(tmp_path, model.cfg)

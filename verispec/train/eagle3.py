@@ -312,6 +312,27 @@ class Eagle3Trainable(nn.Module):
         return {k: v.detach().contiguous().clone() for k, v in out.items()}
 
 
+def load_trainable(folder: Path, tcfg) -> tuple[Eagle3Trainable, torch.Tensor]:
+    """A written draft (model.safetensors, or model.gguf's Q8_0 blocks dequantized) -> (the trainable block holding
+    its weights, t2d: target id -> draft id or -1), to score it with `evaluate` as stored."""
+    from verispec.loader.hf import load_hf_tensors
+
+    tensors = load_hf_tensors(Path(folder))
+    if "d2t" not in tensors or "lm_head.weight" not in tensors:
+        raise ValueError(f"{folder}: not an EAGLE-3 draft written by this trainer (no d2t / lm_head.weight)")
+    d2t = tensors["d2t"].long()
+    ids = d2t + torch.arange(len(d2t))
+    model = Eagle3Trainable(tcfg, len(d2t), tensors["fc.weight"].shape[1] // 3)
+    names = model.checkpoint(d2t).keys() - {"d2t"}
+    attr = {k: k.split(".")[-2] if k.startswith("midlayer.") else k.split(".")[0] for k in names}
+    with torch.no_grad():
+        for key in names:
+            getattr(model, attr[key]).copy_(tensors[key].float())
+    t2d = torch.full((tcfg.vocab_size,), -1, dtype=torch.long)
+    t2d[ids] = torch.arange(len(ids))
+    return model, t2d
+
+
 def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The `size` most frequent labels -> (draft id -> target id [size] ascending, target id -> draft id or -1)."""
     counts = torch.bincount(torch.cat([s.labels for s in samples]), minlength=vocab)
@@ -322,31 +343,60 @@ def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> tuple[torc
 
 
 @torch.no_grad()
-def evaluate(
+def chain_lengths(
     model: Eagle3Trainable, samples: list[Sample], target, t2d: torch.Tensor, steps: int, bf16: bool = False
-) -> list[float]:
-    """Teacher-forced greedy acceptance on held-out samples: for k = 1..steps, the share of base positions in the
-    answers (from each sample's start - 1) whose drafts 1..k all equal the target's picks (what greedy
-    verification accepts of a k-token chain started there). The mean acceptance length of a K-token chain is
-    1 + the sum of the first K."""
-    hits, bases = torch.zeros(steps), 0
+) -> list[torch.Tensor]:
+    """Teacher-forced greedy chains on held-out samples: per sample, [bases] how many of the `steps` drafts started
+    at each answer base (from start - 1) equal the target's picks before the first miss (what greedy verification
+    accepts of a chain started there)."""
+    out = []
     for s in samples:
         t = len(s.tokens)
-        if t <= steps + 1:
+        # bases 0..n-1 have all `steps` drafts; those from start - 1 on draft the answer (the engine's chains)
+        n, first = t - steps, max(0, s.start - 1)
+        if t <= steps + 1 or first >= n:
             continue
         embeds = target.embed(s.tokens).float()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model.step_logits(embeds, s.aux.float(), steps)
-        # bases 0..n-1 have all `steps` drafts; those from start - 1 on draft the answer (the engine's chains)
-        n, first = t - steps, max(0, s.start - 1)
-        if first >= n:
-            continue
         ok = torch.ones(n - first, dtype=torch.bool)
+        length = torch.zeros(n - first, dtype=torch.long)
         for k, lg in enumerate(logits, start=1):
             ok &= lg[first:n].argmax(-1) == t2d[s.labels[first + k : k + n]]
-            hits[k - 1] += ok.sum()
-        bases += n - first
-    return (hits / max(1, bases)).tolist()
+            length += ok
+        out.append(length)
+    return out
+
+
+def walk_length(lengths: torch.Tensor) -> tuple[int, int]:
+    """One sample's chain lengths at consecutive bases -> (tokens, steps) of greedy decoding that verifies a chain
+    at each step: a step at base p commits its accepted drafts and the target's token, so the next step starts
+    at p + length[p] + 1. Steps start more often where drafts fail, so tokens / steps is the engine's mean
+    acceptance length, below the average over all bases when easy and hard stretches cluster."""
+    steps, p, n = 0, 0, len(lengths)
+    host = lengths.tolist()
+    while p < n:
+        steps += 1
+        p += host[p] + 1
+    return n, steps
+
+
+def scores(lengths: list[torch.Tensor], steps: int) -> tuple[list[float], float]:
+    """Chain lengths (`chain_lengths`) -> (for k = 1..steps the share of bases whose drafts 1..k are all accepted,
+    the engine's mean acceptance length over `walk_length`). A chain started at every base averages 1 + the sum
+    of the shares; the engine's chains start where the last one ended, which the second figure follows."""
+    flat = torch.cat(lengths) if lengths else torch.zeros(0, dtype=torch.long)
+    shares = [float((flat >= k).float().mean()) if len(flat) else 0.0 for k in range(1, steps + 1)]
+    walks = [walk_length(x) for x in lengths]
+    return shares, sum(t for t, _ in walks) / max(1, sum(n for _, n in walks))
+
+
+def evaluate(
+    model: Eagle3Trainable, samples: list[Sample], target, t2d: torch.Tensor, steps: int, bf16: bool = False
+) -> list[float]:
+    """Held-out acceptance: for k = 1..steps, the share of answer bases whose drafts 1..k all equal the target's
+    picks (`scores`' first figure)."""
+    return scores(chain_lengths(model, samples, target, t2d, steps, bf16), steps)[0]
 
 
 def _save_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer, info: dict) -> None:
@@ -450,12 +500,18 @@ def train(
 
     def score() -> None:
         # labels outside the draft vocabulary map to -1, which no argmax equals
-        acc = evaluate(model, eval_samples, target, t2d, steps, bf16)
-        info["curve"].append({"positions": info["seen"], "acceptance": [round(a, 4) for a in acc]})
+        acc, walk = scores(chain_lengths(model, eval_samples, target, t2d, steps, bf16), steps)
+        info["curve"].append(
+            {
+                "positions": info["seen"],
+                "acceptance": [round(a, 4) for a in acc],
+                "engine_length": round(walk, 4),
+            }
+        )
         with bar.external_write_mode():
             print(
                 f"held-out after {info['seen']} positions: acceptance {' / '.join(f'{a:.3f}' for a in acc)}, "
-                f"mean acceptance length at K={steps} {1 + sum(acc):.2f}",
+                f"mean acceptance length at K={steps} {1 + sum(acc):.2f} per base, {walk:.2f} per engine step",
                 flush=True,
             )
 
@@ -612,6 +668,12 @@ def main(argv: list[str] | None = None) -> None:
         default="float32",
         help="float32: model.safetensors (vLLM's format); q8_0: model.gguf, a quarter of the size",
     )
+    ap.add_argument(
+        "--evaluate",
+        metavar="DRAFT",
+        help="only score this written draft folder on the held-out set (collected first if missing, with "
+        "--activation-dtype's numerics) and print its teacher-forced acceptance; nothing is trained",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     args = ap.parse_args(argv)
     # bars on stderr only on a terminal, none with --quiet
@@ -621,15 +683,55 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     if not args.lr > 0:
         ap.error(f"--lr must be positive, got {args.lr}")
-    for key in ("out", "data", "heldout"):
+    for key in ("out", "data", "heldout", "evaluate"):
         path = getattr(args, key)
         if path is not None and Path(path).exists() and not Path(path).is_dir():
             ap.error(f"--{key} {path} is a file; give a folder")
     try:
-        run(args)
+        evaluate_draft(args) if args.evaluate else run(args)
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _heldout(llm, args: argparse.Namespace, aux: tuple[int, ...]) -> list[Sample]:
+    """The held-out samples (--heldout, default OUT/../<OUT name>-heldout), collected first if missing."""
+    from verispec.train.data import collect_shards, load_samples
+    from verispec.workloads import build_workload
+
+    out = Path(args.out)
+    heldout = Path(args.heldout) if args.heldout else out.parent / f"{out.name}-heldout"
+    collect_shards(
+        llm,
+        args.model,
+        heldout,
+        1 << 62,
+        build_workload("chat", 40),
+        aux,
+        shard_size=args.shard_size,
+        max_tokens=args.max_tokens,
+        activation_dtype=args.activation_dtype,
+        self_instruct=False,
+    )
+    return mark_answers(load_samples(heldout), answer_marker(llm.tokenizer))
+
+
+def evaluate_draft(args: argparse.Namespace) -> None:
+    """--evaluate DRAFT: the written draft's teacher-forced acceptance on the held-out set, as stored (Q8_0
+    blocks dequantized), under the held-out set's numerics."""
+    from verispec import LLM
+    from verispec.models.eagle3 import aux_layer_ids
+
+    llm = LLM(args.model, max_model_len=2048, max_num_seqs=64, activation_dtype=args.activation_dtype)
+    model = llm.ckpt.model
+    draft, t2d = load_trainable(Path(args.evaluate), model.cfg)
+    samples = _heldout(llm, args, aux_layer_ids({}, model.cfg.num_layers))
+    acc, walk = scores(chain_lengths(draft, samples, model, t2d, args.ttt_steps, args.bf16), args.ttt_steps)
+    print(
+        f"{args.evaluate}: held-out acceptance {' / '.join(f'{a:.3f}' for a in acc)}; mean acceptance length "
+        f"at K={args.ttt_steps} {1 + sum(acc):.2f} per base, {walk:.2f} per engine step ({len(samples)} "
+        f"sequences, {args.activation_dtype} states)"
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -639,7 +741,7 @@ def run(args: argparse.Namespace) -> None:
     from verispec import LLM
     from verispec.models.eagle3 import aux_layer_ids
     from verispec.train.data import collect_shards, load_samples
-    from verispec.workloads import build_workload, training_conversations
+    from verispec.workloads import training_conversations
 
     out = Path(args.out)
     data = Path(args.data) if args.data else out.parent / f"{out.name}-data"
@@ -659,22 +761,9 @@ def run(args: argparse.Namespace) -> None:
         activation_dtype=args.activation_dtype,
     )
     print(f"{data}: {manifest['positions']} positions ({time.perf_counter() - t0:.0f} s)", flush=True)
+    eval_samples = _heldout(llm, args, aux)
     heldout = Path(args.heldout) if args.heldout else out.parent / f"{out.name}-heldout"
-    collect_shards(
-        llm,
-        args.model,
-        heldout,
-        1 << 62,
-        build_workload("chat", 40),
-        aux,
-        shard_size=args.shard_size,
-        max_tokens=args.max_tokens,
-        activation_dtype=args.activation_dtype,
-        self_instruct=False,
-    )
-    marker = answer_marker(llm.tokenizer)
-    eval_samples = mark_answers(load_samples(heldout), marker)
-    samples = mark_answers(load_samples(data, args.positions), marker)
+    samples = mark_answers(load_samples(data, args.positions), answer_marker(llm.tokenizer))
     n = sum(len(s.tokens) for s in samples)
     counts = torch.bincount(torch.cat([s.labels for s in samples]), minlength=model.cfg.vocab_size)
     cover = float(counts.sort(descending=True).values[: args.draft_vocab].sum() / counts.sum())
