@@ -123,7 +123,12 @@ def main() -> None:
     plain = LLM(args.model, **kw)
     tok = plain.tokenizer
     convs = build_workload(args.workload, args.num_prompts)
-    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    if tok.chat_template:
+        prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    else:
+        # a model without a chat template (the gemma3-270m GGUF) reads the request's text as a plain prompt
+        print(f"{args.model} has no chat template: the workload's requests are plain-text prompts")
+        prompts = [tok.encode(c[-1]["content"]) for c in convs]
     prompts = prompts * args.rounds
     sp = SamplingParams(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None

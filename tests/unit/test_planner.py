@@ -200,3 +200,21 @@ def test_planner_reports_mean_k_and_row_cost():
     planner.choose(["a"], [[1, 2, 3, 4]], None, 1, 0.0)
     assert planner.mean_chosen_k == 4.0
     assert planner.verified_row_cost() == pytest.approx(0.25)
+
+
+# the suite's planner fixture makes drafting free; this test times it
+@pytest.mark.row_cost(None)
+def test_drafting_time_of_a_requests_first_step_is_not_its_cost():
+    """A request's first ask includes its drafter's catch-up over the prompt (a draft model's prefill): that time
+    is not recorded as the cost of drafting k tokens, or k would look dear and never be asked for again."""
+    planner = DraftPlanner(3, FixedCost(0.0), drafter_runs_forward=True, max_rows=64)
+    assert planner.ask(["a"], [3], 1) == [3]
+    planner.observe_draft_time(3, 100.0)
+    assert planner.draft_cost(3) == 0.0
+    assert planner.ask(["a"], [3], 1) == [3]
+    planner.observe_draft_time(3, 0.1)
+    assert planner.draft_cost(3) == pytest.approx(0.1)
+    # a request joining later: its first step is left out too
+    planner.ask(["a", "b"], [3, 3], 2)
+    planner.observe_draft_time(3, 100.0)
+    assert planner.draft_cost(3) == pytest.approx(0.1)

@@ -223,6 +223,10 @@ class DraftPlanner:
         self.planned_drafts = 0
         # planned steps so far: probes happen on every PROBE_AFTER-th
         self.steps = 0
+        # requests asked before, and whether this step's ask had a new one: its drafter first catches up on the
+        # whole prompt (a draft model's prefill, suffix trees built over it), which is no per-step drafting cost
+        self.known: set[str] = set()
+        self.fresh = False
 
     def draft_cost(self, k: int) -> float:
         """Estimated drafting seconds when the longest draft is k: measured, or scaled from the nearest measured k
@@ -235,6 +239,11 @@ class DraftPlanner:
         return self.draft_seconds[near] * k / near if near else 0.0
 
     def observe_draft_time(self, k: int, seconds: float) -> None:
+        """The drafting time of this step's ask, whose longest draft was k. A step where some request drafted for
+        the first time is left out: its prompt catch-up would make k look dear, and a k that looks dear is never
+        asked for again, so the estimate would never recover."""
+        if self.fresh:
+            return
         old = self.draft_seconds.get(k)
         self.draft_seconds[k] = seconds if old is None else old + 0.2 * (seconds - old)
 
@@ -243,6 +252,8 @@ class DraftPlanner:
         never asked for drafts the planner will not verify). A drafter with a forward of its own gets exactly the
         planned lengths; a cheap one gets its whole cap wherever some drafting pays, so that its drafts' own
         confidence can refine the choice, and nothing where none does (its drafting time is saved)."""
+        self.fresh = not self.known.issuperset(request_ids)
+        self.known.update(request_ids)
         if self.runs_forward:
             gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
             lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
@@ -299,6 +310,7 @@ class DraftPlanner:
 
     def remove(self, request_id: str) -> None:
         self.acceptance.remove(request_id)
+        self.known.discard(request_id)
 
     def verified_row_cost(self) -> float:
         """What one more scored row costs relative to a plain batch-1 step, over num_speculative_tokens rows:
