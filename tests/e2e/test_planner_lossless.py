@@ -116,3 +116,29 @@ def test_real_profile_and_exported_figures(tiny_llama, tmp_path, monkeypatch):
     assert metrics["verispec:spec_decode_verified_row_cost"].value >= 0.0
     line = llm.engine.spec_log.maybe_log(force=True)
     assert line is None or "Planner: mean chosen K" in line
+
+
+@pytest.mark.row_cost(0.1)
+@pytest.mark.parametrize("batch", [1, 4])
+def test_dynamic_tree_node_budget_keeps_greedy_output(tiny_llama, tiny_eagle, batch):
+    """Dynamic trees under the planner: each step verifies the most confident nodes that pay (a prefix of the
+    tree, fewer than num_draft_tokens when rows cost 10% of a step), and the output is plain decoding's."""
+    cfg = {
+        "method": "eagle",
+        "model": tiny_eagle,
+        "num_speculative_tokens": 3,
+        "speculative_token_tree": "dynamic",
+        "eagle_topk": 3,
+        "num_draft_tokens": 8,
+    }
+    prompts = _prompts(batch, seed=batch + 70)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    spec = llm.engine.counters.spec
+    assert spec.num_draft_tokens > 0
+    # 7 nodes per request and step without the budget
+    assert spec.num_draft_tokens < 7 * spec.num_drafts
+    assert 0 < llm.engine.planner.mean_chosen_k < 7

@@ -218,3 +218,55 @@ def test_drafting_time_of_a_requests_first_step_is_not_its_cost():
     planner.ask(["a", "b"], [3, 3], 2)
     planner.observe_draft_time(3, 100.0)
     assert planner.draft_cost(3) == pytest.approx(0.1)
+
+
+def test_a_request_the_ask_keeps_skipping_is_probed():
+    """The ask gives a cheap drafter nothing to draft where drafting does not pay, so the step has no drafts to
+    choose from: those steps still count as skipped, and the request is probed after PROBE_AFTER of them."""
+    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
+    for _ in range(40):
+        planner.observe("a", 4, 0)
+    chosen = []
+    for _ in range(2 * PROBE_AFTER):
+        ask = planner.ask(["a"], [4], 1)
+        drafts = [[1, 2, 3, 4][: ask[0]]]
+        chosen.append(planner.choose(["a"], drafts, None, 1, 0.0)[0])
+    assert chosen.count(1) == 1 and chosen[PROBE_AFTER] == 1
+
+
+def test_node_gains_are_calibrated_path_products_in_prefix_order():
+    model = AcceptanceModel(num_positions=3)
+    # nodes by path confidence: root -> 1 -> 2, root -> 3 -> 4
+    parents, depths = [-1, 0, 1, 0, 3], [0, 1, 2, 1, 2]
+    conf = [0.85, 0.55, 0.15, 0.95]
+    # uncalibrated bins: each node's estimate is its bin's centre
+    assert model.node_gains(parents, depths, conf) == pytest.approx([0.85, 0.85 * 0.55, 0.15, 0.15 * 0.95])
+    # a node more confident than one before it is capped by it: a prefix of the nodes is what a step keeps
+    assert model.node_gains([-1, 0, 0, 1], [0, 1, 1, 2], [0.85, 0.15, 0.55]) == pytest.approx(
+        [0.85, 0.15, 0.15]
+    )
+
+
+def test_tree_outcomes_calibrate_the_judged_nodes_only():
+    model = AcceptanceModel(num_positions=3)
+    parents, depths = [-1, 0, 0, 1], [0, 1, 1, 2]
+    for _ in range(300):
+        # node 1 (stated 0.55) accepted, its sibling 2 (0.55) rejected, node 3 (0.55, under 1) rejected
+        model.observe_tree(parents, depths, [0.55, 0.55, 0.55], [True, True, False, False])
+    # depth 1: half accepted, half not; depth 2: never
+    assert model.node_gains([-1, 0], [0, 1], [0.55])[0] == pytest.approx(0.5, abs=0.02)
+    assert model.node_gains([-1, 0, 1], [0, 1, 2], [0.55, 0.55])[1] < 0.03
+    # nodes under a rejected one were not judged: depth 2 under node 2 teaches nothing
+    fresh = AcceptanceModel(num_positions=3)
+    fresh.observe_tree(parents[:3] + [2], depths, [0.55] * 3, [True, True, False, False])
+    assert fresh.node_gains([-1, 0, 1], [0, 1, 2], [0.55, 0.55])[1] == pytest.approx(
+        fresh.node_gains([-1, 0], [0, 1], [0.55])[0] * 0.55
+    )
+
+
+def test_node_budget_takes_the_nodes_that_pay():
+    planner = DraftPlanner(3, FixedCost(0.3), drafter_runs_forward=True, max_rows=64)
+    parents, depths = [[-1, 0, 0, 1, 1]], [[0, 1, 1, 2, 2]]
+    # a node pays when its path probability beats a row's 30% of a step (against a rate of 1 token per step)
+    assert planner.choose_nodes(["a"], parents, depths, [[0.95, 0.55, 0.95, 0.05]], 1, 0.0) == 3
+    assert planner.choose_nodes(["a"], parents, depths, [[0.05, 0.05, 0.05, 0.05]], 1, 0.0) == 0

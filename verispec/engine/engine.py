@@ -306,6 +306,13 @@ class LLMEngine:
             t = time.perf_counter()
             prop = self.proposer.propose(spec, ask)
             draft_seconds = time.perf_counter() - t
+            if planner is not None:
+                planner.observe_draft_time(max(ask, default=0), draft_seconds)
+            # a dynamic tree's node budget: its most confident nodes that pay (none: this step drafts nothing)
+            no_drafts = False
+            if planner is not None and isinstance(prop.tree, TreeBatch) and prop.confidence is not None:
+                prop = self._node_budget(planner, spec, prop, len(reqs), draft_seconds)
+                no_drafts = prop.tree is None
             if prop.tree is not None:
                 if self._tree_step_ok(reqs, spec, caps, prop.tree):
                     return self._decode_tree(reqs, prop)
@@ -321,8 +328,9 @@ class LLMEngine:
             asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
             if planner is None:
                 kept = fit_budget(asked, self.opts.spec_token_budget - len(reqs))
+            elif no_drafts:
+                kept = asked
             else:
-                planner.observe_draft_time(max(ask, default=0), draft_seconds)
                 lengths = planner.choose(ids, asked, prop.confidence, len(reqs), draft_seconds)
                 kept = [d[:n] for d, n in zip(asked, lengths)]
                 if prop.confidence is not None:
@@ -373,6 +381,26 @@ class LLMEngine:
             f", Planner: mean chosen K {p.mean_chosen_k:.2f}, verified row cost {p.verified_row_cost():.2f}"
         )
 
+    def _node_budget(
+        self, planner: DraftPlanner, spec: list[Request], prop: Proposal, rows: int, draft_seconds: float
+    ) -> Proposal:
+        """A dynamic tree cut to the node count the planner finds pays this step (its most confident nodes), or no
+        drafts at all (a Proposal without a tree) when none does."""
+        tree = prop.tree
+        n = planner.choose_nodes(
+            [r.request_id for r in spec],
+            tree.host_parent,
+            tree.host_depth,
+            prop.confidence,
+            rows,
+            draft_seconds,
+        )
+        if n == 0:
+            return Proposal([[] for _ in spec])
+        return Proposal(
+            [t[:n] for t in prop.token_ids], tree=tree.prefix(n), confidence=[c[:n] for c in prop.confidence]
+        )
+
     def _tree_step_ok(
         self, reqs: list[Request], spec: list[Request], caps: list[int], tree: TokenTree | TreeBatch
     ) -> bool:
@@ -399,6 +427,7 @@ class LLMEngine:
             RowInput(r.slot, r.num_computed, t, tree_mask=tree.ancestors[i], depths=depth_l[i])
             for i, (r, t) in enumerate(zip(reqs, nodes))
         ]
+        t = time.perf_counter()
         out, states = self._forward(reqs, rows)
         v = out.logits.shape[-1]
         logits = out.logits.view(b, n, v)
@@ -451,6 +480,15 @@ class LLMEngine:
             bonus = picks.gather(1, deepest[:, None]).squeeze(1)
         # the step's host sync
         on_l, bonus_l = on_path.tolist(), bonus.tolist()
+        planner = self.planner
+        if planner is not None:
+            planner.step_cost.observe(b * n, time.perf_counter() - t)
+            if prop.confidence is not None and tree.host_parent is not None:
+                for i in range(b):
+                    planner.observe_tree(tree.host_parent[i], tree.host_depth[i], prop.confidence[i], on_l[i])
+            for r, path in zip(reqs, on_l):
+                # the per-position estimates that decide how deep to draft (the ask) learn the accepted depth
+                planner.observe(r.request_id, tree.max_depth, sum(path) - 1)
         stats = SpecDecodingStats(max(self.opts.num_speculative_tokens, tree.max_depth))
         emitted, hidden_rows = [], []
         for i, r in enumerate(reqs):

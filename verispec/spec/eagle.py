@@ -237,8 +237,10 @@ class EagleProposer(StateSlots):
         # [B, C]
         all_tok, all_score, all_parent = torch.cat(c_tok, 1), torch.cat(c_score, 1), torch.cat(c_parent, 1)
         n = min(spec.num_nodes, all_tok.shape[1])
-        # [B, n] kept candidates in drafting order (breadth-first: levels in order, parents first)
-        keep = torch.sort(all_score, dim=1, descending=True, stable=True).indices[:, :n].sort(dim=1).values
+        # [B, n] kept candidates by path confidence, most confident first: a parent comes before its children (it
+        # is at least as confident, and drafted earlier for the stable sort), so every prefix is a tree (the
+        # planner's node budget keeps one)
+        keep = torch.sort(all_score, dim=1, descending=True, stable=True).indices[:, :n]
         # candidate id + 1 -> node index (root 0)
         remap = torch.zeros(b, all_tok.shape[1] + 1, dtype=torch.long, device=dev)
         remap.scatter_(1, keep + 1, torch.arange(1, n + 1, device=dev).expand(b, n))
@@ -247,8 +249,18 @@ class EagleProposer(StateSlots):
         node_depth = torch.tensor([0] + c_depth, device=dev)[torch.cat([root + 1, keep + 1], dim=1)]
         # depth doublings reach every ancestor (further ones change nothing)
         ancestors = ancestors_of(parent, depth)
-        # the step's one host sync: [B, 2n] the kept tokens, then their depths
-        host = torch.cat([all_tok.gather(1, keep), node_depth[:, 1:]], dim=1).tolist()
-        max_depth = max(max(row[n:]) for row in host)
-        tree = TreeBatch(parent, node_depth, ancestors, max_depth, k)
-        return Proposal([row[:n] for row in host], tree=tree)
+        # [B, n] each node's draft probability at its parent: exp(its path score - the parent's)
+        kept_score = all_score.gather(1, keep)
+        up_score = torch.cat([torch.zeros_like(kept_score[:, :1]), kept_score], 1).gather(1, parent[:, 1:])
+        conf = (kept_score - up_score).exp()
+        # the step's one host sync: [B, 4n] the kept tokens, their parents, depths and confidences (float64 holds
+        # the integers exactly)
+        host = (
+            torch.cat([all_tok.gather(1, keep), parent[:, 1:], node_depth[:, 1:], conf], 1).double().tolist()
+        )
+        tokens = [[int(x) for x in row[:n]] for row in host]
+        parents = [[-1] + [int(x) for x in row[n : 2 * n]] for row in host]
+        depths = [[0] + [int(x) for x in row[2 * n : 3 * n]] for row in host]
+        max_depth = max(max(d) for d in depths)
+        tree = TreeBatch(parent, node_depth, ancestors, max_depth, k, parents, depths)
+        return Proposal(tokens, tree=tree, confidence=[row[3 * n :] for row in host])

@@ -194,6 +194,35 @@ class AcceptanceModel:
             h.predicted[j] = h.predicted[j] * self.request_decay + self._base(i, c)
             self._rate(i, c).observe(hit, self.shared_decay)
 
+    def node_gains(
+        self, parents: Sequence[int], depths: Sequence[int], confidence: Sequence[float]
+    ) -> list[float]:
+        """A token tree's nodes 1..N (parents[j], depths[j] with node 0 the root; confidence[j - 1] the drafter's
+        probability of node j's token at its parent) -> per node P(its path is accepted): the product of the
+        calibrated conditional estimates along the path, made non-increasing in node order (a prefix of the
+        nodes is what a step keeps)."""
+        path = [1.0]
+        out, low = [], 1.0
+        for j in range(1, len(parents)):
+            c = self._base(depths[j] - 1, confidence[j - 1])
+            path.append(path[parents[j]] * min(_CEILING, max(_FLOOR, c)))
+            low = min(low, path[j])
+            out.append(low)
+        return out
+
+    def observe_tree(
+        self,
+        parents: Sequence[int],
+        depths: Sequence[int],
+        confidence: Sequence[float],
+        on_path: Sequence[bool],
+    ) -> None:
+        """A verified tree: every node whose parent was accepted was judged (accepted iff on the accepted path);
+        the calibration of its (depth, confidence) bin learns from it. Nodes below a rejected one teach nothing."""
+        for j in range(1, len(parents)):
+            if on_path[parents[j]]:
+                self._rate(depths[j] - 1, confidence[j - 1]).observe(bool(on_path[j]), self.shared_decay)
+
     def remove(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
 
@@ -227,6 +256,8 @@ class DraftPlanner:
         # whole prompt (a draft model's prefill, suffix trees built over it), which is no per-step drafting cost
         self.known: set[str] = set()
         self.fresh = False
+        # this step's caps at the ask: a request asked for nothing was skipped (it counts towards its probe)
+        self.caps: dict[str, int] = {}
 
     def draft_cost(self, k: int) -> float:
         """Estimated drafting seconds when the longest draft is k: measured, or scaled from the nearest measured k
@@ -254,6 +285,7 @@ class DraftPlanner:
         confidence can refine the choice, and nothing where none does (its drafting time is saved)."""
         self.fresh = not self.known.issuperset(request_ids)
         self.known.update(request_ids)
+        self.caps = dict(zip(request_ids, caps))
         if self.runs_forward:
             gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
             lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
@@ -284,11 +316,39 @@ class DraftPlanner:
             for rid, d, c in zip(request_ids, drafts, conf)
         ]
         lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
-        lengths = self._probe(request_ids, lengths, [len(d) for d in drafts], count=True)
+        # a request the ask skipped (no drafts, a cap above 0) was skipped by the planner too
+        caps = [max(len(d), self.caps.get(rid, 0)) for rid, d in zip(request_ids, drafts)]
+        lengths = self._probe(request_ids, lengths, caps, count=True)
         self.steps += 1
         self.planned_tokens += sum(lengths)
         self.planned_drafts += len(lengths)
         return lengths
+
+    def choose_nodes(
+        self,
+        request_ids: list[str],
+        parents: list[list[int]],
+        depths: list[list[int]],
+        confidence: list[list[float]],
+        batch_rows: int,
+        draft_seconds: float,
+    ) -> int:
+        """How many nodes of each request's token tree to verify this step (a prefix of its nodes, which the
+        drafter orders by path confidence so that every prefix is a tree): the node budget. Trees in one step
+        share a node count, so it is the largest of the requests' own choices; 0 verifies no draft."""
+        gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
+        lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
+        lengths = self._probe(request_ids, lengths, [len(g) for g in gains], count=True)
+        n = max(lengths, default=0)
+        self.steps += 1
+        self.planned_tokens += n * len(lengths)
+        self.planned_drafts += len(lengths)
+        return n
+
+    def observe_tree(
+        self, parents: list[int], depths: list[int], confidence: list[float], on_path: list[bool]
+    ) -> None:
+        self.acceptance.observe_tree(parents, depths, confidence, on_path)
 
     def _probe(self, request_ids: list[str], lengths: list[int], caps: list[int], count: bool) -> list[int]:
         out = list(lengths)

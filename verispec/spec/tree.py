@@ -99,6 +99,9 @@ class TreeBatch:
     max_depth: int
     # most children of any node (host int; None: read from parent, a host sync)
     width: int | None = None
+    # host copies of parent and depth, [B][1 + N] each (dynamic trees carry them for the planner)
+    host_parent: list[list[int]] | None = None
+    host_depth: list[list[int]] | None = None
 
     @property
     def size(self) -> int:
@@ -118,6 +121,21 @@ class TreeBatch:
         nodes = torch.arange(1, n, device=self.parent.device).expand(b, -1)
         out.scatter_(1, self.parent[:, 1:] * r + rank, nodes)
         return out.view(b, n, r)
+
+    def prefix(self, n: int) -> TreeBatch:
+        """The trees' first n nodes (the root and nodes 1..n): a tree whenever every parent comes before its
+        children, as in a dynamic tree's path-confidence order. Needs the host copies (max_depth without a sync)."""
+        m = n + 1
+        parents, depths = [p[:m] for p in self.host_parent], [d[:m] for d in self.host_depth]
+        return TreeBatch(
+            self.parent[:, :m],
+            self.depth[:, :m],
+            self.ancestors[:, :m, :m],
+            max(max(d[1:], default=0) for d in depths),
+            self.width,
+            parents,
+            depths,
+        )
 
     def top_chains(self, token_ids: list[list[int]]) -> list[list[int]]:
         """Per request, the tokens along its first children from the root (the drafter's most likely path)."""
