@@ -79,17 +79,21 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
     ref = None
     rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
-    for _ in range(args.repeats):
+    for i in range(args.repeats):
         for label, config in configs:
-            llm = plain if config is None else LLM(args.model, speculative_config=config, **kw)
-            res, outs = time_llm(llm, prompts, sp, label)
+            # every run on a fresh engine, plain too: a fresh engine's first run is slower (see time_llm), and
+            # reusing plain's would favour it from the second round on
+            if config is None:
+                llm = plain if i == 0 else LLM(args.model, **kw)
+            else:
+                llm = LLM(args.model, speculative_config=config, **kw)
+            res, outs = time_llm(llm, prompts, sp, label, batch=batch)
             ids = [o.outputs[0].token_ids for o in outs]
             ref = ids if ref is None else ref
             same = sum(a == b for a, b in zip(ids, ref)) if not temperature else None
             counters = llm.engine.counters
             rounds[label].append(asdict(res) | {"identical": same, "mean_chosen_k": counters.mean_chosen_k})
-            if config is not None:
-                del llm
+            del llm
     runs = []
     for rows in rounds.values():
         ranked = sorted(rows, key=lambda r: r["tok_per_s"])

@@ -133,7 +133,7 @@ def main() -> None:
     sp = SamplingParams(
         temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None
     )
-    base, base_outs = time_llm(plain, prompts, sp, "verispec plain")
+    base, base_outs = time_llm(plain, prompts, sp, "verispec plain", batch=args.batch_size)
     ref = [o.outputs[0].token_ids for o in base_outs]
     rows, identical = [base], {}
     del plain
@@ -143,7 +143,7 @@ def main() -> None:
         if "enable_adaptive_verification" in spec:
             adaptive = spec["enable_adaptive_verification"]
             label += " planner" if adaptive else f" K={spec.get('num_speculative_tokens')}"
-        res, outs = time_llm(llm, prompts, sp, label)
+        res, outs = time_llm(llm, prompts, sp, label, batch=args.batch_size)
         rows.append(res)
         identical[label] = sum(o.outputs[0].token_ids == r for o, r in zip(outs, ref))
         del llm

@@ -70,7 +70,7 @@ def run(args, label: str, spec: dict | None, prompts: list[list[int]], sp: Sampl
     sample_step = engine_module.sample_step
     _timed(engine_module, "sample_step", totals, "sampling")
     try:
-        res, _ = time_llm(llm, prompts, sp, label)
+        res, _ = time_llm(llm, prompts, sp, label, batch=args.batch_size)
     finally:
         engine_module.sample_step = sample_step
     steps = max(1, counts["steps"])
