@@ -107,7 +107,8 @@ def test_acceptance_learns_a_requests_history():
         model.observe("a", 4, 4)
         model.observe("b", 4, 0)
     a, b = model.conditional("a", 4), model.conditional("b", 4)
-    assert all(x > y for x, y in zip(a, b))
+    # b's drafts fail at the first position; its deeper ones were never judged (the shared estimate, capped)
+    assert a[0] > b[0] and all(x >= y for x, y in zip(a, b))
     assert a[0] > prior[0] and b[0] < prior[0]
     assert all(0.0 < x < 1.0 for x in a + b)
     # a new request starts from the shared (method) estimate
@@ -270,3 +271,18 @@ def test_node_budget_takes_the_nodes_that_pay():
     # a node pays when its path probability beats a row's 30% of a step (against a rate of 1 token per step)
     assert planner.choose_nodes(["a"], parents, depths, [[0.95, 0.55, 0.95, 0.05]], 1, 0.0) == 3
     assert planner.choose_nodes(["a"], parents, depths, [[0.05, 0.05, 0.05, 0.05]], 1, 0.0) == 0
+
+
+def test_an_unexplored_position_borrows_the_estimate_before_it():
+    """Drafts verified up to position 2 only, all accepted: positions 3-4, never judged, start from position 2's
+    estimate instead of the fixed prior, so the planner tries them."""
+    model = AcceptanceModel(num_positions=4)
+    for i in range(50):
+        model.observe(f"r{i}", 2, 2)
+    c = model.conditional("new", 4)
+    assert c[0] > 0.9 and c[1] > 0.9
+    assert c[2] == pytest.approx(c[1], abs=0.02) and c[3] == pytest.approx(c[1], abs=0.02)
+    # once judged, a position's own record wins
+    for i in range(50):
+        model.observe(f"s{i}", 3, 2)
+    assert model.conditional("new", 4)[2] < 0.3

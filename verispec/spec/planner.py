@@ -95,8 +95,10 @@ class _Rate:
     hits: float = 0.0
     trials: float = 0.0
 
-    def value(self) -> float:
-        return (self.hits + self.prior * self.strength) / (self.trials + self.strength)
+    def value(self, prior: float | None = None) -> float:
+        """prior: instead of the rate's own (an estimate borrowed while this rate has few trials)."""
+        p = self.prior if prior is None else prior
+        return (self.hits + p * self.strength) / (self.trials + self.strength)
 
     def observe(self, hit: bool, decay: float) -> None:
         self.hits = self.hits * decay + float(hit)
@@ -151,7 +153,15 @@ class AcceptanceModel:
         return self.positions[min(pos, self.num_positions - 1)]
 
     def _base(self, pos: int, conf: float | None) -> float:
-        return self._rate(pos, conf).value()
+        if conf is not None:
+            return self._rate(pos, conf).value()
+        # a position's prior is the estimate of the position before it: a draft position the planner has seldom
+        # verified is assumed as good as the last one it knows (n-gram drafts deep in a match are accepted as
+        # often as shallow ones), so the planner tries it and learns, instead of keeping a fixed prior forever
+        p = self.positions[0].value()
+        for i in range(1, min(pos, self.num_positions - 1) + 1):
+            p = self.positions[i].value(prior=p)
+        return p
 
     def _history(self, request_id: str) -> _RequestHistory:
         h = self.requests.get(request_id)
