@@ -486,9 +486,10 @@ class LLMEngine:
             if prop.confidence is not None and tree.host_parent is not None:
                 for i in range(b):
                     planner.observe_tree(tree.host_parent[i], tree.host_depth[i], prop.confidence[i], on_l[i])
-            for r, path in zip(reqs, on_l):
+            for i, r in enumerate(reqs):
                 # the per-position estimates that decide how deep to draft (the ask) learn the accepted depth
-                planner.observe(r.request_id, tree.max_depth, sum(path) - 1)
+                depth_i = tree.max_depth if tree.host_depth is None else max(tree.host_depth[i])
+                planner.observe(r.request_id, depth_i, sum(on_l[i]) - 1)
         stats = SpecDecodingStats(max(self.opts.num_speculative_tokens, tree.max_depth))
         emitted, hidden_rows = [], []
         for i, r in enumerate(reqs):

@@ -43,10 +43,12 @@ class Proposal:
     # [B, K, V] draft distribution for `probabilistic`; None = one-hot at each draft. With a tree: [B, 1 + N, V] the
     # drafter's distribution at each node, which a random request's children were sampled from without replacement
     draft_probs: torch.Tensor | None = None
-    # a token tree (a TreeBatch: one per request): token_ids[b] are then the tree's nodes in its (breadth-first) order
+    # a token tree (a TreeBatch: one per request): token_ids[b] are then the tree's nodes in its order (static
+    # trees: breadth-first; dynamic trees: by path confidence), every parent before its children
     tree: TokenTree | TreeBatch | None = None
     # per request and draft, the proposer's own estimate that the draft is accepted if the ones before it were
-    # (suffix decoding's frequency ratios); the planner calibrates it. None: no estimate
+    # (suffix decoding's frequency ratios; a dynamic tree's node: its draft probability, if its parent was); the
+    # planner calibrates it. None: no estimate
     confidence: list[list[float]] | None = None
 
 
