@@ -175,36 +175,41 @@ def probabilistic_verify(
     rejection emit a sample of normalize(max(p - q, 0)) (p if that is all zero); after the last draft emit a
     bonus sample of p at position num_draft.
     """
-    K = draft_token_ids.shape[1]
+    B, K = draft_token_ids.shape
     # [B, K, 1]
     idx = _draft_index(draft_token_ids)
-    # [B, K, 1]
-    valid = (draft_token_ids >= 0)[..., None]
+    # [B, K]
+    valid = draft_token_ids >= 0
     # [B, K, 1]
     p_draft = target_probs[:, :K].gather(-1, idx)
-    # [B, K+1, V]; position K and padded positions stay p
-    residual = target_probs.clone()
-    if draft_probs is None:
-        # [B, K, 1]
-        q_draft = torch.ones_like(p_draft)
-        # q one-hot: residual is p with the draft token zeroed (padded positions untouched)
-        residual[:, :K].scatter_(-1, idx, torch.where(valid, 0.0, p_draft).to(residual.dtype))
-    else:
-        # [B, K, 1]
-        q_draft = draft_probs.gather(-1, idx)
-        residual[:, :K] -= draft_probs * valid
-        residual.clamp_min_(0.0)
+    # [B, K, 1]
+    q_draft = torch.ones_like(p_draft) if draft_probs is None else draft_probs.gather(-1, idx)
     # [B, K]
     u = uniform_samples if thresholds is None else uniform_samples * thresholds
     # [B, K]
     accept = (u[..., None] * q_draft < p_draft).squeeze(-1)
-    # [B, K+1, 1]
+    # [B]
+    num_accepted = (accept & valid).long().cumprod(dim=1).sum(dim=1)
+    # Only the row at num_accepted is sampled, so only it gets a residual: [B, V]
+    rows = torch.arange(B, device=draft_token_ids.device)
+    p_row = target_probs[rows, num_accepted]
+    # [B] whether that row rejected a real draft (else it is the bonus row or a padded one: p itself)
+    at = num_accepted.clamp(0, max(K - 1, 0))
+    rejected = (num_accepted < K) & valid[rows, at] if K > 0 else torch.zeros_like(valid[:, 0])
+    if draft_probs is None:
+        # q one-hot: the residual is p with the rejected draft's token zeroed
+        # [B, 1]
+        tok = idx[rows, at]
+        residual = p_row.scatter(-1, tok, torch.where(rejected[:, None], 0.0, p_row.gather(-1, tok)))
+    else:
+        residual = (p_row - draft_probs[rows, at] * rejected[:, None]).clamp_min(0.0)
+    # [B, 1]
     empty = residual.sum(dim=-1, keepdim=True) <= 0
-    # [B, K+1, V] unnormalised is fine
-    residual = torch.where(empty, target_probs, residual)
-    # [B, K+1]
-    next_tokens = categorical(residual, sample_u)
-    return _assemble(draft_token_ids, accept, next_tokens)
+    # [B, V] unnormalised is fine
+    residual = torch.where(empty, p_row, residual)
+    # [B]
+    next_tokens = categorical(residual, sample_u[rows, num_accepted])
+    return _assemble_at(draft_token_ids, num_accepted, next_tokens[:, None])
 
 
 def block_verify(
