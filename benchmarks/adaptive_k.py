@@ -75,7 +75,14 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     num = max(args.num_prompts, batch)
     convs = build_workload(workload, num)
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
-    sp = SamplingParams(temperature=temperature, max_tokens=args.max_tokens, seed=0 if temperature else None)
+    # sampled runs ignore EOS so every variant emits the same number of tokens (their outputs, and so their
+    # lengths, differ; a batch's tokens per second would follow the lengths); greedy outputs are all the same
+    sp = SamplingParams(
+        temperature=temperature,
+        max_tokens=args.max_tokens,
+        seed=0 if temperature else None,
+        ignore_eos=bool(temperature),
+    )
     configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
     ref = None
     rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
