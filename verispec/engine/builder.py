@@ -9,7 +9,6 @@ import torch
 
 from verispec.engine.args import EngineArgs
 from verispec.engine.engine import EngineOptions, LLMEngine
-from verispec.engine.host_memory import keep_freed_memory
 from verispec.engine.kv_cache import KVCache, plan_cache
 from verispec.engine.model_runner import ModelRunner
 from verispec.engine.step_cost import load_or_profile, model_fingerprint, profile_points
@@ -51,7 +50,6 @@ def default_kv_budget(device: torch.device) -> int:
 def build_engine(args: EngineArgs) -> LLMEngine:
     """Load the model and everything speculation needs; ValueError naming the setting for a bad one."""
     device = pick_device(args.device)
-    keep_freed_memory()
     ckpt = load_checkpoint(
         args.model,
         device,
