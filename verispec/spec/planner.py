@@ -152,16 +152,22 @@ class AcceptanceModel:
             return self.confidence[min(pos, _CONF_DEPTHS - 1)][_bin(conf)]
         return self.positions[min(pos, self.num_positions - 1)]
 
-    def _base(self, pos: int, conf: float | None) -> float:
+    def _position_values(self) -> list[float]:
+        """The shared estimate of every draft position. A position's prior is the estimate of the position before
+        it: a draft position the planner has seldom verified is assumed as good as the last one it knows (n-gram
+        drafts deep in a match are accepted as often as shallow ones), so the planner tries it and learns, instead
+        of keeping a fixed prior forever."""
+        out = [self.positions[0].value()]
+        for rate in self.positions[1:]:
+            out.append(rate.value(prior=out[-1]))
+        return out
+
+    def _base(self, pos: int, conf: float | None, positions: list[float] | None = None) -> float:
+        """positions: _position_values() when the caller already has them (they change only when a rate observes)."""
         if conf is not None:
             return self._rate(pos, conf).value()
-        # a position's prior is the estimate of the position before it: a draft position the planner has seldom
-        # verified is assumed as good as the last one it knows (n-gram drafts deep in a match are accepted as
-        # often as shallow ones), so the planner tries it and learns, instead of keeping a fixed prior forever
-        p = self.positions[0].value()
-        for i in range(1, min(pos, self.num_positions - 1) + 1):
-            p = self.positions[i].value(prior=p)
-        return p
+        values = self._position_values() if positions is None else positions
+        return values[min(pos, self.num_positions - 1)]
 
     def _history(self, request_id: str) -> _RequestHistory:
         h = self.requests.get(request_id)
@@ -181,9 +187,10 @@ class AcceptanceModel:
     def conditional(self, request_id: str, k: int, confidence: Sequence[float] | None = None) -> list[float]:
         """Estimated P(draft i accepted | drafts before it accepted) for i = 1..k."""
         conf = list(confidence or ())
+        positions = self._position_values()
         out = []
         for i in range(k):
-            base = self._base(i, conf[i] if i < len(conf) else None)
+            base = self._base(i, conf[i] if i < len(conf) else None, positions)
             out.append(min(_CEILING, max(_FLOOR, base * self.factor(request_id, i))))
         return out
 
