@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verispec.audit import chi2_pvalue
 from verispec.kernels import ops
 from verispec.kernels.qweight import kernels_available
 from verispec.layers.attention import attention as torch_attention
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
+from verispec.sample import verify
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="no AVX2/FMA CPU or no C compiler")
 gen = torch.Generator().manual_seed(0)
@@ -136,3 +138,99 @@ def test_argmax_nan_counts_as_largest():
     x[1, 99] = float("nan")
     assert torch.equal(ops.argmax(x), x.argmax(dim=-1))
     assert ops.argmax(x).tolist() == [41, 99]
+
+
+# ---------------------------------------------------------------------------- sampled verification
+
+
+def _ragged(b: int, k: int, v: int, sharp: float = 4.0):
+    """A step's ragged logits [N, V], the row map [B, K+1], drafts [B, K] (-1 padded: request i drafts i % (K+1)
+    tokens) that are the row's argmax except every third, and the padded [B, K+1, V] view of the same rows."""
+    n_drafts = [i % (k + 1) for i in range(b)]
+    x = rand(sum(n + 1 for n in n_drafts), v) * sharp
+    starts = torch.tensor([0] + [n + 1 for n in n_drafts[:-1]]).cumsum(0)
+    offs = torch.minimum(torch.arange(k + 1)[None], torch.tensor(n_drafts)[:, None])
+    rows = starts[:, None] + offs
+    drafts = torch.full((b, k), -1, dtype=torch.long)
+    for i, n in enumerate(n_drafts):
+        for j in range(n):
+            best = int(x[rows[i, j]].argmax())
+            drafts[i, j] = best if (i + j) % 3 else (best + 1) % v
+    return x, rows, drafts, x[rows.view(-1)].view(b, k + 1, v)
+
+
+@pytest.mark.parametrize(("n", "v"), [(5, 7), (3, 49152), (16, 1000), (4, 24)])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_verify_sampled_without_drafts_samples_the_inverse_cdf(n, v, temperature):
+    x = rand(n, v) * 3
+    # a truncated row: its dropped tokens are never drawn
+    x[0, : v // 2] = float("-inf")
+    u = torch.rand(n, 1, generator=gen)
+    tok, acc = ops.verify_sampled(
+        x,
+        torch.arange(n)[:, None],
+        torch.empty(n, 0, dtype=torch.long),
+        torch.full((n,), 1 / temperature),
+        None,
+        u,
+    )
+    assert acc.tolist() == [0] * n
+    # [N, V] float64 reference
+    cdf = (x.double() / temperature).softmax(-1).cumsum(-1)
+    point = u.double() * cdf[:, -1:]
+    below = cdf.gather(1, (tok - 1).clamp_min(0)[:, None]).where(tok[:, None] > 0, torch.zeros(n, 1).double())
+    assert (below <= point + 1e-6).all() and (cdf.gather(1, tok[:, None]) >= point - 1e-6).all()
+    assert (tok[0] >= v // 2).all()
+
+
+@pytest.mark.parametrize("rule", ["strict", "probabilistic"])
+@pytest.mark.parametrize(("b", "k", "v"), [(6, 4, 1000), (9, 2, 49152), (4, 1, 13)])
+def test_verify_sampled_equals_the_dense_rule(rule, b, k, v):
+    """The kernel walks each request's rows only to its first rejection; the dense rules score every position:
+    the same tokens and acceptance for the same uniforms."""
+    x, rows, drafts, padded = _ragged(b, k, v)
+    u_sample, u_accept = torch.rand(b, k + 1, generator=gen), torch.rand(b, k, generator=gen)
+    scale = torch.full((b,), 1 / 0.8)
+    probs = (padded / 0.8).softmax(-1)
+    if rule == "strict":
+        want = verify.strict_verify(drafts, probs, u_sample)
+        tok, acc = ops.verify_sampled(x, rows, drafts, scale, None, u_sample)
+    else:
+        want = verify.probabilistic_verify(drafts, probs, None, u_accept, u_sample)
+        tok, acc = ops.verify_sampled(x, rows, drafts, scale, u_accept, u_sample)
+    got = verify.assemble_at(drafts, acc, tok[:, None])
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    # the sharp logits make some requests accept drafts and others reject them
+    assert 0 < int(acc.sum()) < int((drafts >= 0).sum())
+
+
+@pytest.mark.parametrize("rule", ["strict", "probabilistic"])
+def test_verify_sampled_keeps_the_target_law(rule):
+    """One draft per request, always the same token: the first emitted token (the accepted draft or the
+    replacement) follows the target distribution exactly (chi-square), and a wrong law is rejected."""
+    n, v = 20000, 11
+    logits = rand(v) * 1.5
+    x = logits.expand(2 * n, v).contiguous()
+    rows = torch.arange(2 * n).view(n, 2)
+    drafts = torch.full((n, 1), int(logits.argsort()[-2]))
+    u_sample, u_accept = torch.rand(n, 2, generator=gen), torch.rand(n, 1, generator=gen)
+    tok, acc = ops.verify_sampled(
+        x, rows, drafts, torch.ones(n), None if rule == "strict" else u_accept, u_sample
+    )
+    first = torch.where(acc > 0, drafts[:, 0], tok)
+    counts = torch.bincount(first, minlength=v).double()
+    p = logits.double().softmax(-1)
+    assert chi2_pvalue(counts, p) > 1e-4
+    assert chi2_pvalue(counts, (0.8 * p + 0.2 / v)) < 1e-4
+
+
+def test_verify_sampled_falls_back_off_cpu_float32():
+    b, k = 2, 1
+    x = rand(b * 2, 8).double()
+    rows = torch.arange(b * 2).view(b, 2)
+    assert (
+        ops.verify_sampled(
+            x, rows, torch.zeros(b, k, dtype=torch.long), torch.ones(b), None, torch.rand(b, 2)
+        )
+        is None
+    )

@@ -37,6 +37,9 @@ void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, 
 void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
                   int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D);
 void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads);
+void verify_sampled_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
+                        const int64_t *drafts, const float *scale, const float *u_accept, const float *u_sample,
+                        int64_t *out_token, int64_t *num_accepted, int nthreads);
 
 // layers.c: a run of decoder layers in one call.
 int64_t decoder_scratch_per_row(const struct ModelDims *m);

@@ -388,3 +388,110 @@ void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64
         out[n] = best;
     }
 }
+
+// ---------------------------------------------------------------------------- sampled verification
+// The distribution of a row is softmax(s * x) over its V logits (s = 1 / temperature). Three passes over a row:
+// the maximum, the weights w = exp(s * (x - max)) into a per-thread scratch row with their total (float lanes, the
+// total in double), then, to sample, an inverse-CDF scan in blocks of 8 (block sums added in double). A token of
+// zero weight is never drawn: past the end (rounding), the last token of nonzero weight is taken.
+
+typedef struct {
+    float *w;
+    double total;
+} RowWeights;
+
+static __thread float *row_scratch;
+static __thread int64_t row_scratch_cap;
+
+static RowWeights row_weights(const float *r, int64_t V, float s) {
+    if (row_scratch_cap < V) {
+        free(row_scratch);
+        row_scratch = aligned_alloc(64, (size_t)((V + 15) / 16 * 64));
+        row_scratch_cap = V;
+    }
+    float *w = row_scratch;
+    const int64_t V8 = V / 8 * 8;
+    __m256 vmx = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < V8; i += 8) vmx = _mm256_max_ps(vmx, _mm256_loadu_ps(r + i));
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, vmx);
+    for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    for (int64_t i = V8; i < V; i++) mx = r[i] > mx ? r[i] : mx;
+    const __m256 vm = _mm256_set1_ps(mx), vs = _mm256_set1_ps(s);
+    // the total in double lanes: a float running sum over ~V / 8 terms would drift from the scan's sums by 1e-6
+    __m256d acc0 = _mm256_setzero_pd(), acc1 = acc0;
+    int64_t i = 0;
+    for (; i < V8; i += 8) {
+        const __m256 a = exp8(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(r + i), vm), vs));
+        _mm256_storeu_ps(w + i, a);
+        acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(a)));
+        acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1)));
+    }
+    double dl[4];
+    _mm256_storeu_pd(dl, _mm256_add_pd(acc0, acc1));
+    double total = (dl[0] + dl[1]) + (dl[2] + dl[3]);
+    for (; i < V; i++) {
+        // the tail one lane at a time (x - max <= 0, so expf never overflows)
+        w[i] = mx == -INFINITY ? 0.0f : expf((r[i] - mx) * s);
+        total += w[i];
+    }
+    if (mx == -INFINITY)
+        for (int64_t j = 0; j < V; j++) w[j] = 0.0f;
+    return (RowWeights){w, mx == -INFINITY ? 0.0 : total};
+}
+
+// The first token whose cumulative weight exceeds point (point < the total).
+static int64_t inverse_cdf(const float *w, int64_t V, double point) {
+    const int64_t V8 = V / 8 * 8;
+    double cum = 0.0;
+    int64_t i = 0;
+    for (; i < V8; i += 8) {
+        const double b = hsum8(_mm256_loadu_ps(w + i));
+        if (cum + b > point) break;
+        cum += b;
+    }
+    for (; i < V; i++) {
+        cum += w[i];
+        if (cum > point && w[i] > 0.0f) return i;
+    }
+    int64_t last = V - 1;
+    while (last > 0 && w[last] <= 0.0f) last--;
+    return last;
+}
+
+// Per request b, its rows rows[b, 0..K] of x (row stride `stride`) score its drafts drafts[b, 0..K) (-1 padded:
+// the first -1 ends them) and the bonus position. Walks the rows in order and stops at the first rejection, so a
+// request costs its accepted drafts + 1 rows, not K + 1.
+//   strict (u_accept NULL): sample row j with u_sample[b, j]; accept while the sample equals the draft; emit the
+//     sample at the first mismatch (or at the bonus row).
+//   probabilistic, one-hot draft distribution (u_accept [B, K]): accept draft j while u_accept[b, j] < p_j(draft);
+//     at the first rejection emit a sample of p_j without the rejected token (p_j itself if nothing else has
+//     weight); after every draft, a sample of the bonus row.
+// Writes the emitted token and the accepted count per request. u_* are float32 in [0, 1).
+void verify_sampled_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
+                        const int64_t *drafts, const float *scale, const float *u_accept, const float *u_sample,
+                        int64_t *out_token, int64_t *num_accepted, int nthreads) {
+    const int threads = B > 1 ? nthreads : 1;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; b++) {
+        int64_t j = 0, tok = -1;
+        for (;; j++) {
+            const int64_t draft = j < K ? drafts[b * K + j] : -1;
+            const RowWeights rw = row_weights(x + rows[b * (K + 1) + j] * stride, V, scale[b]);
+            const double us = u_sample[b * (K + 1) + j];
+            if (u_accept == NULL || draft < 0) {
+                tok = inverse_cdf(rw.w, V, us * rw.total);
+                if (draft >= 0 && tok == draft) continue;
+                break;
+            }
+            if ((double)u_accept[b * K + j] * rw.total < (double)rw.w[draft]) continue;
+            // the residual: p without the rejected draft (p itself when the draft held all the weight)
+            const double rest = rw.total - rw.w[draft];
+            if (rest > 0.0) rw.w[draft] = 0.0f;
+            tok = inverse_cdf(rw.w, V, us * (rest > 0.0 ? rest : rw.total));
+            break;
+        }
+        out_token[b] = tok;
+        num_accepted[b] = j;
+    }
+}

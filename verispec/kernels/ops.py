@@ -1,4 +1,5 @@
-"""Fused CPU ops (ops.c) for the decode path: attention, residual add + RMSNorm, SiLU * up, greedy argmax.
+"""Fused CPU ops (ops.c) for the decode path: attention, residual add + RMSNorm, SiLU * up, greedy argmax,
+sampled verification.
 
 Each wrapper returns None when the fused kernel cannot take the inputs (not CPU float32, odd sizes, kernels
 unavailable) and the caller runs its PyTorch version; both compute the same function.
@@ -136,3 +137,47 @@ def argmax(x: torch.Tensor) -> torch.Tensor | None:
         x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr(), torch.get_num_threads()
     )
     return out
+
+
+def verify_sampled(
+    # [N, V] float32 logits, rows contiguous
+    x: torch.Tensor,
+    # [B, K+1] int64: the row of x scoring each request's position
+    rows: torch.Tensor,
+    # [B, K] int64, -1 padded
+    drafts: torch.Tensor,
+    # [B] float32: 1 / temperature
+    scale: torch.Tensor,
+    # [B, K] float32 U[0, 1), or None for strict verification
+    u_accept: torch.Tensor | None,
+    # [B, K+1] float32 U[0, 1)
+    u_sample: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Sampled verification straight from logits (ops.c verify_sampled_f32): strict when u_accept is None, else
+    probabilistic with a one-hot draft distribution. -> (emitted token [B], accepted drafts [B]); None if not
+    applicable. Scores only the rows a request reaches (its accepted drafts + 1) and never writes a [rows, V]
+    distribution."""
+    if x.dim() != 2 or x.stride(-1) != 1 or x.shape[-1] == 0 or not _usable(x):
+        return None
+    b, k = drafts.shape
+    f32, i64 = torch.float32, torch.int64
+    rows, drafts = rows.to(i64).contiguous(), drafts.to(i64).contiguous()
+    scale, u_sample = scale.to(f32).contiguous(), u_sample.to(f32).contiguous()
+    u_acc = None if u_accept is None else u_accept.to(f32).contiguous()
+    tokens, accepted = torch.empty(b, dtype=i64), torch.empty(b, dtype=i64)
+    load_qgemm().verify_sampled_f32(
+        x.data_ptr(),
+        x.shape[1],
+        x.stride(0),
+        b,
+        k,
+        rows.data_ptr(),
+        drafts.data_ptr(),
+        scale.data_ptr(),
+        None if u_acc is None else u_acc.data_ptr(),
+        u_sample.data_ptr(),
+        tokens.data_ptr(),
+        accepted.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return tokens, accepted

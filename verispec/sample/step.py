@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from verispec.engine.request import Request
+from verispec.kernels import ops
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_constraints, penalty_state, suppress_early_stops
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
-from verispec.sample.verify import draw_uniform, entropy_thresholds, rejection_sample
+from verispec.sample.verify import assemble_at, draw_uniform, entropy_thresholds, rejection_sample
 
 
 @dataclass
@@ -28,17 +29,25 @@ class StepTokens:
     row_stride: int
 
 
-def _pad_rows(logits: torch.Tensor, n_rows: list[int], stride: int) -> torch.Tensor:
-    """logits [N, V] of ragged per-request rows -> [B, K+1, V], padding each request by repeating its last row
-    (padded positions are never emitted)."""
-    b, v, dev = len(n_rows), logits.shape[-1], logits.device
+def _row_map(n_rows: list[int], stride: int, dev: torch.device) -> torch.Tensor:
+    """[B, K+1] int64: the row of the step's ragged logits [N, V] scoring each request's position; a request's
+    last row repeats as its padding (padded positions are never emitted)."""
+    b = len(n_rows)
     if all(n == stride for n in n_rows):
-        return logits.view(b, stride, v)
+        return torch.arange(b * stride, device=dev).view(b, stride)
     starts = torch.tensor([0] + n_rows[:-1], device=dev).cumsum(0)
     offs = torch.minimum(
         torch.arange(stride, device=dev)[None], torch.tensor(n_rows, device=dev)[:, None] - 1
     )
-    return logits.index_select(0, (starts[:, None] + offs).reshape(-1)).view(b, stride, v)
+    return starts[:, None] + offs
+
+
+def _pad_rows(logits: torch.Tensor, rows: torch.Tensor, n_rows: list[int]) -> torch.Tensor:
+    """logits [N, V] of ragged per-request rows -> [B, K+1, V] (a view when no request is short)."""
+    b, stride = rows.shape
+    if all(n == stride for n in n_rows):
+        return logits.view(b, stride, logits.shape[-1])
+    return logits.index_select(0, rows.view(-1)).view(b, stride, logits.shape[-1])
 
 
 def _processed(raw: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> torch.Tensor:
@@ -68,69 +77,113 @@ def sample_step(
     b, v, dev = len(reqs), logits.shape[-1], logits.device
     k = spec.max_drafts
     stride = k + 1
-    raw = _pad_rows(logits, [len(d) + 1 for d in drafts], stride)
+    n_rows = [len(d) + 1 for d in drafts]
+    # [B, K+1]
+    rows = _row_map(n_rows, stride, dev)
     params = [r.params for r in reqs]
     all_greedy = all(p.is_greedy for p in params)
     any_penalties = any(p.has_penalties for p in params)
-    # per-row sampling tensors only where something reads them (greedy decoding without penalties: none)
-    st = None
-    if any_penalties or not all_greedy:
-        st = S.SamplingTensors.from_params(params, dev, v)
-        st = st.repeat_interleave([stride] * b) if stride > 1 else st
+    want_logprobs = any(p.logprobs is not None for p in params)
+    processed = any_penalties or any(has_constraints(r) or r.params.min_tokens > 0 for r in reqs)
+    entropy = rule.entropy is not None and not all_greedy and k > 0
+    # [B, K+1, V] the raw rows padded per request, only where something reads them in that shape
+    raw = _pad_rows(logits, rows, n_rows) if processed or want_logprobs or entropy else None
+    # per-request sampling tensors only where something reads them (greedy decoding without penalties: none)
+    st = S.SamplingTensors.from_params(params, dev, v) if any_penalties or not all_greedy else None
     # [B, K] drafted ids, -1 padded; read by verification and draft-aware penalties
-    draft_t = None
-    if k > 0 or any_penalties:
-        padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
-        draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
-    flat = _processed(raw, reqs, drafts).reshape(b * stride, v)
-    if any_penalties:
-        mask, counts = penalty_state(reqs, v, dev)
-        counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
-        flat = S.apply_penalties(flat, mask.repeat_interleave(stride, 0), counts, st)
+    padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
+    draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
+    # the logits the rules read and the row of each position in them: the step's own rows when nothing
+    # reshapes them, else a processed [B * (K+1), V] copy
+    src, src_rows = logits, rows
+    if processed:
+        src = _processed(raw, reqs, drafts).reshape(b * stride, v)
+        src_rows = torch.arange(b * stride, device=dev).view(b, stride)
+        if any_penalties:
+            mask, counts = penalty_state(reqs, v, dev)
+            counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
+            per_row = st.repeat_interleave([stride] * b) if stride > 1 else st
+            src = S.apply_penalties(src, mask.repeat_interleave(stride, 0), counts, per_row)
     # [B, K+1]
-    argmax = S.greedy(flat).view(b, stride)
-    probs = sample_u = None
-    if not all_greedy:
-        probs = S.logits_to_probs(flat, st).view(b, stride, v)
+    argmax = None if not all_greedy and not any(p.is_greedy for p in params) else S.greedy(src)[src_rows]
+    # [B] bool, or None when no row is random and nothing is verified
+    greedy_rows = None if all_greedy and k == 0 else torch.tensor([p.is_greedy for p in params], device=dev)
+    if all_greedy:
+        if k == 0:
+            # the one host sync of the step
+            tokens, accepted = [[t] for t in argmax.view(b).tolist()], [0] * b
+        else:
+            tokens, accepted = _finish(
+                rejection_sample("strict", draft_t, None, greedy_rows, target_argmax=argmax)
+            )
+    else:
         gens = [r.generator for r in reqs]
         # [B, K+1] one uniform per position for its sample
         sample_u = S.draw_row_uniforms([stride] * b, gens, dev, default_generator).view(b, stride)
-    # [B] bool, or None when no row is random and nothing is verified
-    greedy_rows = None if all_greedy and k == 0 else torch.tensor([p.is_greedy for p in params], device=dev)
-    if k == 0:
-        out = S.greedy_or_sample(
-            argmax.view(b),
-            None if probs is None else probs.view(b, v),
-            None if sample_u is None else sample_u.view(b),
-            greedy_rows,
-        )
-        # the one host sync of the step
-        tokens, accepted = [[t] for t in out.tolist()], [0] * b
-    else:
-        tokens, accepted = _verify(raw, draft_t, probs, sample_u, argmax, greedy_rows, spec, rule, reqs)
+        uniform = thresholds = None
+        if k > 0 and rule.draws_uniform:
+            uniform = draw_uniform((b, k), gens, dev)
+            if entropy:
+                # [B, K]
+                thresholds = entropy_thresholds(raw[:, :k].float().softmax(dim=-1), *rule.entropy)
+        out = _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u)
+        if out is None:
+            probs = S.logits_to_probs(
+                src.index_select(0, src_rows.view(-1)), st.repeat_interleave([stride] * b)
+            )
+            out = _dense(probs.view(b, stride, v), draft_t, sample_u, uniform, thresholds, spec, rule)
+        if greedy_rows is not None and argmax is not None:
+            greedy = rejection_sample("strict", draft_t, None, greedy_rows, target_argmax=argmax)
+            out = (
+                torch.where(greedy_rows[:, None], greedy[0], out[0]),
+                torch.where(greedy_rows, greedy[1], out[1]),
+            )
+        tokens, accepted = _finish(out)
     lp = None
-    if any(p.logprobs is not None for p in params):
+    if want_logprobs:
         want = max((p.logprobs or 0) for p in params)
         emitted = torch.tensor([t + [0] * (stride - len(t)) for t in tokens], device=dev).view(-1)
         lp = S.compute_logprobs(raw.reshape(b * stride, v), emitted, want)
     return StepTokens(tokens, accepted, lp, stride)
 
 
-def _verify(raw, draft_t, probs, sample_u, argmax, greedy_rows, spec, rule, reqs) -> tuple[list, list]:
-    """Run the rule over the drafts; -> (tokens per request, accepted drafts per request)."""
-    b, k = draft_t.shape
-    uniform = thresholds = None
-    if probs is not None and rule.draws_uniform:
-        uniform = draw_uniform((b, k), [r.generator for r in reqs], draft_t.device)
-        if rule.entropy is not None:
-            # [B, K]
-            thresholds = entropy_thresholds(raw[:, :k].float().softmax(dim=-1), *rule.entropy)
-    out, n_acc = rejection_sample(
-        rule.method,
+def _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u):
+    """The rules that need one row per position scored only up to the first rejection (strict, and
+    probabilistic against a one-hot draft distribution) run in the fused CPU kernel, straight from the logits;
+    -> (output_token_ids [B, K+1], num_accepted [B]), or None where the kernel does not apply (min-p, Block
+    Verify, draft probabilities, synthetic, not CPU float32)."""
+    k = draft_t.shape[1]
+    strict = k == 0 or rule.method == "strict"
+    probabilistic = (
+        rule.method == "probabilistic" and not (rule.block and k >= 3) and spec.draft_probs is None
+    )
+    if st.any_min_p or not (strict or probabilistic):
+        return None
+    # [B]
+    scale = 1.0 / st.temperature
+    if st.any_top_k or st.any_top_p:
+        # truncation reads the tempered logits of every position
+        b, stride = src_rows.shape
+        per_row = st.repeat_interleave([stride] * b)
+        src = src.index_select(0, src_rows.view(-1)) / per_row.temperature[:, None]
+        src = S.apply_top_k_top_p(
+            src, per_row.top_k if st.any_top_k else None, per_row.top_p if st.any_top_p else None
+        )
+        src_rows, scale = torch.arange(b * stride).view(b, stride), torch.ones_like(scale)
+    u_accept = None if strict else (uniform if thresholds is None else uniform * thresholds)
+    out = ops.verify_sampled(src, src_rows, draft_t, scale, u_accept, sample_u)
+    if out is None:
+        return None
+    return assemble_at(draft_t, out[1], out[0][:, None])
+
+
+def _dense(probs, draft_t, sample_u, uniform, thresholds, spec, rule):
+    """Every other rule, over the full target distribution of every position: probs [B, K+1, V]."""
+    k = draft_t.shape[1]
+    return rejection_sample(
+        rule.method if k > 0 else "strict",
         draft_t,
         probs,
-        greedy_rows,
-        target_argmax=argmax,
         draft_probs=spec.draft_probs,
         uniform_samples=uniform,
         sample_u=sample_u,
@@ -138,5 +191,10 @@ def _verify(raw, draft_t, probs, sample_u, argmax, greedy_rows, spec, rule, reqs
         block=rule.block and k >= 3,
         thresholds=thresholds,
     )
-    n_list = n_acc.tolist()
-    return [row[: n + 1] for row, n in zip(out.tolist(), n_list)], n_list
+
+
+def _finish(out: tuple[torch.Tensor, torch.Tensor]) -> tuple[list[list[int]], list[int]]:
+    """(output_token_ids [B, K+1], num_accepted [B]) -> per request its emitted tokens and accepted count: the
+    one host sync of the step."""
+    n_list = out[1].tolist()
+    return [row[: n + 1] for row, n in zip(out[0].tolist(), n_list)], n_list

@@ -89,10 +89,10 @@ def _assemble(
     valid = draft_token_ids >= 0
     # [B]
     num_accepted = (accept & valid).long().cumprod(dim=1).sum(dim=1)
-    return _assemble_at(draft_token_ids, num_accepted, next_tokens)
+    return assemble_at(draft_token_ids, num_accepted, next_tokens)
 
 
-def _assemble_at(
+def assemble_at(
     # [B, K] int64, -1 padded
     draft_token_ids: torch.Tensor,
     # [B] accepted prefix length
@@ -209,7 +209,7 @@ def probabilistic_verify(
     residual = torch.where(empty, p_row, residual)
     # [B]
     next_tokens = categorical(residual, sample_u[rows, num_accepted])
-    return _assemble_at(draft_token_ids, num_accepted, next_tokens[:, None])
+    return assemble_at(draft_token_ids, num_accepted, next_tokens[:, None])
 
 
 def block_verify(
@@ -289,7 +289,7 @@ def block_verify(
     res_tau = torch.where(empty, target_probs[rows, tau], res_tau)
     # [B]
     final = categorical(res_tau, sample_u[rows, tau])
-    return _assemble_at(draft_token_ids, tau, final[:, None])
+    return assemble_at(draft_token_ids, tau, final[:, None])
 
 
 def entropy_thresholds(
