@@ -23,23 +23,33 @@ def _draft_cfg(draft: str, **extra) -> str:
     return json.dumps({"method": "draft_model", "model": draft, "num_speculative_tokens": 2, **extra})
 
 
+def _accept_first(out, n, draft, force):
+    """Rows where force and the first draft was rejected accept it instead (the replacement moves one on)."""
+    if draft.shape[1] == 0:
+        return out, n
+    force = force & (draft[:, 0] >= 0) & (n == 0)
+    out = out.clone()
+    out[:, 1] = torch.where(force, out[:, 0], out[:, 1])
+    out[:, 0] = torch.where(force, draft[:, 0], out[:, 0])
+    return out, torch.where(force, torch.ones_like(n), n)
+
+
 def _break_verifier(monkeypatch, sampled_only: bool) -> None:
-    """A verifier that accepts the first draft whatever the target says (its replacement token moves one on), in
-    every row or in sampled rows only."""
-    real = step.rejection_sample
+    """A verifier that accepts the first draft whatever the target says, in every row or in sampled rows only:
+    the dense rules (rejection_sample) and the fused kernel's sampled verification (step._fused) alike."""
+    real, real_fused = step.rejection_sample, step._fused
 
-    def accept_first(method, draft, probs, greedy=None, **kw):
+    def dense(method, draft, probs, greedy=None, **kw):
         out, n = real(method, draft, probs, greedy, **kw)
-        # [B]
-        force = (draft[:, 0] >= 0) & (n == 0)
-        if sampled_only and greedy is not None:
-            force &= ~greedy
-        out = out.clone()
-        out[:, 1] = torch.where(force, out[:, 0], out[:, 1])
-        out[:, 0] = torch.where(force, draft[:, 0], out[:, 0])
-        return out, torch.where(force, torch.ones_like(n), n)
+        keep = greedy if sampled_only and greedy is not None else torch.zeros_like(n, dtype=torch.bool)
+        return _accept_first(out, n, draft, ~keep)
 
-    monkeypatch.setattr(step, "rejection_sample", accept_first)
+    def fused(src, src_rows, draft, *args):
+        res = real_fused(src, src_rows, draft, *args)
+        return None if res is None else _accept_first(*res, draft, torch.ones_like(res[1], dtype=torch.bool))
+
+    monkeypatch.setattr(step, "rejection_sample", dense)
+    monkeypatch.setattr(step, "_fused", fused)
 
 
 def test_lossless_config_passes(capsys, tiny_llama, tiny_draft):

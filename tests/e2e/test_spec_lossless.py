@@ -250,6 +250,71 @@ def test_sampled_tokens_follow_target_distribution(
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
 
 
+def _sampled_params(n: int) -> list[SamplingParams]:
+    """Seeded sampled requests with the sampler's options mixed: temperature, top-k, top-p, min-p (the dense
+    path), penalties, and a greedy one."""
+    options = [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 1.3, "top_k": 20},
+        {"temperature": 0.0},
+        {"temperature": 0.9, "min_p": 0.05},
+        {"temperature": 1.0, "repetition_penalty": 1.2},
+    ]
+    return [
+        SamplingParams(max_tokens=24, ignore_eos=True, seed=100 + i, **options[i % len(options)])
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+@pytest.mark.parametrize("method", ["ngram", "suffix", "draft_model_poor", "tree"])
+def test_strict_sampled_output_equals_plain_sampled_output(
+    tiny_llama, tiny_draft, pass_through_eagle, method, adaptive
+):
+    """Under `strict` verification (the default) a position's sample reads the same uniform whichever step scores
+    it, so a seeded sampled request emits exactly the tokens plain decoding samples, whatever the drafts."""
+    configs = {
+        **_spec_configs(tiny_llama, tiny_draft, 3),
+        "suffix": {"method": "suffix", "num_speculative_tokens": 4},
+        "tree": {
+            "method": "eagle",
+            "model": pass_through_eagle,
+            "num_speculative_tokens": 2,
+            "speculative_token_tree": TREE,
+        },
+    }
+    cfg = {**configs[method], "enable_adaptive_verification": adaptive}
+    prompts, params = _prompts(12, seed=3), _sampled_params(12)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg, spec_token_budget=4096)
+    # alone and in a batch
+    got = [
+        llm.generate([p], q, use_tqdm=False)[0].outputs[0].token_ids for p, q in zip(prompts[:2], params[:2])
+    ]
+    got += [o.outputs[0].token_ids for o in llm.generate(prompts[2:], params[2:], use_tqdm=False)]
+    assert got == want
+    spec = llm.engine.counters.spec
+    assert spec.num_accepted_tokens > 0
+
+
+def test_probabilistic_sampled_output_differs_from_plain(tiny_llama, tiny_draft):
+    """The identity above is strict's: `probabilistic` draws its own acceptance uniforms, so the same seeded requests
+    give other text (the same law), which also shows the identity test can fail."""
+    cfg = {
+        **_spec_configs(tiny_llama, tiny_draft, 3)["draft_model_poor"],
+        "rejection_sample_method": "probabilistic",
+    }
+    prompts, params = _prompts(12, seed=3), _sampled_params(12)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    # the greedy request (index 3) is the same either way
+    assert got[3] == want[3] and got != want
+
+
 def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_draft):
     """rejection_sample_method 'synthetic' with rate r: accepted / drafted averages r over the K positions (as vLLM;
     the old per-position r gave (r + r^2 + r^3) / 3 = 0.39 for K = 3, r = 0.6), greedy requests keep the greedy

@@ -53,7 +53,7 @@ def test_verify_positions_see_the_drafts_before_them():
     logits = torch.zeros(3, 10)
     # the target's argmax everywhere, unless banned
     logits[:, 6] = 1.0
-    step = sample_step([r], logits, SpecDecodeMetadata([[5, 6]]), VerifyRule(), None)
+    step = sample_step([r], logits, SpecDecodeMetadata([[5, 6]]), VerifyRule())
     # position 0 (past [1]) picks 6, so draft 5 is rejected there: 6 is emitted
     assert step.tokens == [[6]]
     r2 = Request("r2", None, [3], SamplingParams(temperature=0, bad_words=["x"]), output_token_ids=[1])
@@ -61,6 +61,6 @@ def test_verify_positions_see_the_drafts_before_them():
     logits = torch.zeros(3, 10)
     # the target agrees with draft 5, then would say 6
     logits[0, 5] = logits[1, 6] = logits[2, 4] = 1.0
-    step = sample_step([r2], logits, SpecDecodeMetadata([[5, 6]]), VerifyRule(), None)
+    step = sample_step([r2], logits, SpecDecodeMetadata([[5, 6]]), VerifyRule())
     # after draft 5 the bad word [5, 6] bans 6 (the target's choice): draft 6 is rejected, the next best (0) comes
     assert step.tokens == [[5, 0]]

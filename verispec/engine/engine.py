@@ -17,7 +17,7 @@ from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingSt
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_position_constraints, set_token_constraints
-from verispec.sample.logits import make_generator
+from verispec.sample.logits import make_generator, sample_key
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
 from verispec.sample.step import sample_step
 from verispec.sample.tree_verify import tree_rejection_sample
@@ -123,6 +123,9 @@ class LLMEngine:
         set_token_constraints(req, self.tokenizer, vocab, self.device)
         if params.seed is not None:
             req.generator = make_generator(params.seed, self.device)
+            req.sample_key = sample_key(params.seed)
+        else:
+            req.sample_key = int(torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=self.generator))
         if self.tokenizer is not None:
             from verispec.tokenizer import IncrementalDetokenizer
 
@@ -221,9 +224,7 @@ class LLMEngine:
             at += n_rows
         if finals:
             logits = out.logits if len(last_rows) == at else out.logits[last_rows]
-            step = sample_step(
-                finals, logits, SpecDecodeMetadata.none(len(finals)), VerifyRule(), self.generator
-            )
+            step = sample_step(finals, logits, SpecDecodeMetadata.none(len(finals)), VerifyRule())
             self._commit(finals, step.tokens, step)
         # every prompt position of every chunk
         if states is not None:
@@ -343,9 +344,7 @@ class LLMEngine:
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
         t = time.perf_counter()
         out, states = self._forward(reqs, rows)
-        step = sample_step(
-            reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify, self.generator
-        )
+        step = sample_step(reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify)
         if planner is not None:
             # step.num_accepted is on the host: the step's work is done
             planner.step_cost.observe(sum(len(row.token_ids) for row in rows), time.perf_counter() - t)
@@ -473,7 +472,11 @@ class LLMEngine:
             on_path = anc[torch.arange(b, device=dev), deepest]
         else:
             if probs is not None:
-                sample_u = S.draw_row_uniforms([n] * b, gens, flat.device, self.generator)
+                # a node's pick reads the uniform of its position (depth), as plain decoding there would
+                first = torch.tensor([len(r.output_token_ids) for r in reqs], device=dev)
+                sample_u = S.position_uniforms(
+                    [r.sample_key for r in reqs], first[:, None] + tree.depth
+                ).view(-1)
             # [B, 1 + N] the target's own pick at every node
             picks = S.greedy_or_sample(argmax, probs, sample_u, greedy).view(b, n)
             deepest, on_path = tree_accept(tok, picks, parent, anc, depth)

@@ -31,6 +31,8 @@ class Request:
     # tokens whose K/V are in the cache (all of prompt + output except the newest)
     num_computed: int = 0
     generator: torch.Generator | None = None
+    # keys the uniform of each output position's categorical sample (logits.position_uniforms)
+    sample_key: int = 0
     detokenizer: object | None = None
     # params' token constraints in the forms a step applies, made once when the request is added
     # bad_words as token sequences

@@ -242,6 +242,42 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
+# splitmix64's increment and finaliser multipliers, as signed int64 (torch's integer type)
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
+_MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
+_MIX2 = 0x94D049BB133111EB - (1 << 64)
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 lanes (torch's >> is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def sample_key(seed: int) -> int:
+    """A request's sampling key from its seed (splitmix64 of the seed): nearby seeds give unrelated streams."""
+    m = (1 << 64) - 1
+    z = ((seed + 1) * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    z ^= z >> 31
+    # as a signed int64
+    return z - (1 << 64) if z >> 63 else z
+
+
+# [B, n] float32 U[0, 1)
+def position_uniforms(keys: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
+    """The uniform of each request's output positions ([B, n] int64): a hash (splitmix64) of the request's key and
+    the position, in 24 bits, like torch.rand's float32. A position's categorical sample reads the same uniform
+    whichever step scores it, so strict verification emits exactly the tokens plain decoding samples: speculation
+    does not change a seeded request's sampled text."""
+    # [B, n] int64, wrapping arithmetic
+    z = torch.tensor(keys, dtype=torch.int64, device=positions.device)[:, None] + positions.long() * _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    z = z ^ _shr(z, 31)
+    return _shr(z, 40).to(torch.float32) * (1.0 / (1 << 24))
+
+
 def _rows_by_request(
     n_rows_per_request: Sequence[int],
     generators: Sequence[torch.Generator | None],

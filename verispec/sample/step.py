@@ -67,7 +67,6 @@ def sample_step(
     logits: torch.Tensor,
     spec: SpecDecodeMetadata,
     rule: VerifyRule,
-    default_generator: torch.Generator | None,
 ) -> StepTokens:
     """Tokens to emit per request. logits [N, V]: N = sum(len(drafts[b]) + 1) rows in request order. Block Verify
     applies to steps verifying at least 3 drafts (vLLM Ascend's rule: shorter blocks gain nothing); Entropy
@@ -82,6 +81,7 @@ def sample_step(
     rows = _row_map(n_rows, stride, dev)
     params = [r.params for r in reqs]
     all_greedy = all(p.is_greedy for p in params)
+    any_greedy = any(p.is_greedy for p in params)
     any_penalties = any(p.has_penalties for p in params)
     want_logprobs = any(p.logprobs is not None for p in params)
     processed = any_penalties or any(has_constraints(r) or r.params.min_tokens > 0 for r in reqs)
@@ -105,9 +105,9 @@ def sample_step(
             per_row = st.repeat_interleave([stride] * b) if stride > 1 else st
             src = S.apply_penalties(src, mask.repeat_interleave(stride, 0), counts, per_row)
     # [B, K+1]
-    argmax = None if not all_greedy and not any(p.is_greedy for p in params) else S.greedy(src)[src_rows]
-    # [B] bool, or None when no row is random and nothing is verified
-    greedy_rows = None if all_greedy and k == 0 else torch.tensor([p.is_greedy for p in params], device=dev)
+    argmax = S.greedy(src)[src_rows] if any_greedy else None
+    # [B] bool
+    greedy_rows = torch.tensor([p.is_greedy for p in params], device=dev) if any_greedy else None
     if all_greedy:
         if k == 0:
             # the one host sync of the step
@@ -118,8 +118,11 @@ def sample_step(
             )
     else:
         gens = [r.generator for r in reqs]
-        # [B, K+1] one uniform per position for its sample
-        sample_u = S.draw_row_uniforms([stride] * b, gens, dev, default_generator).view(b, stride)
+        # [B, K+1] the uniform of each scored position's sample, the one plain decoding uses there
+        first = torch.tensor([len(r.output_token_ids) for r in reqs], device=dev)
+        sample_u = S.position_uniforms(
+            [r.sample_key for r in reqs], first[:, None] + torch.arange(stride, device=dev)
+        )
         uniform = thresholds = None
         if k > 0 and rule.draws_uniform:
             uniform = draw_uniform((b, k), gens, dev)
@@ -132,7 +135,7 @@ def sample_step(
                 src.index_select(0, src_rows.view(-1)), st.repeat_interleave([stride] * b)
             )
             out = _dense(probs.view(b, stride, v), draft_t, sample_u, uniform, thresholds, spec, rule)
-        if greedy_rows is not None and argmax is not None:
+        if any_greedy:
             greedy = rejection_sample("strict", draft_t, None, greedy_rows, target_argmax=argmax)
             out = (
                 torch.where(greedy_rows[:, None], greedy[0], out[0]),
