@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from verispec.audit import chi2_pvalue
 from verispec.sample.logits import (
     SamplingTensors,
     apply_penalties,
@@ -14,7 +15,9 @@ from verispec.sample.logits import (
     greedy_or_sample,
     logits_to_probs,
     make_generator,
+    position_uniforms,
     sample,
+    sample_key,
 )
 from verispec.sampling_params import SamplingParams
 
@@ -333,3 +336,21 @@ def test_compute_logprobs_matches_log_softmax():
     assert empty.top_ids.shape == (5, 0)
     lp, ids, top_lp, rank = compute_logprobs(logits.to(torch.bfloat16), tokens, 2)
     assert lp.dtype == torch.float32 and ids.shape == (5, 2)
+
+
+def test_position_uniforms_are_uniform_and_keyed_by_position():
+    """24-bit uniforms in [0, 1): the same (key, position) gives the same value whatever else is asked for; the
+    values look uniform and independent across positions and across nearby seeds."""
+    keys = [sample_key(s) for s in range(64)]
+    # [64, 2000]
+    u = position_uniforms(keys, torch.arange(2000).expand(64, 2000))
+    assert u.dtype == torch.float32 and 0.0 <= float(u.min()) and float(u.max()) < 1.0
+    assert torch.equal(u * (1 << 24), (u * (1 << 24)).floor())
+    # one request alone, at other positions: the same values
+    assert torch.equal(position_uniforms(keys[5:6], torch.tensor([[7, 1999, 0]])), u[5, [7, 1999, 0]][None])
+    counts = torch.histc(u, bins=20, min=0.0, max=1.0).double()
+    assert chi2_pvalue(counts, torch.full((20,), 0.05, dtype=torch.float64)) > 1e-4
+    # neighbours in position and in seed are uncorrelated
+    assert abs(float(torch.corrcoef(torch.stack([u[:, :-1].flatten(), u[:, 1:].flatten()]))[0, 1])) < 0.02
+    assert abs(float(torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1])) < 0.02
+    assert len(set(keys)) == 64 and sample_key(-1) != sample_key(1)

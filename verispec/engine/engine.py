@@ -125,7 +125,8 @@ class LLMEngine:
             req.generator = make_generator(params.seed, self.device)
             req.sample_key = sample_key(params.seed)
         else:
-            req.sample_key = int(torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=self.generator))
+            g = self.generator
+            req.sample_key = int(torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=g, device=g.device))
         if self.tokenizer is not None:
             from verispec.tokenizer import IncrementalDetokenizer
 
