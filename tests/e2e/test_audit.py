@@ -36,20 +36,25 @@ def _accept_first(out, n, draft, force):
 
 def _break_verifier(monkeypatch, sampled_only: bool) -> None:
     """A verifier that accepts the first draft whatever the target says, in every row or in sampled rows only:
-    the dense rules (rejection_sample) and the fused kernel's sampled verification (step._fused) alike."""
-    real, real_fused = step.rejection_sample, step._fused
+    the greedy rule (step.greedy_verify), the dense sampled rules (step.rejection_sample) and the fused kernel's
+    sampled verification (step._fused) alike."""
 
-    def dense(method, draft, probs, greedy=None, **kw):
-        out, n = real(method, draft, probs, greedy, **kw)
-        keep = greedy if sampled_only and greedy is not None else torch.zeros_like(n, dtype=torch.bool)
-        return _accept_first(out, n, draft, ~keep)
+    def broken(real):
+        def wrapper(*args, **kw):
+            res = real(*args, **kw)
+            # the drafts [B, K]: greedy_verify's first argument, rejection_sample's second, _fused's third
+            draft = args[{"greedy_verify": 0, "rejection_sample": 1, "_fused": 2}[real.__name__]]
+            return (
+                None if res is None else _accept_first(*res, draft, torch.ones_like(res[1], dtype=torch.bool))
+            )
 
-    def fused(src, src_rows, draft, *args):
-        res = real_fused(src, src_rows, draft, *args)
-        return None if res is None else _accept_first(*res, draft, torch.ones_like(res[1], dtype=torch.bool))
+        return wrapper
 
-    monkeypatch.setattr(step, "rejection_sample", dense)
-    monkeypatch.setattr(step, "_fused", fused)
+    names = (
+        ("rejection_sample", "_fused") if sampled_only else ("rejection_sample", "_fused", "greedy_verify")
+    )
+    for name in names:
+        monkeypatch.setattr(step, name, broken(getattr(step, name)))
 
 
 def test_lossless_config_passes(capsys, tiny_llama, tiny_draft):

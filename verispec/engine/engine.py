@@ -19,7 +19,7 @@ from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_position_constraints, set_token_constraints
 from verispec.sample.logits import make_generator, sample_key
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
-from verispec.sample.step import sample_step
+from verispec.sample.step import position_uniforms_of, sample_step
 from verispec.sample.tree_verify import tree_rejection_sample
 from verispec.sample.verify import draw_uniform
 from verispec.spec.base import Proposal, Proposer, ProposerNeeds
@@ -474,10 +474,7 @@ class LLMEngine:
         else:
             if probs is not None:
                 # a node's pick reads the uniform of its position (depth), as plain decoding there would
-                first = torch.tensor([len(r.output_token_ids) for r in reqs], device=dev)
-                sample_u = S.position_uniforms(
-                    [r.sample_key for r in reqs], first[:, None] + tree.depth
-                ).view(-1)
+                sample_u = position_uniforms_of(reqs, tree.depth).view(-1)
             # [B, 1 + N] the target's own pick at every node
             picks = S.greedy_or_sample(argmax, probs, sample_u, greedy).view(b, n)
             deepest, on_path = tree_accept(tok, picks, parent, anc, depth)

@@ -139,6 +139,11 @@ def argmax(x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+def verify_sampled_applies(x: torch.Tensor) -> bool:
+    """Whether verify_sampled takes logits x [N, V] (CPU float32, rows contiguous, kernels built)."""
+    return x.dim() == 2 and x.stride(-1) == 1 and x.shape[-1] > 0 and _usable(x)
+
+
 def verify_sampled(
     # [N, V] float32 logits, rows contiguous
     x: torch.Tensor,
@@ -157,7 +162,7 @@ def verify_sampled(
     probabilistic with a one-hot draft distribution. -> (emitted token [B], accepted drafts [B]); None if not
     applicable. Scores only the rows a request reaches (its accepted drafts + 1) and never writes a [rows, V]
     distribution."""
-    if x.dim() != 2 or x.stride(-1) != 1 or x.shape[-1] == 0 or not _usable(x):
+    if not verify_sampled_applies(x):
         return None
     b, k = drafts.shape
     f32, i64 = torch.float32, torch.int64

@@ -15,7 +15,13 @@ from verispec.kernels import ops
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_constraints, penalty_state, suppress_early_stops
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
-from verispec.sample.verify import assemble_at, draw_uniform, entropy_thresholds, rejection_sample
+from verispec.sample.verify import (
+    assemble_at,
+    draw_uniform,
+    entropy_thresholds,
+    greedy_verify,
+    rejection_sample,
+)
 
 
 @dataclass
@@ -42,12 +48,19 @@ def _row_map(n_rows: list[int], stride: int, dev: torch.device) -> torch.Tensor:
     return starts[:, None] + offs
 
 
-def _pad_rows(logits: torch.Tensor, rows: torch.Tensor, n_rows: list[int]) -> torch.Tensor:
+def _pad_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """logits [N, V] of ragged per-request rows -> [B, K+1, V] (a view when no request is short)."""
     b, stride = rows.shape
-    if all(n == stride for n in n_rows):
+    if logits.shape[0] == rows.numel():
         return logits.view(b, stride, logits.shape[-1])
     return logits.index_select(0, rows.view(-1)).view(b, stride, logits.shape[-1])
+
+
+def position_uniforms_of(reqs: list[Request], offsets: torch.Tensor) -> torch.Tensor:
+    """[B, n] the uniform of each request's output position len(output) + offsets ([n] or [B, n] int64): the one
+    plain decoding reads at that position (logits.position_uniforms)."""
+    first = torch.tensor([len(r.output_token_ids) for r in reqs], device=offsets.device)
+    return S.position_uniforms([r.sample_key for r in reqs], first[:, None] + offsets)
 
 
 def _processed(raw: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> torch.Tensor:
@@ -87,7 +100,7 @@ def sample_step(
     processed = any_penalties or any(has_constraints(r) or r.params.min_tokens > 0 for r in reqs)
     entropy = rule.entropy is not None and not all_greedy and k > 0
     # [B, K+1, V] the raw rows padded per request, only where something reads them in that shape
-    raw = _pad_rows(logits, rows, n_rows) if processed or want_logprobs or entropy else None
+    raw = _pad_rows(logits, rows) if processed or want_logprobs or entropy else None
     # per-request sampling tensors only where something reads them (greedy decoding without penalties: none)
     st = S.SamplingTensors.from_params(params, dev, v) if any_penalties or not all_greedy else None
     # [B, K] drafted ids, -1 padded; read by verification and draft-aware penalties
@@ -106,23 +119,14 @@ def sample_step(
             src = S.apply_penalties(src, mask.repeat_interleave(stride, 0), counts, per_row)
     # [B, K+1]
     argmax = S.greedy(src)[src_rows] if any_greedy else None
-    # [B] bool
-    greedy_rows = torch.tensor([p.is_greedy for p in params], device=dev) if any_greedy else None
+    # ([B, K+1], [B]) the greedy rule's result, for the greedy rows; plain greedy decoding emits the argmax
+    greedy = None if not any_greedy or (all_greedy and k == 0) else greedy_verify(draft_t, argmax)
     if all_greedy:
-        if k == 0:
-            # the one host sync of the step
-            tokens, accepted = [[t] for t in argmax.view(b).tolist()], [0] * b
-        else:
-            tokens, accepted = _finish(
-                rejection_sample("strict", draft_t, None, greedy_rows, target_argmax=argmax)
-            )
+        out = greedy if k > 0 else (argmax, torch.zeros(b, dtype=torch.long, device=dev))
     else:
         gens = [r.generator for r in reqs]
-        # [B, K+1] the uniform of each scored position's sample, the one plain decoding uses there
-        first = torch.tensor([len(r.output_token_ids) for r in reqs], device=dev)
-        sample_u = S.position_uniforms(
-            [r.sample_key for r in reqs], first[:, None] + torch.arange(stride, device=dev)
-        )
+        # [B, K+1] the uniform of each scored position's sample
+        sample_u = position_uniforms_of(reqs, torch.arange(stride, device=dev))
         uniform = thresholds = None
         if k > 0 and rule.draws_uniform:
             uniform = draw_uniform((b, k), gens, dev)
@@ -136,12 +140,13 @@ def sample_step(
             )
             out = _dense(probs.view(b, stride, v), draft_t, sample_u, uniform, thresholds, spec, rule)
         if any_greedy:
-            greedy = rejection_sample("strict", draft_t, None, greedy_rows, target_argmax=argmax)
+            # [B] bool
+            greedy_rows = torch.tensor([p.is_greedy for p in params], device=dev)
             out = (
                 torch.where(greedy_rows[:, None], greedy[0], out[0]),
                 torch.where(greedy_rows, greedy[1], out[1]),
             )
-        tokens, accepted = _finish(out)
+    tokens, accepted = _finish(out)
     lp = None
     if want_logprobs:
         want = max((p.logprobs or 0) for p in params)
@@ -160,7 +165,7 @@ def _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u
     probabilistic = (
         rule.method == "probabilistic" and not (rule.block and k >= 3) and spec.draft_probs is None
     )
-    if st.any_min_p or not (strict or probabilistic):
+    if st.any_min_p or not (strict or probabilistic) or not ops.verify_sampled_applies(src):
         return None
     # [B]
     scale = 1.0 / st.temperature
@@ -172,7 +177,7 @@ def _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u
         src = S.apply_top_k_top_p(
             src, per_row.top_k if st.any_top_k else None, per_row.top_p if st.any_top_p else None
         )
-        src_rows, scale = torch.arange(b * stride).view(b, stride), torch.ones_like(scale)
+        src_rows, scale = torch.arange(b * stride, device=src.device).view(b, stride), torch.ones_like(scale)
     u_accept = None if strict else (uniform if thresholds is None else uniform * thresholds)
     out = ops.verify_sampled(src, src_rows, draft_t, scale, u_accept, sample_u)
     if out is None:
@@ -199,5 +204,6 @@ def _dense(probs, draft_t, sample_u, uniform, thresholds, spec, rule):
 def _finish(out: tuple[torch.Tensor, torch.Tensor]) -> tuple[list[list[int]], list[int]]:
     """(output_token_ids [B, K+1], num_accepted [B]) -> per request its emitted tokens and accepted count: the
     one host sync of the step."""
-    n_list = out[1].tolist()
-    return [row[: n + 1] for row, n in zip(out[0].tolist(), n_list)], n_list
+    # [B, K+2]: the tokens, then the count
+    both = torch.cat([out[0], out[1][:, None].to(out[0].dtype)], dim=1).tolist()
+    return [row[: row[-1] + 1] for row in both], [row[-1] for row in both]
