@@ -165,7 +165,17 @@ def test_int8_layout_keeps_the_weights(qtype):
 @pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize(
     ("m", "n", "k"),
-    [(1, 16, 32), (1, 64, 576), (2, 32, 96), (5, 48, 576), (9, 32, 256), (17, 64, 1536), (40, 16, 64)],
+    [
+        (1, 16, 32),
+        (1, 64, 576),
+        (2, 32, 96),
+        (5, 48, 576),
+        (9, 32, 256),
+        (16, 16, 32),
+        (17, 64, 1536),
+        (33, 48, 96),
+        (40, 16, 64),
+    ],
 )
 def test_product_matches_float64_on_the_int8_activations(variant, qtype, m, n, k):
     lib, isa = variant

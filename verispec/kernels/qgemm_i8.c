@@ -176,15 +176,19 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define HAVE_AVXVNNI 0
 #endif
 
-// ---- AMX-INT8: 16 rows x 16 columns x one 32-weight block per tile product ----
+// ---- AMX-INT8: 16 rows x 16 columns x one 32-weight block (q6v: half a block) per tile product ----
+// The tile unit multiplies a block in a few cycles; the per-block float scaling on AVX-512 (16 rows x 16 columns of
+// cvt, mul, fma) is the real cost. So each thread expands a column group's weights once into signed B tiles for
+// every row tile, keeps a row tile's 16 accumulators in registers, and alternates two sets of tiles so that block
+// b + 1's product runs while block b is scaled.
 #if defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
 #define HAVE_AMX_INT8 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define AMX_ROWS 16   // rows per A tile
-#define AMX_GROUPS 2  // column groups per item (a B and a C tile each)
+#define AMX_ROWS 16  // rows per A tile; a last partial row tile runs on zero rows past the end
+#define BT_BYTES 512 // one block's B tile: 8 rows x 64 bytes
 
 // Linux hands out the tile state only on request: 1 if this process may use AMX.
 int i8_amx_init(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
@@ -195,135 +199,157 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) I8TileConfig;
 
-// Tile 0: A (rows x 32 int8: one block of each row; q6v: rows x 16, one half block); 1-2: B (8 rows of 16 columns
-// x 4 bytes; q6v: 4 rows); 4-5: C (rows x 16 int32).
-static void i8_configure_tiles(int rows, int F) {
+// Tiles 0 / 2: A (16 rows x 32 int8: one block of each row; q6v: 16, half a block); 1 / 3: B (8 rows of 16 columns x
+// 4 bytes; q6v: 4 rows); 4 / 5: C (16 rows x 16 int32). The two sets take alternate blocks (q6v: halves).
+static void i8_configure_tiles(int F) {
     const int k = F == Q6V ? QK / 2 : QK;
     I8TileConfig c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    c.rows[0] = (uint8_t)rows, c.colsb[0] = (uint16_t)k;
-    for (int t = 1; t <= 2; t++) c.rows[t] = (uint8_t)(k / 4), c.colsb[t] = 64;
-    for (int t = 4; t <= 5; t++) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
+    for (int t = 0; t <= 1; t++) c.rows[t] = AMX_ROWS, c.colsb[t] = (uint16_t)k;
+    for (int t = 2; t <= 3; t++) c.rows[t] = (uint8_t)(k / 4), c.colsb[t] = 64;
+    for (int t = 4; t <= 7; t++) c.rows[t] = AMX_ROWS, c.colsb[t] = 64;
     _tile_loadconfig(&c);
 }
 
-// One q4v block's nibble rows -> its 8 x 64-byte B tile.
-static inline void amx_expand_q4(const uint8_t *blk, uint8_t *bt) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0F);
-    for (int j = 0; j < 4; j++) {
-        const __m512i v = _mm512_loadu_si512((const void *)(blk + 128 + 64 * j));
-        _mm512_store_si512((void *)(bt + 64 * j), _mm512_and_si512(v, lo4));
-        _mm512_store_si512((void *)(bt + 64 * (j + 4)), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
+// The thread's buffer for one column group's B tiles, grown on demand and kept.
+static uint8_t *amx_bbuf(size_t bytes) {
+    static __thread void *buf;
+    static __thread size_t cap;
+    if (bytes > cap) {
+        free(buf);
+        cap = (bytes + 4095) / 4096 * 4096;
+        buf = aligned_alloc(64, cap);
     }
+    return buf;
 }
 
-static inline __attribute__((always_inline)) void amx_item(const int F, const uint8_t *xq, int64_t R, int64_t XS,
-                                                           int64_t K, const uint8_t *w, int ng, float *y,
-                                                           int64_t N) {
-    const int64_t nb = K / QK;
-    float acc[AMX_ROWS][AMX_GROUPS][GROUP] __attribute__((aligned(64)));
-    int32_t cbuf[AMX_GROUPS][AMX_ROWS][GROUP] __attribute__((aligned(64)));
-    uint8_t bt[AMX_GROUPS][8 * 64] __attribute__((aligned(64)));
-    for (int64_t r = 0; r < R; r++)
-        for (int j = 0; j < ng; j++) _mm512_store_ps(acc[r][j], _mm512_setzero_ps());
+// A column group's blocks -> signed int8 B tiles, BT_BYTES each: q4v's nibbles split into rows 0-3 and 4-7, q8v's
+// q + 128 and q6v's q + 32 shifted back (so the product needs no correction term; the dot is the same integer).
+static void amx_expand_group(const int F, const uint8_t *wg, int64_t nb, uint8_t *bt) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F), off = _mm512_set1_epi8(F == Q8V ? (char)0x80 : 32);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk0 = w + b * TB(F), *blk1 = blk0 + nb * TB(F);
-        if (F == Q6V) {
-            // each half block (16 k: 4 B rows) is its own product, folded in with its own scale
-            for (int h = 0; h < 2; h++) {
-                _tile_loadd(0, xq + b * QK + 16 * h, XS);
-                _tile_loadd(1, blk0 + 128 + 256 * h, 64);
-                _tile_zero(4);
-                _tile_dpbsud(4, 0, 1);
-                if (ng == 2) {
-                    _tile_loadd(2, blk1 + 128 + 256 * h, 64);
-                    _tile_zero(5);
-                    _tile_dpbsud(5, 0, 2);
-                }
-                _tile_stored(4, cbuf[0], 64);
-                if (ng == 2) _tile_stored(5, cbuf[1], 64);
-                for (int j = 0; j < ng; j++) {
-                    const __m512 dh = _mm512_loadu_ps((const float *)(j ? blk1 : blk0) + h * GROUP);
-                    for (int64_t r = 0; r < R; r++) {
-                        const uint8_t *row = xq + r * XS;
-                        const int32_t corr = (h ? XH1(row, K) : XH0(row, K))[b];
-                        const __m512i dot = _mm512_sub_epi32(_mm512_load_si512((const void *)cbuf[j][r]),
-                                                             _mm512_set1_epi32(corr));
-                        __m512 a = _mm512_load_ps(acc[r][j]);
-                        const __m512 scale = _mm512_mul_ps(dh, _mm512_set1_ps(XD(row, K)[b]));
-                        a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, a);
-                        _mm512_store_ps(acc[r][j], a);
-                    }
-                }
+        const uint8_t *src = wg + b * TB(F) + WROWS(F);
+        uint8_t *o = bt + b * BT_BYTES;
+        if (F == Q4V) {
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * j));
+                _mm512_store_si512((void *)(o + 64 * j), _mm512_and_si512(v, lo4));
+                _mm512_store_si512((void *)(o + 64 * (j + 4)), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
             }
-            continue;
-        }
-        _tile_loadd(0, xq + b * QK, XS);
-        if (F == Q8V) {
-            _tile_loadd(1, blk0 + 64, 64);
         } else {
-            amx_expand_q4(blk0, bt[0]);
-            _tile_loadd(1, bt[0], 64);
-        }
-        _tile_zero(4);
-        _tile_dpbsud(4, 0, 1);
-        if (ng == 2) {
-            if (F == Q8V) {
-                _tile_loadd(2, blk1 + 64, 64);
-            } else {
-                amx_expand_q4(blk1, bt[1]);
-                _tile_loadd(2, bt[1], 64);
-            }
-            _tile_zero(5);
-            _tile_dpbsud(5, 0, 2);
-        }
-        _tile_stored(4, cbuf[0], 64);
-        if (ng == 2) _tile_stored(5, cbuf[1], 64);
-        for (int j = 0; j < ng; j++) {
-            const float *d = (const float *)(j ? blk1 : blk0);
-            const __m512 dw = _mm512_loadu_ps(d), mw = F == Q4V ? _mm512_loadu_ps(d + GROUP) : dw;
-            for (int64_t r = 0; r < R; r++) {
-                const uint8_t *row = xq + r * XS;
-                __m512i dot = _mm512_load_si512((const void *)cbuf[j][r]);
-                if (F == Q8V) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(XC(row, K)[b]));
-                __m512 a = _mm512_load_ps(acc[r][j]);
-                a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(XD(row, K)[b])), a);
-                if (F == Q4V) a = _mm512_fmadd_ps(mw, _mm512_set1_ps(XSUM(row, K)[b]), a);
-                _mm512_store_ps(acc[r][j], a);
+            for (int j = 0; j < 8; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * j));
+                _mm512_store_si512((void *)(o + 64 * j), _mm512_sub_epi8(v, off));
             }
         }
     }
-    for (int64_t r = 0; r < R; r++)
-        for (int j = 0; j < ng; j++) _mm512_storeu_ps(y + r * N + j * GROUP, _mm512_load_ps(acc[r][j]));
 }
 
+// acc[r] += float(dot[r]) * (d_w * d_x[r]) (q4v: then += m_w * d_x[r] * sum(q_x[r])): the contract at the top, for
+// the 16 rows of a C tile stored at c. sd: which scale row of the block (q6v: its half).
+static inline __attribute__((always_inline)) void amx_scale(const int F, __m512 acc[AMX_ROWS], const int32_t *c,
+                                                            const uint8_t *xq, int64_t XS, int64_t K, int64_t b,
+                                                            const float *blkd, int sd) {
+    const __m512 dw = _mm512_loadu_ps(blkd + sd * GROUP), mw = _mm512_loadu_ps(blkd + GROUP);
+#pragma GCC unroll 16
+    for (int r = 0; r < AMX_ROWS; r++) {
+        const uint8_t *row = xq + r * XS;
+        const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + GROUP * r)));
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(XD(row, K)[b])), acc[r]);
+        if (F == Q4V) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(XSUM(row, K)[b]), acc[r]);
+    }
+}
+
+// One row tile (16 quantized rows at xq) x one column group (scales in wg, B tiles in bt) over every block; the
+// first R rows of the result go to y. pf: the next group's weights to prefetch meanwhile (or NULL): with few rows
+// a group's products are short, and its weights come from memory. The unit of work is a block (q6v: a half block, with its own scale). Storing
+// a C tile is the slow part (a kilobyte per 8192 multiply-adds), so the tile unit runs ahead: step s multiplies
+// unit s, stores unit s - 2 and scales unit s - 3 (stored a step earlier), over A/B tile pairs 0/2 and 1/3 and C
+// tiles 4-7 in turn.
+#define AMX_PRODUCT(ta, tb, tc, u)                              \
+    do {                                                        \
+        _tile_loadd(ta, xq + (u) * UK, XS);                     \
+        _tile_loadd(tb, bt + (u) * (BT_BYTES * UK / QK), 64);   \
+        _tile_zero(tc);                                         \
+        _tile_dpbssd(tc, ta, tb);                               \
+    } while (0)
+static inline __attribute__((always_inline)) void amx_item(const int F, const uint8_t *xq, int64_t XS, int64_t K,
+                                                           const uint8_t *wg, const uint8_t *bt, float *y,
+                                                           int64_t N, int64_t R, const uint8_t *pf) {
+    const int UK = F == Q6V ? QK / 2 : QK;
+    const int64_t nu = K / UK;
+    int32_t cb[2][AMX_ROWS * GROUP] __attribute__((aligned(64)));
+    __m512 acc[AMX_ROWS];
+#pragma GCC unroll 16
+    for (int r = 0; r < AMX_ROWS; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nu + 3; s++) {
+        if (pf && s < K / QK)
+            for (int l = 0; l < TB(F); l += 64) _mm_prefetch((const char *)(pf + s * TB(F) + l), _MM_HINT_T0);
+        const int mul = s < nu, st = s >= 2 && s - 2 < nu;
+        int32_t *cs = cb[(s - 2) & 1];
+        switch (s & 3) {
+            case 0:
+                if (mul) AMX_PRODUCT(0, 2, 4, s);
+                if (st) _tile_stored(6, cs, 64);
+                break;
+            case 1:
+                if (mul) AMX_PRODUCT(1, 3, 5, s);
+                if (st) _tile_stored(7, cs, 64);
+                break;
+            case 2:
+                if (mul) AMX_PRODUCT(0, 2, 6, s);
+                if (st) _tile_stored(4, cs, 64);
+                break;
+            default:
+                if (mul) AMX_PRODUCT(1, 3, 7, s);
+                if (st) _tile_stored(5, cs, 64);
+                break;
+        }
+        const int64_t u = s - 3;
+        if (u >= 0) {
+            const int64_t b = F == Q6V ? u / 2 : u;
+            amx_scale(F, acc, cb[u & 1], xq, XS, K, b, (const float *)(wg + b * TB(F)), F == Q6V ? (int)(u & 1) : 0);
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < AMX_ROWS; r++)
+        if (r < R) _mm512_storeu_ps(y + r * N, acc[r]);
+}
+
+// xq holds M rows rounded up to whole row tiles (the extra rows zero).
 static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                      float *y, int nthreads) {
     const int64_t groups = N / GROUP, nb = K / QK, XS = ROW_BYTES(K);
+    const int64_t Mp = (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
+    memset(xq + M * XS, 0, (size_t)((Mp - M) * XS));
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * XS);
         const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
         const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
-        int configured = 0;
-        for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
-            const int64_t R = M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS;
-            if (R != configured) i8_configure_tiles((int)(configured = (int)R), F);
-            for (int64_t g = g0; g < g1; g += AMX_GROUPS) {
-                const int ng = g1 - g >= AMX_GROUPS ? AMX_GROUPS : 1;
+        if (g0 < g1) {
+            uint8_t *bt = amx_bbuf((size_t)(nb * BT_BYTES));
+            i8_configure_tiles(F);
+            for (int64_t g = g0; g < g1; g++) {
                 const uint8_t *wg = w + g * nb * TB(F);
-                float *yg = y + m0 * N + g * GROUP;
-                if (F == Q4V)
-                    amx_item(Q4V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
-                else if (F == Q8V)
-                    amx_item(Q8V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
-                else
-                    amx_item(Q6V, xq + m0 * XS, R, XS, K, wg, ng, yg, N);
+                amx_expand_group(F, wg, nb, bt);
+                for (int64_t m0 = 0; m0 < M; m0 += AMX_ROWS) {
+                    const int64_t R = M - m0 < AMX_ROWS ? M - m0 : AMX_ROWS;
+                    float *yg = y + m0 * N + g * GROUP;
+                    // during the group's last row tile, the next group's weights
+                    const uint8_t *pf = m0 + AMX_ROWS >= M && g + 1 < g1 ? wg + nb * TB(F) : NULL;
+                    if (F == Q4V)
+                        amx_item(Q4V, xq + m0 * XS, XS, K, wg, bt, yg, N, R, pf);
+                    else if (F == Q8V)
+                        amx_item(Q8V, xq + m0 * XS, XS, K, wg, bt, yg, N, R, pf);
+                    else
+                        amx_item(Q6V, xq + m0 * XS, XS, K, wg, bt, yg, N, R, pf);
+                }
             }
+            _tile_release();
         }
-        if (configured) _tile_release();
     }
 }
 #pragma GCC pop_options
@@ -354,7 +380,8 @@ int qgemm_i8_isas(void) {
 void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
               int nthreads) {
     if (M <= 0) return;
-    uint8_t *xq = i8_scratch((size_t)(M * ROW_BYTES(K)) + 64);
+    // AMX reads whole row tiles: room for up to 15 zero rows past the end
+    uint8_t *xq = i8_scratch((size_t)((M + 15) * ROW_BYTES(K)) + 64);
     if (isa == ISA_AMX && M < AMX_MIN_ROWS) isa = ISA_AVX512VNNI;
 #if HAVE_AMX_INT8
     if (isa == ISA_AMX) {
