@@ -25,7 +25,7 @@
 
 #define QK 32
 #define NCOLS 16     // output columns per work item
-#define TILE_M 8     // rows whose x is kept in L1 while the columns are swept
+#define TILE_M 16    // rows whose x stays cached while the columns are swept (up to 16 rows read the weights once)
 #define BSIZE_q4 24
 #define BSIZE_q8 36
 #define BSIZE_q6 40

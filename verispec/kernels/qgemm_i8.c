@@ -36,7 +36,7 @@
 
 #define QK 32
 #define GROUP 16
-#define TILE_M 8      // rows swept together over a thread's columns
+#define TILE_M 16     // rows swept together over a thread's columns (up to 16 rows read the weights once)
 #define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
 #define PF_BLOCKS 4   // blocks ahead whose weights the VNNI kernels prefetch (decode steps read them from memory)
 enum { Q4V = 0, Q8V = 1, Q6V = 2 };
@@ -359,7 +359,7 @@ int i8_amx_init(void) { return 0; }
 #endif
 
 // Fewer rows than this run on AVX512-VNNI when AMX-INT8 is asked for (the same results: see the top).
-#define AMX_MIN_ROWS 9
+#define AMX_MIN_ROWS 13
 
 // The calling thread's scratch for the quantized rows, grown on demand and kept (no allocation per call).
 static uint8_t *i8_scratch(size_t bytes) {
