@@ -7,6 +7,10 @@ the LM head separately; best of --reps sweeps, every kernel's sweeps taking turn
 The int8 columns run the same weights in the int8 kernels' layouts (q4v / q8v) with the variant --int8-isa names
 (default: the best this CPU has; `all`: one column group per variant it runs; `none`: no int8 columns); the last
 lines give each kernel's cost of M rows against 1 row (verifying 4 drafts is M = 5).
+--step adds what the engine pays: its whole forward over M rows behind a 256-token context (the start-up profile
+of the draft-length planner, verispec/engine/step_cost.py: fused layers, attention, the LM head), float32 and int8
+activations. The sweep above calls each projection from Python, so its small-row figures carry per-call overhead
+that the engine's fused layers do not have.
 --baseline REF / --baseline-isa ISA add the kernels of git revision REF (built from its sources) or of another
 build of these sources (avx512, avx2: e.g. the FMA kernels against the AMX ones), swept in the same process on the
 same weights (in the layout each build reads): an A/B that this VM's run-to-run drift cannot blur (with int8 columns,
@@ -104,6 +108,25 @@ def int8_variants(choice: str, lib) -> list[str]:
     return [choice]
 
 
+def forward_steps(model: str, rows: list[int], reps: int, int8: bool) -> dict[str, dict[int, float]]:
+    """activation dtype -> {rows: seconds of the engine's whole forward}, printed with each ratio to 1 row."""
+    from verispec import LLM
+    from verispec.engine.step_cost import profile_step_cost
+
+    out = {}
+    print("whole forward step, 256-token context (ms; cost against 1 row):")
+    for dtype in ("float32", "int8") if int8 else ("float32",):
+        llm = LLM(model, max_model_len=max(rows) + 300, max_num_seqs=1, activation_dtype=dtype)
+        steps = profile_step_cost(llm.engine.runner, 0, rows, repeats=max(reps, 8))
+        out[dtype] = steps
+        one = steps.get(1)
+        cells = ", ".join(
+            f"M={m} {s * 1e3:.2f}" + (f" ({s / one:.2f}x)" if one and m > 1 else "") for m, s in steps.items()
+        )
+        print(f"  {dtype:<8} {cells}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -114,6 +137,7 @@ def main() -> None:
         "--baseline-isa", choices=["avx2", "avx512", "amx"], help="build of the baseline (default: ours)"
     )
     ap.add_argument("--int8-isa", default="best", help="best | all | none | a variant of build.INT8_ISAS")
+    ap.add_argument("--step", action="store_true", help="also time the engine's whole forward per row count")
     ap.add_argument("--output", default="bench_results/kernel_sweep.json")
     args = ap.parse_args()
     from verispec import LLM
@@ -227,6 +251,7 @@ def main() -> None:
                 f"M={m} {r['qgemm_s'] / r[f'int8_{isa}_s']:.2f}x" for m, r in by_rows.items()
             )
             print(f"int8 ({isa}) against float32 activations, same rows (layers): {speedups}")
+    steps = forward_steps(args.model, sorted(by_rows), args.reps, bool(i8_isas)) if args.step else {}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(
         json.dumps(
@@ -237,6 +262,7 @@ def main() -> None:
                 "baseline_isa": args.baseline_isa,
                 "int8_isas": i8_isas,
                 "rows": rows,
+                "forward_step_s": steps,
             },
             indent=2,
         )
