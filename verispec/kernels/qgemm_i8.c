@@ -1,5 +1,5 @@
 // y[M, N] = x[M, K] @ W[N, K]^T with the activations quantized to int8 (activation_dtype="int8": llama.cpp's
-// numerics) and integer dot products: AVX-VNNI (256-bit vpdpbusd), AVX512-VNNI (512-bit) or AMX-INT8 (tdpbsud).
+// numerics) and integer dot products: AVX-VNNI (256-bit vpdpbusd), AVX512-VNNI (512-bit) or AMX-INT8 (tdpbssd).
 // Every variant is compiled into every x86-64 build inside its own `#pragma GCC target` region; the caller picks one
 // by the CPU's flags (verispec/kernels/build.py: int8_isa).
 //
@@ -53,6 +53,20 @@ enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3 };
 #define XC(row, K) ((const int32_t *)((row) + (K)) + 2 * ((K) / QK))
 #define XH0(row, K) ((const int32_t *)((row) + (K)) + 3 * ((K) / QK))
 #define XH1(row, K) ((const int32_t *)((row) + (K)) + 4 * ((K) / QK))
+
+// A thread's scratch buffers, grown on demand and kept (no allocation per call): SCRATCH_ROWS holds the calling
+// thread's quantized rows, SCRATCH_BTILES each AMX thread's B tiles of one column group.
+enum { SCRATCH_ROWS = 0, SCRATCH_BTILES = 1 };
+static uint8_t *thread_scratch(int which, size_t bytes) {
+    static __thread void *buf[2];
+    static __thread size_t cap[2];
+    if (bytes > cap[which]) {
+        free(buf[which]);
+        cap[which] = (bytes + 4095) / 4096 * 4096;
+        buf[which] = aligned_alloc(64, cap[which]);
+    }
+    return buf[which];
+}
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
@@ -177,10 +191,10 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #endif
 
 // ---- AMX-INT8: 16 rows x 16 columns x one 32-weight block (q6v: half a block) per tile product ----
-// The tile unit multiplies a block in a few cycles; the per-block float scaling on AVX-512 (16 rows x 16 columns of
-// cvt, mul, fma) is the real cost. So each thread expands a column group's weights once into signed B tiles for
-// every row tile, keeps a row tile's 16 accumulators in registers, and alternates two sets of tiles so that block
-// b + 1's product runs while block b is scaled.
+// The tile unit multiplies a block in a few cycles; storing its 16 x 16 int32 dots and scaling them on AVX-512 (cvt,
+// mul, fma per 16 outputs) is the real cost. So each thread expands a column group's weights once into signed B
+// tiles for every row tile, keeps a row tile's 16 accumulators in registers, and runs the tile unit ahead of the
+// scaling (amx_item).
 #if defined(__GNUC__) && (__GNUC__ >= 11 || defined(__clang__))
 #define HAVE_AMX_INT8 1
 #pragma GCC push_options
@@ -199,8 +213,8 @@ typedef struct {
     uint8_t rows[16];
 } __attribute__((packed)) I8TileConfig;
 
-// Tiles 0 / 2: A (16 rows x 32 int8: one block of each row; q6v: 16, half a block); 1 / 3: B (8 rows of 16 columns x
-// 4 bytes; q6v: 4 rows); 4 / 5: C (16 rows x 16 int32). The two sets take alternate blocks (q6v: halves).
+// Tiles 0-1: A (16 rows x 32 int8: one block of each row; q6v: 16, half a block); 2-3: B (8 rows of 16 columns x 4
+// bytes; q6v: 4 rows); 4-7: C (16 rows x 16 int32).
 static void i8_configure_tiles(int F) {
     const int k = F == Q6V ? QK / 2 : QK;
     I8TileConfig c;
@@ -210,18 +224,6 @@ static void i8_configure_tiles(int F) {
     for (int t = 2; t <= 3; t++) c.rows[t] = (uint8_t)(k / 4), c.colsb[t] = 64;
     for (int t = 4; t <= 7; t++) c.rows[t] = AMX_ROWS, c.colsb[t] = 64;
     _tile_loadconfig(&c);
-}
-
-// The thread's buffer for one column group's B tiles, grown on demand and kept.
-static uint8_t *amx_bbuf(size_t bytes) {
-    static __thread void *buf;
-    static __thread size_t cap;
-    if (bytes > cap) {
-        free(buf);
-        cap = (bytes + 4095) / 4096 * 4096;
-        buf = aligned_alloc(64, cap);
-    }
-    return buf;
 }
 
 // A column group's blocks -> signed int8 B tiles, BT_BYTES each: q4v's nibbles split into rows 0-3 and 4-7, q8v's
@@ -263,10 +265,10 @@ static inline __attribute__((always_inline)) void amx_scale(const int F, __m512 
 
 // One row tile (16 quantized rows at xq) x one column group (scales in wg, B tiles in bt) over every block; the
 // first R rows of the result go to y. pf: the next group's weights to prefetch meanwhile (or NULL): with few rows
-// a group's products are short, and its weights come from memory. The unit of work is a block (q6v: a half block, with its own scale). Storing
-// a C tile is the slow part (a kilobyte per 8192 multiply-adds), so the tile unit runs ahead: step s multiplies
-// unit s, stores unit s - 2 and scales unit s - 3 (stored a step earlier), over A/B tile pairs 0/2 and 1/3 and C
-// tiles 4-7 in turn.
+// a group's products are short, and its weights come from memory. The unit of work is a block (q6v: a half block,
+// with its own scale). Storing a C tile is the slow part (a kilobyte per 8192 multiply-adds), so the tile unit runs
+// ahead: step s multiplies unit s, stores unit s - 2 and scales unit s - 3 (stored a step earlier), over A/B tile
+// pairs 0/2 and 1/3 and C tiles 4-7 in turn.
 #define AMX_PRODUCT(ta, tb, tc, u)                              \
     do {                                                        \
         _tile_loadd(ta, xq + (u) * UK, XS);                     \
@@ -330,7 +332,7 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
         const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
         const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
         if (g0 < g1) {
-            uint8_t *bt = amx_bbuf((size_t)(nb * BT_BYTES));
+            uint8_t *bt = thread_scratch(SCRATCH_BTILES, (size_t)(nb * BT_BYTES));
             i8_configure_tiles(F);
             for (int64_t g = g0; g < g1; g++) {
                 const uint8_t *wg = w + g * nb * TB(F);
@@ -361,18 +363,6 @@ int i8_amx_init(void) { return 0; }
 // Fewer rows than this run on AVX512-VNNI when AMX-INT8 is asked for (the same results: see the top).
 #define AMX_MIN_ROWS 13
 
-// The calling thread's scratch for the quantized rows, grown on demand and kept (no allocation per call).
-static uint8_t *i8_scratch(size_t bytes) {
-    static __thread void *buf;
-    static __thread size_t cap;
-    if (bytes > cap) {
-        free(buf);
-        cap = (bytes + 4095) / 4096 * 4096;
-        buf = aligned_alloc(64, cap);
-    }
-    return buf;
-}
-
 int qgemm_i8_isas(void) {
     return (HAVE_AVXVNNI << ISA_AVXVNNI) | (1 << ISA_AVX512VNNI) | (HAVE_AMX_INT8 << ISA_AMX);
 }
@@ -381,7 +371,7 @@ void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint
               int nthreads) {
     if (M <= 0) return;
     // AMX reads whole row tiles: room for up to 15 zero rows past the end
-    uint8_t *xq = i8_scratch((size_t)((M + 15) * ROW_BYTES(K)) + 64);
+    uint8_t *xq = thread_scratch(SCRATCH_ROWS, (size_t)((M + 15) * ROW_BYTES(K)) + 64);
     if (isa == ISA_AMX && M < AMX_MIN_ROWS) isa = ISA_AVX512VNNI;
 #if HAVE_AMX_INT8
     if (isa == ISA_AMX) {
