@@ -253,15 +253,22 @@ def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
     return (z >> s) & ((1 << (64 - s)) - 1)
 
 
+def _splitmix(z: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser over int64 lanes (wrapping arithmetic)."""
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    return z ^ _shr(z, 31)
+
+
+def _signed64(x: int) -> int:
+    """x mod 2^64 as a signed int64."""
+    x &= (1 << 64) - 1
+    return x - (1 << 64) if x >> 63 else x
+
+
 def sample_key(seed: int) -> int:
     """A request's sampling key from its seed (splitmix64 of the seed): nearby seeds give unrelated streams."""
-    m = (1 << 64) - 1
-    z = ((seed + 1) * 0x9E3779B97F4A7C15) & m
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-    z ^= z >> 31
-    # as a signed int64
-    return z - (1 << 64) if z >> 63 else z
+    return int(_splitmix(torch.tensor(_signed64(seed + 1), dtype=torch.int64) * _GOLDEN))
 
 
 # [B, n] float32 U[0, 1)
@@ -272,10 +279,7 @@ def position_uniforms(keys: Sequence[int], positions: torch.Tensor) -> torch.Ten
     does not change a seeded request's sampled text."""
     # [B, n] int64, wrapping arithmetic
     z = torch.tensor(keys, dtype=torch.int64, device=positions.device)[:, None] + positions.long() * _GOLDEN
-    z = (z ^ _shr(z, 30)) * _MIX1
-    z = (z ^ _shr(z, 27)) * _MIX2
-    z = z ^ _shr(z, 31)
-    return _shr(z, 40).to(torch.float32) * (1.0 / (1 << 24))
+    return _shr(_splitmix(z), 40).to(torch.float32) * (1.0 / (1 << 24))
 
 
 def _rows_by_request(

@@ -103,9 +103,12 @@ def sample_step(
     raw = _pad_rows(logits, rows) if processed or want_logprobs or entropy else None
     # per-request sampling tensors only where something reads them (greedy decoding without penalties: none)
     st = S.SamplingTensors.from_params(params, dev, v) if any_penalties or not all_greedy else None
-    # [B, K] drafted ids, -1 padded; read by verification and draft-aware penalties
-    padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
-    draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
+    # [B, K] drafted ids, -1 padded; read by verification, sampling and draft-aware penalties (plain greedy
+    # decoding: none)
+    draft_t = None
+    if k > 0 or any_penalties or not all_greedy:
+        padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
+        draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
     # the logits the rules read and the row of each position in them: the step's own rows when nothing
     # reshapes them, else a processed [B * (K+1), V] copy
     src, src_rows = logits, rows
