@@ -249,13 +249,15 @@ static void amx_expand_group(const int F, const uint8_t *wg, int64_t nb, uint8_t
 }
 
 // acc[r] += float(dot[r]) * (d_w * d_x[r]) (q4v: then += m_w * d_x[r] * sum(q_x[r])): the contract at the top, for
-// the 16 rows of a C tile stored at c. sd: which scale row of the block (q6v: its half).
+// the first R rows of a C tile stored at c (a last partial row tile scales only its real rows: the scaling, not
+// the product, is the cost). sd: which scale row of the block (q6v: its half).
 static inline __attribute__((always_inline)) void amx_scale(const int F, __m512 acc[AMX_ROWS], const int32_t *c,
                                                             const uint8_t *xq, int64_t XS, int64_t K, int64_t b,
-                                                            const float *blkd, int sd) {
+                                                            const float *blkd, int sd, int64_t R) {
     const __m512 dw = _mm512_loadu_ps(blkd + sd * GROUP), mw = _mm512_loadu_ps(blkd + GROUP);
 #pragma GCC unroll 16
     for (int r = 0; r < AMX_ROWS; r++) {
+        if (r >= R) break;
         const uint8_t *row = xq + r * XS;
         const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + GROUP * r)));
         acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(XD(row, K)[b])), acc[r]);
@@ -311,7 +313,8 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
         const int64_t u = s - 3;
         if (u >= 0) {
             const int64_t b = F == Q6V ? u / 2 : u;
-            amx_scale(F, acc, cb[u & 1], xq, XS, K, b, (const float *)(wg + b * TB(F)), F == Q6V ? (int)(u & 1) : 0);
+            amx_scale(F, acc, cb[u & 1], xq, XS, K, b, (const float *)(wg + b * TB(F)), F == Q6V ? (int)(u & 1) : 0,
+                      R);
         }
     }
 #pragma GCC unroll 16
