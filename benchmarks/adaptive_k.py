@@ -7,16 +7,18 @@ temperature) and speculative config, plain decoding, the planner (the default) a
         -sc '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}' \
         -sc '{"method": "suffix"}'
 
-`--repeats N` runs every variant of a cell N rounds in turn (a fresh engine each time) and reports each one's
-median round, so that the machine's drift falls on every variant alike. Prints the CPU, one line per run and a
-summary per cell (planner / plain, best fixed K / plain, planner / best
-fixed K); writes JSON to bench_results/adaptive_k.json. Every run also counts its outputs identical to plain's
-(sampled runs too: under strict verification, the default, a seeded request's sampled text does not change).
+`--repeats N` runs every variant of a cell N rounds in turn (a fresh engine each time; each round starts at
+another variant) and reports each one's median round, so that the machine's drift and a place in the round fall
+on every variant alike. Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K /
+plain, planner / best fixed K); writes JSON to bench_results/adaptive_k.json. Every run also counts its outputs
+identical to plain's (sampled runs too: under strict verification, the default, a seeded request's sampled
+text does not change).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
 import time
@@ -85,23 +87,32 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
         ignore_eos=bool(temperature),
     )
     configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
-    ref = None
     rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
+    texts: dict[str, list] = {}
     for i in range(args.repeats):
-        for label, config in configs:
+        # each round starts at a different variant, so that a place in the round (after a slow run, late in a
+        # long one) falls on every variant alike
+        shift = i * len(configs) // args.repeats
+        for label, config in configs[shift:] + configs[:shift]:
             # every run on a fresh engine, plain too: a fresh engine's first run is slower (see time_llm), and
             # reusing plain's would favour it from the second round on
             if config is None:
-                llm = plain if i == 0 else LLM(args.model, **kw)
+                # the tokenizer's engine serves plain's first run
+                llm, plain = plain or LLM(args.model, **kw), None
             else:
                 llm = LLM(args.model, speculative_config=config, **kw)
             res, outs = time_llm(llm, prompts, sp, label, batch=batch)
             ids = [o.outputs[0].token_ids for o in outs]
-            ref = ids if ref is None else ref
-            same = sum(a == b for a, b in zip(ids, ref))
+            texts.setdefault(label, ids)
             counters = llm.engine.counters
-            rounds[label].append(asdict(res) | {"identical": same, "mean_chosen_k": counters.mean_chosen_k})
-            del llm
+            rounds[label].append(asdict(res) | {"ids": ids, "mean_chosen_k": counters.mean_chosen_k})
+            # the old engine's memory back before the next one is built
+            del llm, outs
+            gc.collect()
+    ref = texts["plain"]
+    for rows in rounds.values():
+        for r in rows:
+            r["identical"] = sum(a == b for a, b in zip(r.pop("ids"), ref))
     runs = []
     for rows in rounds.values():
         ranked = sorted(rows, key=lambda r: r["tok_per_s"])
