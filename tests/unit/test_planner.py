@@ -9,6 +9,7 @@ import pytest
 from verispec.engine.step_cost import StepCostModel
 from verispec.spec.planner import (
     PROBE_AFTER,
+    PROBE_BUDGET,
     AcceptanceModel,
     DraftPlanner,
     expected_gains,
@@ -151,32 +152,80 @@ class FixedCost(StepCostModel):
         super().__init__({1: 1.0, 64: 1.0 + 63 * per_row})
 
 
+def hopeless(planner: DraftPlanner, ids) -> None:
+    """Every request in ids has had all its drafts rejected, long enough that a first draft's estimated gain is
+    about 1% of a token (so a row that costs 1.5% of a step does not pay)."""
+    for rid in ids:
+        for _ in range(1000):
+            planner.observe(rid, 4, 0)
+
+
 def test_planner_probes_a_request_it_keeps_skipping():
-    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
-    for _ in range(40):
-        planner.observe("a", 4, 0)
+    # a row costs 1.5% of a step: within the probe budget, so the probe runs as soon as it is due
+    planner = DraftPlanner(4, FixedCost(0.015), drafter_runs_forward=False, max_rows=64)
+    hopeless(planner, "a")
     chosen = [planner.choose(["a"], [[1, 2, 3, 4]], None, 1, 0.0)[0] for _ in range(PROBE_AFTER + 1)]
     assert chosen[:PROBE_AFTER] == [0] * PROBE_AFTER
     assert chosen[PROBE_AFTER] == 1
 
 
-def test_probes_of_a_batch_fall_on_the_same_steps():
-    """Requests that went idle at different steps probe together, on every PROBE_AFTER-th planned step: a probe
-    makes the whole step score two rows per request, so it should not happen on most steps."""
-    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
-    for rid in "abc":
-        for _ in range(40):
-            planner.observe(rid, 4, 0)
+@pytest.mark.parametrize(
+    "profile",
+    [
+        {1: 1.0, 64: 1.0 + 63 * 0.015},
+        {1: 1.0, 64: 1.0 + 63 * 0.9},
+        # an AMX-like tile: up to 16 rows cost the same, the 17th starts another tile
+        {1: 1.0, 16: 1.0, 17: 1.9, 32: 1.9, 33: 2.8, 64: 2.8},
+    ],
+)
+def test_probes_spend_at_most_their_budget(profile):
+    """Over many steps, what the probes add to the steps stays within PROBE_BUDGET of the steps' cost (plus the
+    one probing step that may run on credit kept), however dear an extra row is, and probes still happen."""
+    cost = StepCostModel(profile)
+    ids = [f"r{i}" for i in range(16)]
+    planner = DraftPlanner(4, cost, drafter_runs_forward=False, max_rows=64)
+    hopeless(planner, ids)
+    spent = total = 0.0
+    probes = 0
+    for _ in range(600):
+        chosen = planner.choose(ids, [[1, 2, 3, 4]] * 16, None, 16, 0.0)
+        n = sum(chosen)
+        probes += n
+        total += cost.cost(16)
+        spent += cost.cost(16 + n) - cost.cost(16)
+    assert probes > 0
+    assert spent <= PROBE_BUDGET * total + cost.cost(32) - cost.cost(16)
+
+
+def test_dear_probes_wait_and_run_together():
+    """When the 17th row starts another AMX tile, one probe costs as much as sixteen: due requests wait until the
+    credit covers the tile, then probe in the same step."""
+    cost = StepCostModel({1: 1.0, 16: 1.0, 17: 1.9, 32: 1.9, 33: 2.8, 64: 2.8})
+    ids = [f"r{i}" for i in range(16)]
+    planner = DraftPlanner(4, cost, drafter_runs_forward=False, max_rows=64)
+    hopeless(planner, ids)
+    steps = [sum(planner.choose(ids, [[1, 2, 3, 4]] * 16, None, 16, 0.0)) for _ in range(200)]
+    probing = [n for n in steps if n]
+    assert probing and all(n == 16 for n in probing)
+    # the first waits until PROBE_BUDGET of the steps covers the tile's 0.9
+    assert steps.index(16) >= 0.9 / PROBE_BUDGET - 1
+
+
+def test_cheap_probes_spread_over_steps():
+    """Where an extra row is cheap, a request probes as soon as it is due: requests that went idle at different
+    steps probe on different steps (no step carries them all)."""
+    planner = DraftPlanner(4, FixedCost(0.015), drafter_runs_forward=False, max_rows=64)
+    hopeless(planner, "abc")
     probes: dict[int, list[int]] = {}
-    for step in range(3 * PROBE_AFTER + 1):
+    for step in range(3 * PROBE_AFTER):
         # requests join one after another
         ids = ["a", "b", "c"][: 1 + min(2, step // 5)]
         chosen = planner.choose(ids, [[1, 2, 3, 4]] * len(ids), None, len(ids), 0.0)
         if any(chosen):
             probes[step] = chosen
-    assert sorted(probes) == [PROBE_AFTER, 2 * PROBE_AFTER, 3 * PROBE_AFTER]
-    # every request probes once per PROBE_AFTER steps, all together
-    assert probes[3 * PROBE_AFTER] == [1, 1, 1]
+    # each after PROBE_AFTER skipped steps of its own
+    assert sorted(probes) == [16, 21, 26, 33, 38, 43]
+    assert all(sum(c) == 1 for c in probes.values())
 
 
 def test_planner_asks_forward_drafters_only_for_what_it_will_verify():
@@ -224,9 +273,8 @@ def test_drafting_time_of_a_requests_first_step_is_not_its_cost():
 def test_a_request_the_ask_keeps_skipping_is_probed():
     """The ask gives a cheap drafter nothing to draft where drafting does not pay, so the step has no drafts to
     choose from: those steps still count as skipped, and the request is probed after PROBE_AFTER of them."""
-    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64)
-    for _ in range(40):
-        planner.observe("a", 4, 0)
+    planner = DraftPlanner(4, FixedCost(0.015), drafter_runs_forward=False, max_rows=64)
+    hopeless(planner, "a")
     chosen = []
     for _ in range(2 * PROBE_AFTER):
         ask = planner.ask(["a"], [4], 1)

@@ -106,10 +106,13 @@ class _Rate:
 
 
 # a request whose drafts the planner skipped this many speculating steps in a row verifies one draft (a probe):
-# without it a request that once looked hopeless would never show that it has become predictable. Probes happen
-# on every PROBE_AFTER-th planned step only, all due requests together: one probing request makes the whole step
-# score and sample two rows per request, so probes spread over many steps would slow most steps of a batch
+# without it a request that once looked hopeless would never show that it has become predictable
 PROBE_AFTER = 16
+# probes spend at most this share of the target's step time: every step adds that share of its cost to a credit,
+# and a due probe runs once the credit covers what its row adds to the step. Where an extra row is cheap (an AMX
+# tile with room, a memory-bound step) a due request probes at once; where a row is dear (a 17th row past a full
+# AMX-INT8 tile, rows as costly as a step) due probes wait and then run together, so they stay within the budget
+PROBE_BUDGET = 0.02
 
 
 @dataclass
@@ -267,8 +270,8 @@ class DraftPlanner:
         # what the planner chose, for the mean chosen K
         self.planned_tokens = 0
         self.planned_drafts = 0
-        # planned steps so far: probes happen on every PROBE_AFTER-th
-        self.steps = 0
+        # seconds of step time that probes may still spend (PROBE_BUDGET of every planned step's cost)
+        self.probe_credit = 0.0
         # requests asked before, and whether this step's ask had a new one: its drafter first catches up on the
         # whole prompt (a draft model's prefill, suffix trees built over it), which is no per-step drafting cost
         self.known: set[str] = set()
@@ -306,7 +309,7 @@ class DraftPlanner:
         if self.runs_forward:
             gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
             lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
-            return self._probe(request_ids, lengths, caps, count=False)
+            return self._probe(request_ids, lengths, caps, self._chain_rows(lengths, batch_rows), count=False)
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
         # pay decides it
         drafting = self.draft_cost(max(caps, default=0))
@@ -315,7 +318,7 @@ class DraftPlanner:
         lengths = plan_lengths(
             gains, self.step_cost.cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows
         )
-        lengths = self._probe(request_ids, lengths, caps, count=False)
+        lengths = self._probe(request_ids, lengths, caps, self._chain_rows(lengths, batch_rows), count=False)
         return [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
 
     def choose(
@@ -335,8 +338,10 @@ class DraftPlanner:
         lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
         # a request the ask skipped (no drafts, a cap above 0) was skipped by the planner too
         caps = [max(len(d), self.caps.get(rid, 0)) for rid, d in zip(request_ids, drafts)]
-        lengths = self._probe(request_ids, lengths, caps, count=True)
-        self.steps += 1
+        rows = self._chain_rows(lengths, batch_rows)
+        lengths = self._probe(
+            request_ids, lengths, caps, rows, count=True, has_drafts=[bool(d) for d in drafts]
+        )
         self.planned_tokens += sum(lengths)
         self.planned_drafts += len(lengths)
         return lengths
@@ -355,9 +360,12 @@ class DraftPlanner:
         share a node count, so it is the largest of the requests' own choices; 0 verifies no draft."""
         gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
         lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
-        lengths = self._probe(request_ids, lengths, [len(g) for g in gains], count=True)
         n = max(lengths, default=0)
-        self.steps += 1
+        # trees share a node count: with none chosen, any probe makes every tree verify one node
+        base = batch_rows + n * len(lengths)
+        probe_rows = (lambda j: 0) if n else (lambda j: len(lengths) if j else 0)
+        lengths = self._probe(request_ids, lengths, [len(g) for g in gains], (base, probe_rows), count=True)
+        n = max(lengths, default=0)
         self.planned_tokens += n * len(lengths)
         self.planned_drafts += len(lengths)
         return n
@@ -367,19 +375,52 @@ class DraftPlanner:
     ) -> None:
         self.acceptance.observe_tree(parents, depths, confidence, on_path)
 
-    def _probe(self, request_ids: list[str], lengths: list[int], caps: list[int], count: bool) -> list[int]:
+    def _chain_rows(self, lengths: list[int], batch_rows: int) -> tuple[int, Callable[[int], int]]:
+        """A chain step's rows before probes, and the rows that j probes add (one draft each)."""
+        return batch_rows + sum(lengths), lambda j: j
+
+    def _probe(
+        self,
+        request_ids: list[str],
+        lengths: list[int],
+        caps: list[int],
+        rows: tuple[int, Callable[[int], int]],
+        count: bool,
+        has_drafts: list[bool] | None = None,
+    ) -> list[int]:
+        """lengths with one draft for each due request (skipped PROBE_AFTER steps in a row) that the probe credit
+        pays for, longest skipped first. rows: the step's rows without probes and the rows j probes add. count:
+        this is the step's final choice (skip counts and the credit move), not the ask. has_drafts: which
+        requests have a draft to verify (default all); the others wait."""
         out = list(lengths)
+        due = []
         for i, (rid, k, cap) in enumerate(zip(request_ids, lengths, caps)):
             h = self.acceptance._history(rid)
             if k > 0 or cap == 0:
                 if count:
                     h.idle_steps = 0
-            elif h.idle_steps >= PROBE_AFTER - 1 and self.steps % PROBE_AFTER == 0:
-                out[i] = 1
-                if count:
-                    h.idle_steps = 0
+            elif h.idle_steps >= PROBE_AFTER and (has_drafts is None or has_drafts[i]):
+                due.append((h, i))
             elif count:
                 h.idle_steps += 1
+        base, added = rows
+        now = self.step_cost.cost(base)
+
+        def extra(j: int) -> float:
+            return self.step_cost.cost(base + added(j)) - now if j else 0.0
+
+        credit = self.probe_credit + PROBE_BUDGET * now
+        due.sort(key=lambda t: -t[0].idle_steps)
+        # the most probes the credit covers (an extra row's cost need not grow with the rows: AMX tiles)
+        n = max(j for j in range(len(due) + 1) if extra(j) <= credit)
+        for j, (h, i) in enumerate(due):
+            if j < n:
+                out[i] = 1
+            if count:
+                h.idle_steps = 0 if j < n else h.idle_steps + 1
+        if count:
+            # unspent credit is kept up to what probing the whole batch at once would cost
+            self.probe_credit = min(credit - extra(n), max(extra(len(request_ids)), 0.0))
         return out
 
     def observe(self, request_id: str, num_drafts: int, num_accepted: int, confidence=None) -> None:
