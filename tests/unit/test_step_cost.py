@@ -48,9 +48,18 @@ def test_rejects_an_empty_or_nonpositive_profile():
 
 
 def test_profile_points_cover_every_draft_length_then_double():
-    assert profile_points(4, 32) == [1, 2, 3, 4, 5, 10, 20, 32]
+    # 16 | 17: both sides of a row tile's edge
+    assert profile_points(4, 32) == [1, 2, 3, 4, 5, 10, 16, 17, 20, 32]
     assert profile_points(4, 3) == [1, 2, 3]
     assert profile_points(0, 1) == [1]
+
+
+def test_profile_points_cover_a_full_batch_and_its_first_drafts():
+    points = profile_points(4, 80, batch_size=16)
+    assert {16, 17, 18, 19, 20, 21} <= set(points)
+    # tile edges up to 64 rows, then the doubling ladder
+    assert {32, 33, 48, 49, 64, 65, 80} <= set(points) and 66 not in points
+    assert profile_points(4, 18, batch_size=16) == [1, 2, 3, 4, 5, 10, 16, 17, 18]
 
 
 class FakeRunner:

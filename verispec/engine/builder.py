@@ -116,5 +116,5 @@ def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, m
         args.dtype,
         args.keep_quantized,
     )
-    cost, _ = load_or_profile(runner, 0, profile_points(k, top), key)
+    cost, _ = load_or_profile(runner, 0, profile_points(k, top, args.max_num_seqs), key)
     return DraftPlanner(spec.num_speculative_tokens, cost, proposer.needs.runs_forward, max_rows)

@@ -1,7 +1,8 @@
 """What one decode step costs as a function of the rows it scores, on this device and kernel build.
 
-A short start-up profile times the target's forward at a few row counts (1 .. K + 1 and a doubling ladder up to the
-largest step the engine may run) behind a realistic context; the result is cached per model, device, kernel build
+A short start-up profile times the target's forward at a few row counts (1 .. K + 1, a full batch plus its drafts,
+both sides of the kernels' 16-row tile edges and a doubling ladder up to the largest step the engine may run)
+behind a realistic context; the result is cached per model, device, kernel build
 and thread count. The engine then refines it online from its own step timings: a scale and a per-step overhead
 fitted to the measured steps (which add sampling, Python and context growth to the forward).
 """
@@ -78,11 +79,25 @@ class StepCostModel:
         return self.cost(rows) / self.cost(base_rows)
 
 
-def profile_points(num_speculative_tokens: int, max_rows: int) -> list[int]:
-    """1 .. K + 1, then doubling up to max_rows (at most _MAX_PROFILE_ROWS)."""
+# the row tile of the kernels (AMX-INT8, the VNNI and FMA sweeps): a step's cost jumps where a tile fills
+_TILE = 16
+# tile edges are profiled up to this many rows (further up a jump is small against the step)
+_TILE_EDGES_UP_TO = 64
+
+
+def profile_points(num_speculative_tokens: int, max_rows: int, batch_size: int = 1) -> list[int]:
+    """1 .. K + 1; a full batch's plain step and its first K + 1 extra rows (B .. B + K + 1: where the planner
+    decides, around a tile edge when B is a multiple of 16); both sides of every 16-row tile edge up to 64 rows
+    (a 17th row can cost as much as a whole tile: linear interpolation would miss that); then doubling up to
+    max_rows (at most _MAX_PROFILE_ROWS)."""
     top = max(1, min(max_rows, _MAX_PROFILE_ROWS))
-    points = set(range(1, min(num_speculative_tokens + 1, top) + 1))
-    r = num_speculative_tokens + 1
+    k = num_speculative_tokens
+    points = set(range(1, min(k + 1, top) + 1))
+    if batch_size > 1:
+        points.update(range(batch_size, min(batch_size + k + 1, top) + 1))
+    for edge in range(_TILE, min(top, _TILE_EDGES_UP_TO) + 1, _TILE):
+        points.update(r for r in (edge, edge + 1) if r <= top)
+    r = k + 1
     while r * 2 <= top:
         r *= 2
         points.add(r)
