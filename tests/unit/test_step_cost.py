@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from verispec.engine.step_cost import StepCostModel, load_or_profile, profile_points
+from verispec.engine.step_cost import StepCostModel, load_or_profile, monotone_profile, profile_points
 
 
 def test_interpolates_between_and_beyond_profile_points():
@@ -38,6 +38,14 @@ def test_noise_never_makes_more_rows_cheaper():
         m.observe(4, 1.0)
         m.observe(1, 1.4)
     assert m.cost(1) <= m.cost(4) <= m.cost(8)
+
+
+def test_a_slow_outlier_in_the_profile_stays_one_point():
+    # 17 rows timed during an interrupt: it takes the time measured at 18, not 18..25 the outlier's
+    best = {16: 10.0, 17: 33.0} | {r: 11.0 + 0.1 * r for r in range(18, 26)}
+    out = monotone_profile(best)
+    assert out[17] == best[18] and out[25] == best[25]
+    assert list(out.values()) == sorted(out.values())
 
 
 def test_rejects_an_empty_or_nonpositive_profile():

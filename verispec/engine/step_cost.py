@@ -27,6 +27,8 @@ _PROFILE_REPEATS = 4
 # after the first round, no more rounds once this much time has gone (a slow or busy machine)
 _PROFILE_BUDGET_S = 1.5
 _MAX_PROFILE_ROWS = 256
+# bumped when the way a profile is measured or smoothed changes: older cached profiles are not read
+_FORMAT = 2
 
 
 class StepCostModel:
@@ -127,12 +129,19 @@ def profile_step_cost(
             runner.run([RowInput(slot, context, [0] * rows)])
             _sync(runner.device)
             best[rows] = min(best[rows], time.perf_counter() - t)
-    # more rows never cost less: what looks cheaper is noise
-    out, floor = {}, 0.0
-    for rows in points:
-        floor = max(floor, best[rows])
-        out[rows] = floor
-    return out
+    return monotone_profile(best)
+
+
+def monotone_profile(best: dict[int, float]) -> dict[int, float]:
+    """Best timings per row count -> a profile that never gets cheaper with more rows. Timing noise only ever adds
+    time (an interrupt, a busy neighbour), so where a row count looks dearer than a larger one, the larger one's
+    time is the truer bound: each point takes the least time measured at it or above. (Raising the points after a
+    slow outlier instead would spread one interrupted timing over every larger row count.)"""
+    out, ceiling = {}, float("inf")
+    for rows in sorted(best, reverse=True):
+        ceiling = min(ceiling, best[rows])
+        out[rows] = ceiling
+    return dict(sorted(out.items()))
 
 
 def load_or_profile(
@@ -141,7 +150,7 @@ def load_or_profile(
     """The cached profile for this model / device / kernel build / thread count when two spot checks (the smallest
     and the largest step) still agree with it within 2x, else a fresh one (then cached). -> (model, whether it
     came from the cache)."""
-    key = hashlib.sha256(repr((key_parts, points, torch.get_num_threads())).encode()).hexdigest()[:24]
+    key = hashlib.sha256(repr((_FORMAT, key_parts, points, torch.get_num_threads())).encode()).hexdigest()[:24]
     path = _cache_dir() / f"{key}.json"
     try:
         cached = {int(r): float(s) for r, s in json.loads(path.read_text()).items()}
