@@ -150,7 +150,8 @@ def load_or_profile(
     """The cached profile for this model / device / kernel build / thread count when two spot checks (the smallest
     and the largest step) still agree with it within 2x, else a fresh one (then cached). -> (model, whether it
     came from the cache)."""
-    key = hashlib.sha256(repr((_FORMAT, key_parts, points, torch.get_num_threads())).encode()).hexdigest()[:24]
+    ident = repr((_FORMAT, key_parts, points, torch.get_num_threads()))
+    key = hashlib.sha256(ident.encode()).hexdigest()[:24]
     path = _cache_dir() / f"{key}.json"
     try:
         cached = {int(r): float(s) for r, s in json.loads(path.read_text()).items()}
