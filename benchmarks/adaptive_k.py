@@ -109,12 +109,10 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
             # the old engine's memory back before the next one is built
             del llm, outs
             gc.collect()
-    ref = texts["plain"]
-    for rows in rounds.values():
-        for r in rows:
-            r["identical"] = sum(a == b for a, b in zip(r.pop("ids"), ref))
     runs = []
     for rows in rounds.values():
+        for r in rows:
+            r["identical"] = sum(a == b for a, b in zip(r.pop("ids"), texts["plain"]))
         ranked = sorted(rows, key=lambda r: r["tok_per_s"])
         runs.append(ranked[len(ranked) // 2] | {"rounds_tok_per_s": [r["tok_per_s"] for r in rows]})
     return {"workload": workload, "batch_size": batch, "temperature": temperature, "runs": runs}

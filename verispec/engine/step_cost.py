@@ -2,9 +2,9 @@
 
 A short start-up profile times the target's forward at a few row counts (1 .. K + 1, a full batch plus its drafts,
 both sides of the kernels' 16-row tile edges and a doubling ladder up to the largest step the engine may run)
-behind a realistic context; the result is cached per model, device, kernel build
-and thread count. The engine then refines it online from its own step timings: a scale and a per-step overhead
-fitted to the measured steps (which add sampling, Python and context growth to the forward).
+behind a realistic context; the result is cached per model, device, kernel build and thread count. The engine then
+refines it online from its own step timings: a scale and a per-step overhead fitted to the measured steps (which
+add sampling, Python and context growth to the forward).
 """
 
 from __future__ import annotations

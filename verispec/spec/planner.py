@@ -309,7 +309,7 @@ class DraftPlanner:
         if self.runs_forward:
             gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
             lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
-            return self._probe(request_ids, lengths, caps, self._chain_rows(lengths, batch_rows), count=False)
+            return self._probe(request_ids, lengths, caps, batch_rows + sum(lengths), count=False)
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
         # pay decides it
         drafting = self.draft_cost(max(caps, default=0))
@@ -318,7 +318,7 @@ class DraftPlanner:
         lengths = plan_lengths(
             gains, self.step_cost.cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows
         )
-        lengths = self._probe(request_ids, lengths, caps, self._chain_rows(lengths, batch_rows), count=False)
+        lengths = self._probe(request_ids, lengths, caps, batch_rows + sum(lengths), count=False)
         return [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
 
     def choose(
@@ -338,9 +338,9 @@ class DraftPlanner:
         lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
         # a request the ask skipped (no drafts, a cap above 0) was skipped by the planner too
         caps = [max(len(d), self.caps.get(rid, 0)) for rid, d in zip(request_ids, drafts)]
-        rows = self._chain_rows(lengths, batch_rows)
+        has_drafts = [bool(d) for d in drafts]
         lengths = self._probe(
-            request_ids, lengths, caps, rows, count=True, has_drafts=[bool(d) for d in drafts]
+            request_ids, lengths, caps, batch_rows + sum(lengths), count=True, has_drafts=has_drafts
         )
         self.planned_tokens += sum(lengths)
         self.planned_drafts += len(lengths)
@@ -362,9 +362,14 @@ class DraftPlanner:
         lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
         n = max(lengths, default=0)
         # trees share a node count: with none chosen, any probe makes every tree verify one node
-        base = batch_rows + n * len(lengths)
-        probe_rows = (lambda j: 0) if n else (lambda j: len(lengths) if j else 0)
-        lengths = self._probe(request_ids, lengths, [len(g) for g in gains], (base, probe_rows), count=True)
+        lengths = self._probe(
+            request_ids,
+            lengths,
+            [len(g) for g in gains],
+            batch_rows + n * len(lengths),
+            count=True,
+            probe_rows=lambda j: len(lengths) if j and not n else 0,
+        )
         n = max(lengths, default=0)
         self.planned_tokens += n * len(lengths)
         self.planned_drafts += len(lengths)
@@ -375,21 +380,19 @@ class DraftPlanner:
     ) -> None:
         self.acceptance.observe_tree(parents, depths, confidence, on_path)
 
-    def _chain_rows(self, lengths: list[int], batch_rows: int) -> tuple[int, Callable[[int], int]]:
-        """A chain step's rows before probes, and the rows that j probes add (one draft each)."""
-        return batch_rows + sum(lengths), lambda j: j
-
     def _probe(
         self,
         request_ids: list[str],
         lengths: list[int],
         caps: list[int],
-        rows: tuple[int, Callable[[int], int]],
+        base_rows: int,
         count: bool,
         has_drafts: list[bool] | None = None,
+        probe_rows: Callable[[int], int] = lambda j: j,
     ) -> list[int]:
         """lengths with one draft for each due request (skipped PROBE_AFTER steps in a row) that the probe credit
-        pays for, longest skipped first. rows: the step's rows without probes and the rows j probes add. count:
+        pays for, longest skipped first. base_rows: the step's rows without probes; probe_rows(j): the rows j probes
+        add (a chain: one draft each). count:
         this is the step's final choice (skip counts and the credit move), not the ask. has_drafts: which
         requests have a draft to verify (default all); the others wait."""
         out = list(lengths)
@@ -403,11 +406,10 @@ class DraftPlanner:
                 due.append((h, i))
             elif count:
                 h.idle_steps += 1
-        base, added = rows
-        now = self.step_cost.cost(base)
+        now = self.step_cost.cost(base_rows)
 
         def extra(j: int) -> float:
-            return self.step_cost.cost(base + added(j)) - now if j else 0.0
+            return self.step_cost.cost(base_rows + probe_rows(j)) - now if j else 0.0
 
         credit = self.probe_credit + PROBE_BUDGET * now
         due.sort(key=lambda t: -t[0].idle_steps)
@@ -420,7 +422,7 @@ class DraftPlanner:
                 h.idle_steps = 0 if j < n else h.idle_steps + 1
         if count:
             # unspent credit is kept up to what probing the whole batch at once would cost
-            self.probe_credit = min(credit - extra(n), max(extra(len(request_ids)), 0.0))
+            self.probe_credit = min(credit - extra(n), extra(len(request_ids)))
         return out
 
     def observe(self, request_id: str, num_drafts: int, num_accepted: int, confidence=None) -> None:
