@@ -18,7 +18,7 @@ class FrozenStepCost(StepCostModel):
     def __init__(self, row_cost: float):
         super().__init__({1: 1.0, 1024: 1.0 + 1023 * row_cost})
 
-    def observe(self, rows: int, seconds: float) -> None:
+    def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
         pass
 
 

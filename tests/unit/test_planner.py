@@ -228,6 +228,21 @@ def test_cheap_probes_spread_over_steps():
     assert all(sum(c) == 1 for c in probes.values())
 
 
+def test_the_fixed_cost_of_verifying_falls_on_the_first_draft():
+    """A row costs 0.01 on a step of 1.15, and a step that verifies anything pays 0.1 more: one draft likely to be
+    accepted pays for its row but not for the fixed cost; sixteen of them pay for both."""
+    cost = FixedCost(0.01)
+    cost.v = 0.1
+    assert plan_lengths([[0.3]] + [[]] * 15, cost_of(cost, 16), base_rows=16) == [0] * 16
+    assert plan_lengths([[0.3]] * 16, cost_of(cost, 16), base_rows=16) == [1] * 16
+    cost.v = 0.0
+    assert plan_lengths([[0.3]] + [[]] * 15, cost_of(cost, 16), base_rows=16)[0] == 1
+
+
+def cost_of(model: StepCostModel, plain_rows: int):
+    return lambda rows: model.cost(rows, drafted=rows > plain_rows)
+
+
 def test_planner_asks_forward_drafters_only_for_what_it_will_verify():
     planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=True, max_rows=64)
     for _ in range(40):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 
 import pytest
@@ -15,7 +16,6 @@ def test_interpolates_between_and_beyond_profile_points():
     assert m.cost(3) == pytest.approx(1.5)
     assert m.cost(7) == pytest.approx(3.0)
     assert m.cost(13) == pytest.approx(6.0)
-    assert m.relative(5) == pytest.approx(2.0)
 
 
 def test_online_fit_learns_scale_then_overhead():
@@ -29,7 +29,52 @@ def test_online_fit_learns_scale_then_overhead():
         m.observe(1, 2.5)
         m.observe(8, 3.5)
     assert m.a == pytest.approx(1.0, rel=0.02) and m.b == pytest.approx(1.5, rel=0.05)
-    assert m.relative(8) == pytest.approx(3.5 / 2.5, rel=0.02)
+    assert m.cost(8) / m.cost(1) == pytest.approx(3.5 / 2.5, rel=0.02)
+
+
+def test_online_fit_learns_the_fixed_cost_of_verifying():
+    """measured = 1.2 * profile + 0.3 + 0.4 when the step verifies drafts, with noise: the rows' fit and the fixed
+    cost come apart."""
+    rng = random.Random(0)
+    m = StepCostModel({1: 1.0, 16: 2.5, 32: 4.0})
+    for _ in range(2000):
+        drafted = rng.random() < 0.3
+        rows = rng.randint(17, 24) if drafted else rng.randint(12, 16)
+        m.observe(rows, 1.2 * m.profiled(rows) + 0.3 + 0.4 * drafted + rng.gauss(0, 0.05), drafted)
+    assert m.a == pytest.approx(1.2, abs=0.05) and m.b == pytest.approx(0.3, abs=0.1)
+    assert m.v == pytest.approx(0.4, abs=0.03)
+    assert m.cost(20, drafted=True) - m.cost(16) == pytest.approx(
+        1.2 * (m.profiled(20) - 2.5) + 0.4, abs=0.05
+    )
+
+
+def test_fixed_cost_of_verifying_with_one_plain_row_count():
+    """A full batch of 16 that seldom verifies: plain steps all score 16 rows, so only the drafted steps' rows
+    vary; the fixed cost is still found."""
+    rng = random.Random(1)
+    m = StepCostModel({1: 1.0, 16: 2.5, 32: 4.0})
+    for i in range(3000):
+        drafted = i % 10 == 0
+        rows = 16 + rng.randint(1, 4) if drafted else 16
+        m.observe(rows, 1.1 * m.profiled(rows) + 0.25 * drafted + rng.gauss(0, 0.05), drafted)
+    assert m.v == pytest.approx(0.25, abs=0.05)
+    assert m.cost(16) == pytest.approx(1.1 * 2.5, abs=0.03)
+
+
+def test_no_fixed_cost_until_both_kinds_of_step_are_seen():
+    m = StepCostModel({1: 1.0, 8: 2.0})
+    for rows in range(2, 9):
+        m.observe(rows, 1.5 * m.profiled(rows), drafted=True)
+    assert m.v == 0.0 and m.a == pytest.approx(1.5)
+    # one plain step is not yet a kind of step
+    m.observe(1, 1.0)
+    assert m.v == 0.0
+    # steps with drafts cheaper than plain ones: no fixed cost, never a negative one
+    m = StepCostModel({1: 1.0, 8: 2.0})
+    for _ in range(50):
+        m.observe(1, 1.0)
+        m.observe(4, 0.9 * m.profiled(4), drafted=True)
+    assert m.v == 0.0
 
 
 def test_noise_never_makes_more_rows_cheaper():

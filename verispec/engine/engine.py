@@ -348,7 +348,9 @@ class LLMEngine:
         step = sample_step(reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify)
         if planner is not None:
             # step.num_accepted is on the host: the step's work is done
-            planner.step_cost.observe(sum(len(row.token_ids) for row in rows), time.perf_counter() - t)
+            planner.step_cost.observe(
+                sum(len(row.token_ids) for row in rows), time.perf_counter() - t, drafted=any(drafts)
+            )
         stats = SpecDecodingStats(self.opts.num_speculative_tokens) if self.proposer else None
         for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
             # roll back the rejected drafts: O(1)
@@ -483,7 +485,7 @@ class LLMEngine:
         on_l, bonus_l = on_path.tolist(), bonus.tolist()
         planner = self.planner
         if planner is not None:
-            planner.step_cost.observe(b * n, time.perf_counter() - t)
+            planner.step_cost.observe(b * n, time.perf_counter() - t, drafted=True)
             if prop.confidence is not None and tree.host_parent is not None:
                 for i in range(b):
                     planner.observe_tree(tree.host_parent[i], tree.host_depth[i], prop.confidence[i], on_l[i])

@@ -4,7 +4,7 @@ A short start-up profile times the target's forward at a few row counts (1 .. K 
 both sides of the kernels' 16-row tile edges and a doubling ladder up to the largest step the engine may run)
 behind a realistic context; the result is cached per model, device, kernel build and thread count. The engine then
 refines it online from its own step timings: a scale and a per-step overhead fitted to the measured steps (which
-add sampling, Python and context growth to the forward).
+add sampling, Python and context growth to the forward), and the fixed cost of a step that verifies drafts.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from verispec.engine.model_runner import ModelRunner, RowInput
 
 # per-step decay of the online fit's weights (a memory of about 200 steps)
 _DECAY = 0.995
+# the fixed cost of verifying is fitted while both kinds of step (with and without drafts) have this much weight
+_MIN_GROUP = 2.0
 _PROFILE_CONTEXT = 256
 _PROFILE_REPEATS = 4
 # after the first round, no more rounds once this much time has gone (a slow or busy machine)
@@ -32,13 +34,16 @@ _FORMAT = 2
 
 
 class StepCostModel:
-    """Seconds of one target step over `rows` scored rows: a * profile(rows) + b.
+    """Seconds of one target step over `rows` scored rows: a * profile(rows) + b, plus v when the step verifies
+    drafts.
 
-    profile is the start-up timing of the forward alone (non-decreasing in rows). a and b are fitted online, by
+    profile is the start-up timing of the forward alone (non-decreasing in rows). a, b and v are fitted online, by
     least squares with decaying weights, to the engine's measured steps (which add sampling, Python and context
-    growth to the forward): b is the per-step overhead that makes an extra row relatively cheaper, a the drift of
-    the forward itself. Until the steps seen span different row counts, b = 0 and a is the measured / profiled
-    ratio.
+    growth to the forward): a is the drift of the forward itself, b the per-step overhead that makes an extra row
+    relatively cheaper, v what a step pays for verifying at all, whatever its rows (rows of unequal length padded
+    in attention, the verification's own tensors). Until the steps seen span different row counts, b = 0 and a is
+    the measured / profiled ratio; until both kinds of step (with and without drafts) have been seen, v keeps its
+    last value (0 at first).
     """
 
     def __init__(self, profile: dict[int, float]):
@@ -46,9 +51,9 @@ class StepCostModel:
             raise ValueError(f"a step-cost profile needs positive timings at row counts >= 1, got {profile}")
         self.rows = sorted(profile)
         self.seconds = [profile[r] for r in self.rows]
-        self.a, self.b = 1.0, 0.0
-        # decayed sums over the measured steps of: weight, x = profile(rows), y = seconds, x^2, x*y
-        self._sums = [0.0] * 5
+        self.a, self.b, self.v = 1.0, 0.0, 0.0
+        # per kind of step (without drafts, with), decayed sums of: weight, x = profile(rows), y = seconds, x^2, x*y
+        self._sums = [[0.0] * 5, [0.0] * 5]
 
     def profiled(self, rows: int) -> float:
         """The start-up profile, linear between its points and beyond its ends."""
@@ -59,14 +64,44 @@ class StepCostModel:
         x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
         return max(ys[0], y0 + (y1 - y0) * (rows - x0) / (x1 - x0))
 
-    def cost(self, rows: int) -> float:
-        return self.a * self.profiled(rows) + self.b
+    def cost(self, rows: int, drafted: bool = False) -> float:
+        """drafted: the step verifies drafts (it pays v too)."""
+        return self.a * self.profiled(rows) + self.b + (self.v if drafted else 0.0)
 
-    def observe(self, rows: int, seconds: float) -> None:
-        """One measured step over `rows` rows."""
+    def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
+        """One measured step over `rows` rows; drafted: it verified drafts."""
         x = self.profiled(rows)
-        self._sums = [v * _DECAY + d for v, d in zip(self._sums, (1.0, x, seconds, x * x, x * seconds))]
-        w, sx, sy, sxx, sxy = self._sums
+        for kind, sums in enumerate(self._sums):
+            new = (1.0, x, seconds, x * x, x * seconds) if kind == drafted else (0.0,) * 5
+            sums[:] = [s * _DECAY + d for s, d in zip(sums, new)]
+        if min(self._sums[0][0], self._sums[1][0]) >= _MIN_GROUP:
+            self._fit_both()
+        else:
+            self._fit_one()
+
+    def _fit_both(self) -> None:
+        """Both kinds of step seen: one slope a, an intercept per kind (b, and b + v)."""
+        (w0, x0, y0, xx0, xy0), (w1, x1, y1, xx1, xy1) = self._sums
+        # x's variance and covariance with y within each kind, pooled
+        var = xx0 - x0 * x0 / w0 + xx1 - x1 * x1 / w1
+        cov = xy0 - x0 * y0 / w0 + xy1 - x1 * y1 / w1
+        mean_x = (x0 + x1) / (w0 + w1)
+        if var / (w0 + w1) > (0.05 * mean_x) ** 2:
+            a = cov / var
+            b = y0 / w0 - a * x0 / w0
+            v = y1 / w1 - a * x1 / w1 - b
+            if a > 0 and b >= 0 and v >= 0:
+                self.a, self.b, self.v = a, b, v
+                return
+        # rows barely vary within a kind (a full batch that seldom verifies): a pure scale from the plain steps
+        self.a, self.b = y0 / x0, 0.0
+        self.v = max(0.0, (y1 - self.a * x1) / w1)
+
+    def _fit_one(self) -> None:
+        """One kind of step only: v as last fitted, a and b from the steps with v taken out."""
+        (w0, x0, y0, xx0, xy0), (w1, x1, y1, xx1, xy1) = self._sums
+        w, sx, sxx = w0 + w1, x0 + x1, xx0 + xx1
+        sy, sxy = y0 + y1 - self.v * w1, xy0 + xy1 - self.v * x1
         var = sxx / w - (sx / w) ** 2
         if var > (0.05 * sx / w) ** 2:
             a = (sxy / w - sx / w * sy / w) / var
@@ -75,10 +110,6 @@ class StepCostModel:
                 self.a, self.b = a, b
                 return
         self.a, self.b = sy / sx, 0.0
-
-    def relative(self, rows: int, base_rows: int = 1) -> float:
-        """cost(rows) / cost(base_rows): what scoring more rows costs relative to a plain step."""
-        return self.cost(rows) / self.cost(base_rows)
 
 
 # the row tile of the kernels (AMX-INT8, the VNNI and FMA sweeps): a step's cost jumps where a tile fills

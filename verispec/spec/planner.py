@@ -308,17 +308,17 @@ class DraftPlanner:
         self.caps = dict(zip(request_ids, caps))
         if self.runs_forward:
             gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
-            lengths = plan_lengths(gains, self.step_cost.cost, self.draft_cost, self.max_rows, batch_rows)
-            return self._probe(request_ids, lengths, caps, batch_rows + sum(lengths), count=False)
+            cost = self._cost(batch_rows)
+            lengths = plan_lengths(gains, cost, self.draft_cost, self.max_rows, batch_rows)
+            return self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
         # pay decides it
         drafting = self.draft_cost(max(caps, default=0))
         head = [min(c, _ASK_DEPTH) for c in caps]
         gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, head)]
-        lengths = plan_lengths(
-            gains, self.step_cost.cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows
-        )
-        lengths = self._probe(request_ids, lengths, caps, batch_rows + sum(lengths), count=False)
+        cost = self._cost(batch_rows)
+        lengths = plan_lengths(gains, cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows)
+        lengths = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
         return [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
 
     def choose(
@@ -335,12 +335,13 @@ class DraftPlanner:
             expected_gains(self.acceptance.conditional(rid, len(d), c))
             for rid, d, c in zip(request_ids, drafts, conf)
         ]
-        lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
+        cost = self._cost(batch_rows)
+        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows)
         # a request the ask skipped (no drafts, a cap above 0) was skipped by the planner too
         caps = [max(len(d), self.caps.get(rid, 0)) for rid, d in zip(request_ids, drafts)]
         has_drafts = [bool(d) for d in drafts]
         lengths = self._probe(
-            request_ids, lengths, caps, batch_rows + sum(lengths), count=True, has_drafts=has_drafts
+            request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=True, has_drafts=has_drafts
         )
         self.planned_tokens += sum(lengths)
         self.planned_drafts += len(lengths)
@@ -359,13 +360,15 @@ class DraftPlanner:
         drafter orders by path confidence so that every prefix is a tree): the node budget. Trees in one step
         share a node count, so it is the largest of the requests' own choices; 0 verifies no draft."""
         gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
-        lengths = plan_lengths(gains, self.step_cost.cost, lambda k: draft_seconds, self.max_rows, batch_rows)
+        cost = self._cost(batch_rows)
+        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows)
         n = max(lengths, default=0)
         # trees share a node count: with none chosen, any probe makes every tree verify one node
         lengths = self._probe(
             request_ids,
             lengths,
             [len(g) for g in gains],
+            cost,
             batch_rows + n * len(lengths),
             count=True,
             probe_rows=lambda j: len(lengths) if j and not n else 0,
@@ -385,15 +388,15 @@ class DraftPlanner:
         request_ids: list[str],
         lengths: list[int],
         caps: list[int],
+        cost: Callable[[int], float],
         base_rows: int,
         count: bool,
         has_drafts: list[bool] | None = None,
         probe_rows: Callable[[int], int] = lambda j: j,
     ) -> list[int]:
         """lengths with one draft for each due request (skipped PROBE_AFTER steps in a row) that the probe credit
-        pays for, longest skipped first. base_rows: the step's rows without probes; probe_rows(j): the rows j probes
-        add (a chain: one draft each). count:
-        this is the step's final choice (skip counts and the credit move), not the ask. has_drafts: which
+        pays for, longest skipped first. cost(rows): the step's cost; base_rows: its rows without probes;
+        probe_rows(j): the rows j probes add (a chain: one draft each). count: this is the step's final choice (skip counts and the credit move), not the ask. has_drafts: which
         requests have a draft to verify (default all); the others wait."""
         out = list(lengths)
         due = []
@@ -406,10 +409,10 @@ class DraftPlanner:
                 due.append((h, i))
             elif count:
                 h.idle_steps += 1
-        now = self.step_cost.cost(base_rows)
+        now = cost(base_rows)
 
         def extra(j: int) -> float:
-            return self.step_cost.cost(base_rows + probe_rows(j)) - now if j else 0.0
+            return cost(base_rows + probe_rows(j)) - now if j else 0.0
 
         credit = self.probe_credit + PROBE_BUDGET * now
         due.sort(key=lambda t: -t[0].idle_steps)
@@ -425,6 +428,11 @@ class DraftPlanner:
             self.probe_credit = min(credit - extra(n), extra(len(request_ids)))
         return out
 
+    def _cost(self, plain_rows: int) -> Callable[[int], float]:
+        """The target step's seconds by its rows, with the fixed cost of verifying once it scores more rows than
+        its plain step (plain_rows)."""
+        return lambda rows: self.step_cost.cost(rows, drafted=rows > plain_rows)
+
     def observe(self, request_id: str, num_drafts: int, num_accepted: int, confidence=None) -> None:
         self.acceptance.observe(request_id, num_drafts, num_accepted, confidence)
 
@@ -433,10 +441,11 @@ class DraftPlanner:
         self.known.discard(request_id)
 
     def verified_row_cost(self) -> float:
-        """What one more scored row costs relative to a plain batch-1 step, over num_speculative_tokens rows:
-        (C(1 + K) - C(1)) / (K * C(1)); 0.2 means verifying 4 drafts costs 1.8x a plain step."""
-        k = max(1, self.k)
-        return max(0.0, self.step_cost.relative(1 + k) - 1.0) / k
+        """What one more scored row costs relative to a plain batch-1 step, over num_speculative_tokens rows (the
+        fixed cost of verifying included): (C(1 + K) - C(1)) / (K * C(1)); 0.2 means verifying 4 drafts costs
+        1.8x a plain step."""
+        k, cost = max(1, self.k), self._cost(1)
+        return max(0.0, cost(1 + k) / cost(1) - 1.0) / k
 
     @property
     def mean_chosen_k(self) -> float:
