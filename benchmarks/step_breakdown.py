@@ -52,7 +52,13 @@ def _timed(obj, name: str, totals: dict, key: str) -> None:
 def run(args, label: str, spec: dict | None, prompts: list[list[int]], sp: SamplingParams) -> dict:
     from verispec import LLM
 
-    llm = LLM(args.model, max_num_seqs=args.batch_size, max_model_len=2048, speculative_config=spec)
+    llm = LLM(
+        args.model,
+        max_num_seqs=args.batch_size,
+        max_model_len=2048,
+        speculative_config=spec,
+        activation_dtype=args.activation_dtype,
+    )
     eng = llm.engine
     totals: dict[str, float] = defaultdict(float)
     for key, path, name in PARTS:
@@ -90,6 +96,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=1.0, help="sampled runs are seeded; 0 = greedy")
     ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")
+    ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
     ap.add_argument("--output", default="bench_results/step_breakdown.json")
     args = ap.parse_args()
     from verispec import LLM
@@ -106,7 +113,7 @@ def main() -> None:
     print(f"CPU: {cpu_model()}, threads={torch.get_num_threads()}")
     print(
         f"model={args.model} workload={args.workload} batch={args.batch_size} prompts={len(prompts)} "
-        f"max_tokens={args.max_tokens} temperature={args.temperature}"
+        f"max_tokens={args.max_tokens} temperature={args.temperature} activation_dtype={args.activation_dtype}"
     )
     keys = list(rows[0]["ms_per_step"])
     head = f"{'run':<12}{'tok/s':>8}{'steps':>7}" + "".join(f"{k:>16}" for k in keys)

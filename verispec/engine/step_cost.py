@@ -52,17 +52,24 @@ class StepCostModel:
         self.rows = sorted(profile)
         self.seconds = [profile[r] for r in self.rows]
         self.a, self.b, self.v = 1.0, 0.0, 0.0
+        # profiled(rows) by rows: the planner asks for the same few row counts every step
+        self._memo: dict[int, float] = {}
         # per kind of step (without drafts, with), decayed sums of: weight, x = profile(rows), y = seconds, x^2, x*y
         self._sums = [[0.0] * 5, [0.0] * 5]
 
     def profiled(self, rows: int) -> float:
         """The start-up profile, linear between its points and beyond its ends."""
-        xs, ys = self.rows, self.seconds
-        if len(xs) == 1:
-            return ys[0] * rows / xs[0]
-        i = min(max(bisect.bisect_left(xs, rows), 1), len(xs) - 1)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return max(ys[0], y0 + (y1 - y0) * (rows - x0) / (x1 - x0))
+        out = self._memo.get(rows)
+        if out is None:
+            xs, ys = self.rows, self.seconds
+            if len(xs) == 1:
+                out = ys[0] * rows / xs[0]
+            else:
+                i = min(max(bisect.bisect_left(xs, rows), 1), len(xs) - 1)
+                x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+                out = max(ys[0], y0 + (y1 - y0) * (rows - x0) / (x1 - x0))
+            self._memo[rows] = out
+        return out
 
     def cost(self, rows: int, drafted: bool = False) -> float:
         """drafted: the step verifies drafts (it pays v too)."""

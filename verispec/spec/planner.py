@@ -142,6 +142,8 @@ class AcceptanceModel:
     # [_CONF_DEPTHS][_CONF_BINS]
     confidence: list[list[_Rate]] = field(default_factory=list)
     requests: dict[str, _RequestHistory] = field(default_factory=dict)
+    # _position_values() until a rate observes (the planner reads them for every request of every step)
+    _values: list[float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.positions = [_Rate(self.prior) for _ in range(self.num_positions)]
@@ -160,10 +162,12 @@ class AcceptanceModel:
         it: a draft position the planner has seldom verified is assumed as good as the last one it knows (n-gram
         drafts deep in a match are accepted as often as shallow ones), so the planner tries it and learns, instead
         of keeping a fixed prior forever."""
-        out = [self.positions[0].value()]
-        for rate in self.positions[1:]:
-            out.append(rate.value(prior=out[-1]))
-        return out
+        if self._values is None:
+            out = [self.positions[0].value()]
+            for rate in self.positions[1:]:
+                out.append(rate.value(prior=out[-1]))
+            self._values = out
+        return self._values
 
     def _base(self, pos: int, conf: float | None, positions: list[float] | None = None) -> float:
         """positions: _position_values() when the caller already has them (they change only when a rate observes)."""
@@ -213,6 +217,7 @@ class AcceptanceModel:
             h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
             h.predicted[j] = h.predicted[j] * self.request_decay + self._base(i, c)
             self._rate(i, c).observe(hit, self.shared_decay)
+            self._values = None
 
     def node_gains(
         self, parents: Sequence[int], depths: Sequence[int], confidence: Sequence[float]
@@ -242,6 +247,7 @@ class AcceptanceModel:
         for j in range(1, len(parents)):
             if on_path[parents[j]]:
                 self._rate(depths[j] - 1, confidence[j - 1]).observe(bool(on_path[j]), self.shared_decay)
+        self._values = None
 
     def remove(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
@@ -396,8 +402,9 @@ class DraftPlanner:
     ) -> list[int]:
         """lengths with one draft for each due request (skipped PROBE_AFTER steps in a row) that the probe credit
         pays for, longest skipped first. cost(rows): the step's cost; base_rows: its rows without probes;
-        probe_rows(j): the rows j probes add (a chain: one draft each). count: this is the step's final choice (skip counts and the credit move), not the ask. has_drafts: which
-        requests have a draft to verify (default all); the others wait."""
+        probe_rows(j): the rows j probes add (a chain: one draft each). count: this is the step's final choice (skip
+        counts and the credit move), not the ask. has_drafts: which requests have a draft to verify (default all);
+        the others wait."""
         out = list(lengths)
         due = []
         for i, (rid, k, cap) in enumerate(zip(request_ids, lengths, caps)):
