@@ -78,9 +78,9 @@ class StepCostModel:
     def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
         """One measured step over `rows` rows; drafted: it verified drafts."""
         x = self.profiled(rows)
-        for kind, sums in enumerate(self._sums):
-            new = (1.0, x, seconds, x * x, x * seconds) if kind == drafted else (0.0,) * 5
-            sums[:] = [s * _DECAY + d for s, d in zip(sums, new)]
+        self._sums = [[s * _DECAY for s in sums] for sums in self._sums]
+        kind = self._sums[int(drafted)]
+        kind[:] = [s + d for s, d in zip(kind, (1.0, x, seconds, x * x, x * seconds))]
         if min(self._sums[0][0], self._sums[1][0]) >= _MIN_GROUP:
             self._fit_both()
         else:

@@ -169,12 +169,10 @@ class AcceptanceModel:
             self._values = out
         return self._values
 
-    def _base(self, pos: int, conf: float | None, positions: list[float] | None = None) -> float:
-        """positions: _position_values() when the caller already has them (they change only when a rate observes)."""
+    def _base(self, pos: int, conf: float | None) -> float:
         if conf is not None:
             return self._rate(pos, conf).value()
-        values = self._position_values() if positions is None else positions
-        return values[min(pos, self.num_positions - 1)]
+        return self._position_values()[min(pos, self.num_positions - 1)]
 
     def _history(self, request_id: str) -> _RequestHistory:
         h = self.requests.get(request_id)
@@ -194,10 +192,9 @@ class AcceptanceModel:
     def conditional(self, request_id: str, k: int, confidence: Sequence[float] | None = None) -> list[float]:
         """Estimated P(draft i accepted | drafts before it accepted) for i = 1..k."""
         conf = list(confidence or ())
-        positions = self._position_values()
         out = []
         for i in range(k):
-            base = self._base(i, conf[i] if i < len(conf) else None, positions)
+            base = self._base(i, conf[i] if i < len(conf) else None)
             out.append(min(_CEILING, max(_FLOOR, base * self.factor(request_id, i))))
         return out
 
