@@ -101,6 +101,31 @@ def test_attention_matches_sdpa(s, q, t, d, softcap):
     assert torch.equal(ops.attention(qt, wide[:, :hkv], wide[:, hkv:], wide_mask, 0.125, softcap), out)
 
 
+@pytest.mark.parametrize(("q", "t", "hq", "hkv"), [(5, 300, 9, 3), (20, 64, 6, 2), (3, 40, 10, 2)])
+def test_attention_row_does_not_depend_on_its_neighbours(q, t, hq, hkv):
+    # a thread takes a sequence's consecutive query rows together (up to 8): each row must come out as it does alone,
+    # whatever rows share its call and however many threads split them
+    d = 64
+    qt = rand(2, hq, q, d)
+    cache = rand(2, 2 * hkv, t, d)
+    k, v = cache[:, :hkv], cache[:, hkv:]
+    mask = torch.ones(q, t, dtype=torch.bool).tril(t - q).expand(2, 1, q, t).clone()
+    # a row with nothing to attend to, and holes that end rows at different 4-key groups
+    mask[1, 0, 1] = False
+    mask[0, 0, 2, t - q - 9 :] = False
+    out = ops.attention(qt, k, v, mask, 0.125, None)
+    for r in range(q):
+        alone = ops.attention(qt[:, :, r : r + 1], k, v, mask[:, :, r : r + 1], 0.125, None)
+        assert torch.equal(alone, out[:, r : r + 1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(ops.attention(qt, k, v, mask, 0.125, None), out)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out[1, 1], torch.zeros(hq * d))
+
+
 def test_attention_fully_masked_row_is_zero():
     qt, cache = rand(1, 2, 1, 16), rand(1, 2, 5, 16)
     mask = torch.zeros(1, 1, 1, 5, dtype=torch.bool)

@@ -3,6 +3,7 @@
 // Every result is computed per row in a fixed order, independent of how many rows are in the call.
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include "kernels.h"
 #include <stdlib.h>
@@ -96,12 +97,12 @@ static inline __m128 dot4(const float *q, const float *k0, const float *k1, cons
 #define WS_LOAD _mm256_loadu_ps
 #define WS_STORE _mm256_storeu_ps
 #endif
-#define WS_MAX_HEADS 4
+#define WS_MAX_HEADS 6
 
-// R vectors of output for G heads (G, R constants at each call): p [G rows, pstride apart], o [G rows, D apart].
+// R vectors of output for G heads (G, R constants at each call): p [G rows, pstride apart], head h's output at o[h].
 static inline __attribute__((always_inline)) void ws_tile(const int G, const int R, const float *p, int64_t pstride,
-                                                          const float *v, int64_t T, int64_t kt, float *o,
-                                                          int64_t D) {
+                                                          const float *v, int64_t T, int64_t kt, float *const *o,
+                                                          int64_t d0) {
     WS_VEC acc[WS_MAX_HEADS][8];
     for (int h = 0; h < G; h++)
         for (int j = 0; j < R; j++) acc[h][j] = WS_ZERO();
@@ -109,7 +110,7 @@ static inline __attribute__((always_inline)) void ws_tile(const int G, const int
         int live = 0;
         for (int h = 0; h < G; h++) live |= p[h * pstride + t] != 0.0f;
         if (!live) continue;
-        const float *vt = v + t * kt;
+        const float *vt = v + t * kt + d0;
         WS_VEC vv[8];
         for (int j = 0; j < R; j++) vv[j] = WS_LOAD(vt + WS_VL * j);
         for (int h = 0; h < G; h++) {
@@ -118,94 +119,159 @@ static inline __attribute__((always_inline)) void ws_tile(const int G, const int
         }
     }
     for (int h = 0; h < G; h++)
-        for (int j = 0; j < R; j++) WS_STORE(o + h * D + WS_VL * j, acc[h][j]);
+        for (int j = 0; j < R; j++) WS_STORE(o[h] + d0 + WS_VL * j, acc[h][j]);
 }
 
 // The widest register tiles that fit (G heads x R vectors + R value vectors <= WS_REGS), then narrower ones.
 static inline __attribute__((always_inline)) void ws_heads(const int G, const float *p, int64_t pstride,
                                                            const float *v, int64_t T, int64_t kt, int64_t D,
-                                                           float *o) {
+                                                           float *const *o) {
     int64_t d0 = 0;
     if ((G + 1) * 8 <= WS_REGS)
-        for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_tile(G, 8, p, pstride, v + d0, T, kt, o + d0, D);
+        for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_tile(G, 8, p, pstride, v, T, kt, o, d0);
     if ((G + 1) * 4 <= WS_REGS)
-        for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_tile(G, 4, p, pstride, v + d0, T, kt, o + d0, D);
-    for (; d0 + 2 * WS_VL <= D; d0 += 2 * WS_VL) ws_tile(G, 2, p, pstride, v + d0, T, kt, o + d0, D);
-    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_tile(G, 1, p, pstride, v + d0, T, kt, o + d0, D);
+        for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_tile(G, 4, p, pstride, v, T, kt, o, d0);
+    for (; d0 + 2 * WS_VL <= D; d0 += 2 * WS_VL) ws_tile(G, 2, p, pstride, v, T, kt, o, d0);
+    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_tile(G, 1, p, pstride, v, T, kt, o, d0);
     for (; d0 < D; d0 += 8)  // AVX-512 build with D % 16 == 8
         for (int h = 0; h < G; h++) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t t = 0; t < T; t++)
                 if (p[h * pstride + t] != 0.0f)
                     acc = _mm256_fmadd_ps(_mm256_set1_ps(p[h * pstride + t]), _mm256_loadu_ps(v + t * kt + d0), acc);
-            _mm256_storeu_ps(o + h * D + d0, acc);
+            _mm256_storeu_ps(o[h] + d0, acc);
         }
 }
 
-// ws_heads for any number of heads: passes of up to WS_MAX_HEADS.
-static void weighted_sums(int64_t G, const float *p, int64_t pstride, const float *v, int64_t T, int64_t kt,
-                          int64_t D, float *o) {
-    for (int64_t h0 = 0; h0 < G; h0 += WS_MAX_HEADS) {
+// ws_heads for any number of heads (n, weights p [n rows, pstride apart], outputs o [n]): passes of up to
+// WS_MAX_HEADS, each reading the value rows once for all its heads.
+static void weighted_sums(int64_t n, const float *p, int64_t pstride, const float *v, int64_t T, int64_t kt,
+                          int64_t D, float *const *o) {
+    for (int64_t h0 = 0; h0 < n; h0 += WS_MAX_HEADS) {
         const float *ph = p + h0 * pstride;
-        float *oh = o + h0 * D;
-        switch (G - h0 < WS_MAX_HEADS ? G - h0 : WS_MAX_HEADS) {
+        float *const *oh = o + h0;
+        switch (n - h0 < WS_MAX_HEADS ? n - h0 : WS_MAX_HEADS) {
             case 1: ws_heads(1, ph, pstride, v, T, kt, D, oh); break;
             case 2: ws_heads(2, ph, pstride, v, T, kt, D, oh); break;
             case 3: ws_heads(3, ph, pstride, v, T, kt, D, oh); break;
-            default: ws_heads(4, ph, pstride, v, T, kt, D, oh); break;
+            case 4: ws_heads(4, ph, pstride, v, T, kt, D, oh); break;
+            case 5: ws_heads(5, ph, pstride, v, T, kt, D, oh); break;
+            default: ws_heads(6, ph, pstride, v, T, kt, D, oh); break;
         }
     }
 }
 
-// Scores of G query heads (q, qh apart) against keys [0, T) (kt apart): p[h * pstride + t] = q_h . k_t * scale,
-// softcapped, -inf where mrow (if any) masks t. Keys go 4 at a time, each 4-key group loaded once for the G heads
-// (G a constant at each call: the G x 4 dot products interleave). Each score is dot4's, whatever G: bitwise the
-// same as one head at a time. Returns the end of the last 4-key group with an unmasked key (0 if none); p is
-// written up to that group's end, rounded up to 4 (pstride >= T rounded up to 8).
+// Scores of R query rows x G query heads (row r's head h at q + r * qq + h * qh) against keys [0, T) (kt apart):
+// p[r * prs + h * pstride + t] = q . k_t * scale, softcapped, -inf where row r's mask (mrow + r * mq, if any) masks t.
+// Keys go 4 at a time, each 4-key group loaded once for every row and head (G a constant at each call: a row's G x 4
+// dot products interleave). Each score is dot4's, whatever G and R: bitwise the same as one row and head at a time.
+// tend[r]: the end of row r's last 4-key group with an unmasked key (0 if none); every p row is written up to T
+// rounded up to 4 (pstride >= T rounded up to 8).
 // vb: the value rows (same strides as the keys), fetched into the cache as their keys are read, so the weighted
 // sums that follow do not wait on memory (in decode steps the cache rows come from DRAM).
-static inline __attribute__((always_inline)) int64_t scores(const int G, const float *q, int64_t qh, const float *kb,
-                                                            const float *vb, int64_t T, int64_t kt, int64_t D,
-                                                            const uint8_t *mrow, float scale, float softcap, float *p,
-                                                            int64_t pstride) {
+static inline __attribute__((always_inline)) void scores(const int G, int64_t R, const float *q, int64_t qh,
+                                                         int64_t qq, const float *kb, const float *vb, int64_t T,
+                                                         int64_t kt, int64_t D, const uint8_t *mrow, int64_t mq,
+                                                         float scale, float softcap, float *p, int64_t pstride,
+                                                         int64_t prs, int64_t *tend) {
     const __m128 vscale = _mm_set1_ps(scale), ninf = _mm_set1_ps(-INFINITY);
-    int64_t tend = 0;
+    for (int64_t r = 0; r < R; r++) tend[r] = 0;
     for (int64_t t = 0; t < T; t += 4) {
         const int64_t t1 = t + 1 < T ? t + 1 : t, t2 = t + 2 < T ? t + 2 : t, t3 = t + 3 < T ? t + 3 : t;
-        __m128 keep = _mm_castsi128_ps(_mm_set1_epi32(-1));
-        if (mrow) {
-            const __m128i m = _mm_setr_epi32(mrow[t], mrow[t1], mrow[t2], mrow[t3]);
-            keep = _mm_castsi128_ps(_mm_xor_si128(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm_set1_epi32(-1)));
-            if (_mm_movemask_ps(keep) == 0) {
-                for (int h = 0; h < G; h++) _mm_storeu_ps(p + h * pstride + t, ninf);
-                continue;
+        const int64_t te = t + 4 < T ? t + 4 : T;
+        int fetched = 0;
+        for (int64_t r = 0; r < R; r++) {
+            float *pr = p + r * prs;
+            __m128 keep = _mm_castsi128_ps(_mm_set1_epi32(-1));
+            if (mrow) {
+                const uint8_t *mr = mrow + r * mq;
+                const __m128i m = _mm_setr_epi32(mr[t], mr[t1], mr[t2], mr[t3]);
+                keep = _mm_castsi128_ps(_mm_xor_si128(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm_set1_epi32(-1)));
+                if (_mm_movemask_ps(keep) == 0) {
+                    for (int h = 0; h < G; h++) _mm_storeu_ps(pr + h * pstride + t, ninf);
+                    continue;
+                }
             }
-        }
-        tend = t + 4 < T ? t + 4 : T;
-        for (int64_t r = t; r < tend; r++)
-            for (int64_t l = 0; l < D; l += 16) _mm_prefetch((const char *)(vb + r * kt + l), _MM_HINT_T0);
-        __m128 sc[4];
-        for (int h = 0; h < G; h++)
-            sc[h] = _mm_mul_ps(dot4(q + h * qh, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D), vscale);
-        for (int h = 0; h < G; h++) {
-            if (softcap > 0) {
-                float x[4];
-                _mm_storeu_ps(x, sc[h]);
-                for (int j = 0; j < 4; j++) x[j] = tanhf(x[j] / softcap) * softcap;
-                sc[h] = _mm_loadu_ps(x);
+            tend[r] = te;
+            if (!fetched) {
+                for (int64_t u = t; u < te; u++)
+                    for (int64_t l = 0; l < D; l += 16) _mm_prefetch((const char *)(vb + u * kt + l), _MM_HINT_T0);
+                fetched = 1;
             }
-            _mm_storeu_ps(p + h * pstride + t, _mm_blendv_ps(ninf, sc[h], keep));
+            const float *qr = q + r * qq;
+            __m128 sc[4];
+            for (int h = 0; h < G; h++)
+                sc[h] = _mm_mul_ps(dot4(qr + h * qh, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D), vscale);
+            for (int h = 0; h < G; h++) {
+                if (softcap > 0) {
+                    float x[4];
+                    _mm_storeu_ps(x, sc[h]);
+                    for (int j = 0; j < 4; j++) x[j] = tanhf(x[j] / softcap) * softcap;
+                    sc[h] = _mm_loadu_ps(x);
+                }
+                _mm_storeu_ps(pr + h * pstride + t, _mm_blendv_ps(ninf, sc[h], keep));
+            }
         }
     }
-    return tend;
 }
+
+// In place on p [0, tend rounded up to 8): the softmax numerators exp(x - max), zero where x is -inf (everything
+// zero when nothing is attended to). Returns 1 / their sum (0 when nothing is attended to). 8-lane sums over t.
+static inline __attribute__((always_inline)) float softmax_numerators(float *p, int64_t tend) {
+    const int64_t tend8 = (tend + 7) / 8 * 8;
+    for (int64_t t = tend; t < tend8; t++) p[t] = -INFINITY;
+    __m256 vmx = _mm256_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < tend8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(p + t));
+    float mx = -INFINITY;
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmx);
+    for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    if (mx == -INFINITY) {
+        for (int64_t t = 0; t < tend8; t++) p[t] = 0.0f;
+        return 0.0f;
+    }
+    const __m256 vm = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vs = _mm256_setzero_ps();
+    for (int64_t t = 0; t < tend8; t += 8) {
+        const __m256 x = _mm256_load_ps(p + t);
+        const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vm)));
+        _mm256_store_ps(p + t, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    return 1.0f / hsum8(vs);
+}
+
+// scores for any group size G: G a constant for G <= 4; larger groups one head at a time (the mask, hence the ends,
+// are the same for every head). p [R, G, T8].
+static inline __attribute__((always_inline)) void any_scores(int64_t G, int64_t R, const float *q, int64_t qh,
+                                                             int64_t qq, const float *kb, const float *vb, int64_t T,
+                                                             int64_t kt, int64_t D, const uint8_t *mrow, int64_t mq,
+                                                             float scale, float softcap, float *p, int64_t T8,
+                                                             int64_t *tend) {
+    if (G == 1)
+        scores(1, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, T8, tend);
+    else if (G == 2)
+        scores(2, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 2 * T8, tend);
+    else if (G == 3)
+        scores(3, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 3 * T8, tend);
+    else if (G == 4)
+        scores(4, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 4 * T8, tend);
+    else
+        for (int64_t h = 0; h < G; h++)
+            scores(1, R, q + h * qh, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p + h * T8, T8, G * T8,
+                   tend);
+}
+
+// Query rows of one sequence and head group taken together (up to this many): each key and value row is read once
+// for all of them.
+#define ATT_ROWS 8
 
 // q: [S, Hq, Q, D] with strides (qs, qh, qq) in elements, D contiguous; k, v: [S, Hkv, T, D] with strides
 // (ks, kh, kt) (the cache view; v shares k's strides); mask: [S, 1, Q, T] bool with strides (ms, mq), T contiguous,
 // or NULL (attend to all T). out: [S, Q, Hq, D] contiguous (the layout o_proj reads). D % 8 == 0.
 // softcap > 0 applies tanh(score / softcap) * softcap before the mask (Gemma 2 style).
 // Batch invariance: a row's scores, softmax (8-lane sums over t, padded with exact zeros) and weighted sum depend
-// only on that row's q, keys and mask, never on S, T or the other rows.
+// only on that row's q, keys and mask, never on S, T, the other rows or how the rows are grouped.
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
@@ -217,61 +283,48 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
     const int64_t G = S * Hkv * Q >= 2 * threads ? group : 1, work = S * (Hq / G) * Q;
 #pragma omp parallel num_threads(threads)
     {
-        float *p = aligned_alloc(32, sizeof(float) * G * T8);  // [G, T8] scores, then softmax weights
-        float *inv = malloc(sizeof(float) * G);
-#pragma omp for schedule(static)
-        for (int64_t i = 0; i < work; i++) {
+        // a contiguous share of the items (rows innermost; the split of schedule(static)), in which consecutive
+        // rows of one sequence and head group go together
+        const int64_t nt = omp_get_num_threads(), chunk = (work + nt - 1) / nt;
+        const int64_t i0 = chunk * omp_get_thread_num(), i1 = i0 + chunk < work ? i0 + chunk : work;
+        float *p = aligned_alloc(32, sizeof(float) * ATT_ROWS * G * T8);  // [R, G, T8] scores, then weights
+        float *inv = malloc(sizeof(float) * ATT_ROWS * G);
+        float **o = malloc(sizeof(float *) * ATT_ROWS * G);
+        int64_t tend[ATT_ROWS];
+        for (int64_t i = i0, R; i < i1; i += R) {
             const int64_t s = i / (Hq / G * Q), h0 = (i / Q) % (Hq / G) * G, t0 = i % Q, g = h0 / group;
+            R = Q - t0 < i1 - i ? Q - t0 : i1 - i;
+            R = R < ATT_ROWS ? R : ATT_ROWS;
             const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
             const float *qv = q + s * qs + h0 * qh + t0 * qq;
-            int64_t tend = 0;  // keys past the last 4-key group with an unmasked key are all masked (causal prefill)
-            if (G == 1)
-                tend = scores(1, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
-            else if (G == 2)
-                tend = scores(2, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
-            else if (G == 3)
-                tend = scores(3, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
-            else if (G == 4)
-                tend = scores(4, qv, qh, kb, vb, T, kt, D, mrow, scale, softcap, p, T8);
-            else  // larger groups: one head at a time (the mask, hence the end, is the same for every head)
-                for (int64_t h = 0; h < G; h++)
-                    tend = scores(1, qv + h * qh, qh, kb, vb, T, kt, D, mrow, scale, softcap, p + h * T8, T8);
-            const int64_t tend8 = (tend + 7) / 8 * 8;
-            for (int64_t h = 0; h < G; h++) {  // softmax numerators in place, 1 / their sum in inv[h]
-                float *ph = p + h * T8;
-                for (int64_t t = tend; t < tend8; t++) ph[t] = -INFINITY;
-                __m256 vmx = _mm256_set1_ps(-INFINITY);
-                for (int64_t t = 0; t < tend8; t += 8) vmx = _mm256_max_ps(vmx, _mm256_load_ps(ph + t));
-                float mx = -INFINITY;
-                float lanes[8];
-                _mm256_storeu_ps(lanes, vmx);
-                for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
-                if (mx == -INFINITY) {  // nothing to attend to: zero weights, zero output
-                    for (int64_t t = 0; t < tend8; t++) ph[t] = 0.0f;
-                    inv[h] = 0.0f;
-                    continue;
+            // one row (decode): R a constant, the row loop compiled away
+            if (R == 1)
+                any_scores(G, 1, qv, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, tend);
+            else
+                any_scores(G, R, qv, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, tend);
+            // keys past a row's last 4-key group with an unmasked key are all masked (causal prefill): the weighted
+            // sums run to the rows' furthest end, the other rows' weights zero beyond their own
+            int64_t tw = 0;
+            for (int64_t r = 0; r < R; r++) tw = tend[r] > tw ? tend[r] : tw;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t h = 0; h < G; h++) {
+                    float *ph = p + (r * G + h) * T8;
+                    inv[r * G + h] = softmax_numerators(ph, tend[r]);
+                    for (int64_t t = (tend[r] + 7) / 8 * 8; t < tw; t++) ph[t] = 0.0f;
+                    // the group's heads are consecutive in the output: [G, D] per row
+                    o[r * G + h] = out + ((s * Q + t0 + r) * Hq + h0 + h) * D;
                 }
-                const __m256 vm = _mm256_set1_ps(mx), ninf = _mm256_set1_ps(-INFINITY);
-                __m256 vs = _mm256_setzero_ps();
-                for (int64_t t = 0; t < tend8; t += 8) {
-                    const __m256 x = _mm256_load_ps(ph + t);
-                    const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(x, ninf, _CMP_EQ_OQ), exp8(_mm256_sub_ps(x, vm)));
-                    _mm256_store_ps(ph + t, e);
-                    vs = _mm256_add_ps(vs, e);
-                }
-                inv[h] = 1.0f / hsum8(vs);
-            }
-            float *o = out + ((s * Q + t0) * Hq + h0) * D;  // the group's heads are consecutive: [G, D]
-            weighted_sums(G, p, T8, vb, tend, kt, D, o);
-            for (int64_t h = 0; h < G; h++) {
-                const __m256 vi = _mm256_set1_ps(inv[h]);
+            weighted_sums(R * G, p, T8, vb, tw, kt, D, o);
+            for (int64_t j = 0; j < R * G; j++) {
+                const __m256 vi = _mm256_set1_ps(inv[j]);
                 for (int64_t d = 0; d < D; d += 8)
-                    _mm256_storeu_ps(o + h * D + d, _mm256_mul_ps(_mm256_loadu_ps(o + h * D + d), vi));
+                    _mm256_storeu_ps(o[j] + d, _mm256_mul_ps(_mm256_loadu_ps(o[j] + d), vi));
             }
         }
         free(p);
         free(inv);
+        free(o);
     }
 }
 
