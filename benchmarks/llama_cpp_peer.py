@@ -25,9 +25,17 @@ def available() -> bool:
     return True
 
 
-def load(gguf: Path, threads: int, lookup: int | None = None, max_ngram: int = 2, n_ctx: int = 2048):
+def load(
+    gguf: Path,
+    threads: int,
+    lookup: int | None = None,
+    max_ngram: int = 2,
+    n_ctx: int = 2048,
+    logits_all: bool = False,
+):
     """A llama.cpp model; lookup: prompt lookup decoding with this many drafts (llama-cpp-python's
-    LlamaPromptLookupDecoding, its n-gram proposer)."""
+    LlamaPromptLookupDecoding, its n-gram proposer); logits_all: keep every position's logits (model.scores), as
+    greedy_logprobs needs."""
     import llama_cpp
 
     # the bindings Llama reads its defaults from
@@ -51,6 +59,7 @@ def load(gguf: Path, threads: int, lookup: int | None = None, max_ngram: int = 2
             n_threads=threads,
             n_threads_batch=threads,
             draft_model=draft,
+            logits_all=logits_all,
             verbose=False,
         )
     finally:
@@ -68,6 +77,30 @@ def generate(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[i
         if t in eos or len(out) >= max_tokens:
             break
     return out
+
+
+def greedy_logprobs(
+    model, prompt: list[int], max_tokens: int, k: int
+) -> tuple[list[int], list[dict[int, float]]]:
+    """Greedy tokens after `prompt` (max_tokens of them, EOS not stopping), each with the top-k logprobs (float64
+    log-softmax of llama.cpp's float32 logits) of the position that chose it. model: load(..., logits_all=True)."""
+    import numpy as np
+
+    model.reset()
+    model.eval(prompt)
+    toks: list[int] = []
+    tops: list[dict[int, float]] = []
+    for _ in range(max_tokens):
+        # [V] the logits of the last evaluated position
+        x = np.asarray(model.scores[model.n_tokens - 1], dtype=np.float64)
+        x = x - x.max()
+        lp = x - np.log(np.exp(x).sum())
+        t = int(lp.argmax())
+        top = [t] + [int(i) for i in np.argsort(-lp, kind="stable")[:k] if i != t][: k - 1]
+        toks.append(t)
+        tops.append({i: float(lp[i]) for i in top})
+        model.eval([t])
+    return toks, tops
 
 
 def run(model, prompts: list[list[int]], max_tokens: int, eos: set[int]) -> tuple[float, list[list[int]]]:
