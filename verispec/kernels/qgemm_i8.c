@@ -327,16 +327,6 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
 // products and stores cost as much for 1 row as for 16, and the scaling of one row is a serial chain.
 #define AMX_TAIL_ROWS 4
 
-// Rows [0, R) x column groups [g, ge) on AVX512-VNNI, in register tiles of up to 5 rows.
-static inline __attribute__((always_inline)) void amx_tail(const int F, const uint8_t *xq, int64_t XS, int64_t K,
-                                                           const uint8_t *w, int64_t g, int64_t ge, float *y,
-                                                           int64_t N, int64_t R) {
-    for (int64_t r = 0, n; r < R; r += n) {
-        n = R - r <= 5 ? R - r : 4;
-        avx512vnni_rows(F, n, xq + r * XS, XS, K, w, g, ge, y + r * N, N);
-    }
-}
-
 // xq holds M rows rounded up to whole row tiles (the extra rows zero).
 static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N,
                      float *y, int nthreads) {
@@ -373,12 +363,13 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
                     }
                 }
                 if (Ma < M) {
+                    // (one AVX-512 vector is one column group)
                     if (F == Q4V)
-                        amx_tail(Q4V, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N, M - Ma);
+                        avx512vnni_row_tiles(Q4V, M - Ma, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N);
                     else if (F == Q8V)
-                        amx_tail(Q8V, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N, M - Ma);
+                        avx512vnni_row_tiles(Q8V, M - Ma, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N);
                     else
-                        amx_tail(Q6V, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N, M - Ma);
+                        avx512vnni_row_tiles(Q6V, M - Ma, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N);
                 }
             }
             _tile_release();

@@ -132,6 +132,16 @@ static inline __attribute__((always_inline)) void PFX(rows)(const int F, int64_t
     switch (R) { TILES(PFX_ROWS_CASE, F) }
 }
 
+// Rows [0, R) x vectors [u0, u1): register tiles of RMAX rows, a remainder above RMAX taken RMAX - 1 at a time.
+static inline __attribute__((always_inline)) void PFX(row_tiles)(const int F, int64_t R, const uint8_t *x,
+                                                                 int64_t XS, int64_t K, const uint8_t *w, int64_t u0,
+                                                                 int64_t u1, float *y, int64_t N) {
+    for (int64_t r = 0, n; r < R; r += n) {
+        n = R - r <= RMAX ? R - r : RMAX - 1;
+        PFX(rows)(F, n, x + r * XS, XS, K, w, u0, u1, y + r * N, N);
+    }
+}
+
 // y [M, N] = x [M, K] @ W^T: the threads quantize the rows into xq (M rows of ROW_BYTES(K)), then each takes a
 // contiguous share of the column groups and sweeps it TILE_M rows at a time (the share's weights stay in its caches).
 static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N,
@@ -147,15 +157,12 @@ static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64
             const int64_t m1 = M < m0 + TILE_M ? M : m0 + TILE_M;
             for (int64_t g = g0; g < g1; g += COL_GROUPS) {
                 const int64_t ge = g + COL_GROUPS < g1 ? g + COL_GROUPS : g1;
-                for (int64_t r = m0, n; r < m1; r += n) {
-                    n = m1 - r <= RMAX ? m1 - r : RMAX - 1;
-                    if (F == Q4V)
-                        PFX(rows)(Q4V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
-                    else if (F == Q8V)
-                        PFX(rows)(Q8V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
-                    else
-                        PFX(rows)(Q6V, n, xq + r * XS, XS, K, w, g * per, ge * per, y + r * N, N);
-                }
+                if (F == Q4V)
+                    PFX(row_tiles)(Q4V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
+                else if (F == Q8V)
+                    PFX(row_tiles)(Q8V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
+                else
+                    PFX(row_tiles)(Q6V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
             }
         }
     }
