@@ -10,6 +10,7 @@ from verispec.engine.step_cost import StepCostModel
 from verispec.spec.planner import (
     PROBE_AFTER,
     PROBE_BUDGET,
+    SHADOW_BUDGET,
     AcceptanceModel,
     DraftPlanner,
     expected_gains,
@@ -296,6 +297,107 @@ def test_a_request_the_ask_keeps_skipping_is_probed():
         drafts = [[1, 2, 3, 4][: ask[0]]]
         chosen.append(planner.choose(["a"], drafts, None, 1, 0.0)[0])
     assert chosen.count(1) == 1 and chosen[PROBE_AFTER] == 1
+
+
+def test_shadow_drafts_replace_probes():
+    """With shadow drafts a request the planner skips is never probed with a paid row: its drafts wait to be
+    judged against what it commits instead."""
+    planner = DraftPlanner(4, FixedCost(0.015), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    hopeless(planner, "a")
+    chosen = [planner.choose(["a"], [[1, 2, 3, 4]], None, 1, 0.0)[0] for _ in range(3 * PROBE_AFTER)]
+    assert chosen == [0] * (3 * PROBE_AFTER)
+    assert planner.shadows["a"].drafts == [1, 2, 3, 4]
+
+
+def test_shadow_drafts_teach_what_verifying_them_would():
+    """Drafts judged against the committed tokens, one token per step, leave the acceptance model where verifying
+    them would have: 2 of 4 accepted, the third rejected, the fourth never judged."""
+    # rows as dear as a step: even confident drafts are not verified
+    shadowed = DraftPlanner(4, FixedCost(1.0), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    verified = AcceptanceModel(num_positions=4)
+    for model in (shadowed.acceptance, verified):
+        for _ in range(1000):
+            model.observe("a", 4, 0)
+    assert shadowed.choose(["a"], [[5, 6, 7, 8]], [[0.9, 0.8, 0.7, 0.6]], 1, 0.0) == [0]
+    for tok in (5, 6, 9):
+        shadowed.committed("a", [tok])
+    verified.observe("a", 4, 2, confidence=[0.9, 0.8, 0.7, 0.6])
+    assert "a" not in shadowed.shadows
+    for conf in (None, [0.9, 0.8, 0.7, 0.6]):
+        assert shadowed.acceptance.conditional("a", 4, conf) == verified.conditional("a", 4, conf)
+    # the committed token after the judged ones teaches nothing
+    shadowed.committed("a", [8])
+    assert shadowed.acceptance.conditional("a", 4) == verified.conditional("a", 4)
+
+
+def test_a_skipped_request_that_turns_predictable_is_verified_again_within_a_few_steps():
+    """Where the request starts to write what its drafts say, the shadows' hits bring its drafts back into
+    verification after a few tokens (a probe would have waited PROBE_AFTER steps)."""
+    planner = DraftPlanner(4, FixedCost(0.015), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    hopeless(planner, "a")
+    text = list(range(100, 200))
+    for step, tok in enumerate(text):
+        ask = planner.ask(["a"], [4], 1)
+        drafts = [text[step : step + ask[0]]]
+        if planner.choose(["a"], drafts, None, 1, 0.0)[0]:
+            break
+        planner.committed("a", [tok])
+    assert step < PROBE_AFTER // 2
+
+
+def test_the_ask_drafts_for_requests_without_a_shadow_only():
+    """A cheap drafter drafts for every skipped request that has no drafts under judgement (even where drafting
+    does not pay), and not for one that has."""
+    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    hopeless(planner, "ab")
+    assert planner.ask(["a", "b"], [4, 4], 2) == [4, 4]
+    planner.choose(["a", "b"], [[1, 2, 3, 4], []], None, 2, 0.0)
+    assert planner.ask(["a", "b"], [4, 4], 2) == [0, 4]
+    planner.committed("a", [7])
+    assert planner.ask(["a", "b"], [4, 4], 2) == [4, 4]
+    # a request that is removed forgets its shadow
+    planner.choose(["a", "b"], [[1, 2, 3, 4], []], None, 2, 0.0)
+    planner.remove("a")
+    assert "a" not in planner.shadows
+
+
+# the suite's planner fixture makes drafting free; this test times it
+@pytest.mark.row_cost(None)
+def test_shadow_drafts_spend_at_most_their_budget_and_take_turns():
+    """Drafting for shadows costs the drafter's time: over many steps it stays within SHADOW_BUDGET of the steps'
+    cost (plus the rounds before the drafting time is measured), and the skipped requests take turns."""
+    cost = FixedCost(0.9)
+    ids = [f"r{i}" for i in range(16)]
+    planner = DraftPlanner(4, cost, drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    hopeless(planner, ids)
+    per_request = 0.05
+    spent = total = 0.0
+    turns = dict.fromkeys(ids, 0)
+    for _ in range(400):
+        ask = planner.ask(ids, [4] * 16, 16)
+        seconds = per_request * sum(1 for k in ask if k)
+        planner.observe_draft_time(max(ask), seconds)
+        drafts = [[1, 2, 3, 4][:k] for k in ask]
+        assert planner.choose(ids, drafts, None, 16, seconds) == [0] * 16
+        for rid, d in zip(ids, drafts):
+            turns[rid] += bool(d)
+            # the request writes something else: its shadow is judged at once
+            planner.committed(rid, [99])
+        spent += seconds
+        total += cost.cost(16)
+    assert spent <= SHADOW_BUDGET * total + 3 * 16 * per_request
+    assert min(turns.values()) >= 20 and max(turns.values()) - min(turns.values()) <= 3
+
+
+def test_drafts_with_a_distribution_are_not_shadowed():
+    """Drafts sampled from a draft distribution are accepted with min(1, p / q), not as often as the target's
+    next token equals them: the planner probes for them as before."""
+    planner = DraftPlanner(4, FixedCost(0.015), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    hopeless(planner, "a")
+    chosen = [
+        planner.choose(["a"], [[1, 2, 3, 4]], None, 1, 0.0, one_hot=False)[0] for _ in range(PROBE_AFTER + 1)
+    ]
+    assert chosen[PROBE_AFTER] == 1 and not planner.shadows
 
 
 def test_node_gains_are_calibrated_path_products_in_prefix_order():

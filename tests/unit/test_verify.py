@@ -524,3 +524,13 @@ def test_block_and_entropy_need_probabilistic():
     for kw in ({"block": True}, {"thresholds": torch.ones(1, 1)}):
         with pytest.raises(ValueError, match="probabilistic"):
             rejection_sample("strict", d, p, sample_u=torch.zeros(1, 2), **kw)
+
+
+def test_which_rules_let_the_next_token_judge_a_one_hot_draft():
+    from verispec.sample.metadata import VerifyRule
+
+    assert VerifyRule().next_token_judges
+    assert VerifyRule("probabilistic").next_token_judges
+    assert not VerifyRule("synthetic", synthetic_acceptance_rate=0.5).next_token_judges
+    assert not VerifyRule("probabilistic", block=True).next_token_judges
+    assert not VerifyRule("probabilistic", entropy=(0.9, 0.3)).next_token_judges

@@ -117,4 +117,8 @@ def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, m
         args.keep_quantized,
     )
     cost, _ = load_or_profile(runner, 0, profile_points(k, top, args.max_num_seqs), key)
-    return DraftPlanner(spec.num_speculative_tokens, cost, proposer.needs.runs_forward, max_rows)
+    # a drafter without a forward of its own drafts one-hot tokens cheaply: its unverified drafts are judged for free
+    # against the tokens committed, where the verification rule accepts a draft as often as the target samples it
+    runs_forward = proposer.needs.runs_forward
+    shadow = not runs_forward and VerifyRule.from_config(spec).next_token_judges
+    return DraftPlanner(spec.num_speculative_tokens, cost, runs_forward, max_rows, shadow_drafts=shadow)

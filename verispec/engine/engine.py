@@ -333,7 +333,9 @@ class LLMEngine:
             elif no_drafts:
                 kept = asked
             else:
-                lengths = planner.choose(ids, asked, prop.confidence, len(reqs), draft_seconds)
+                lengths = planner.choose(
+                    ids, asked, prop.confidence, len(reqs), draft_seconds, one_hot=prop.draft_probs is None
+                )
                 kept = [d[:n] for d, n in zip(asked, lengths)]
                 if prop.confidence is not None:
                     conf_by_id = dict(zip(ids, prop.confidence))
@@ -363,6 +365,9 @@ class LLMEngine:
                     stats.observe_draft(len(d), n)
                 if planner is not None:
                     planner.observe(r.request_id, len(d), n, confidence[b] if confidence else None)
+            elif planner is not None:
+                # drafts it did not verify are judged against the token it commits
+                planner.committed(r.request_id, step.tokens[b])
         if stats is not None:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)

@@ -37,6 +37,13 @@ class VerifyRule:
         )
 
     @property
+    def next_token_judges(self) -> bool:
+        """Whether a one-hot draft is accepted exactly when (strict; greedy rows) or as often as (probabilistic:
+        with probability p(draft)) the target's next token equals it: then drafts that were not verified can be
+        judged against the tokens committed instead. Not under the synthetic rate, Block Verify or Entropy Verify."""
+        return self.method in ("strict", "probabilistic") and not self.block and self.entropy is None
+
+    @property
     def draws_uniform(self) -> bool:
         """Whether random rows need U[0, 1) acceptance samples (every rule but strict)."""
         return self.method != "strict"

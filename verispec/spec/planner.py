@@ -113,6 +113,9 @@ PROBE_AFTER = 16
 # tile with room, a memory-bound step) a due request probes at once; where a row is dear (a 17th row past a full
 # AMX-INT8 tile, rows as costly as a step) due probes wait and then run together, so they stay within the budget
 PROBE_BUDGET = 0.02
+# a cheap drafter's shadow drafts (drafts judged against the tokens committed instead of verified) spend at most
+# this share of the target's step time on drafting: skipped requests take turns, longest waiting first
+SHADOW_BUDGET = 0.01
 
 
 @dataclass
@@ -123,6 +126,9 @@ class _RequestHistory:
     predicted: list[float] = field(default_factory=list)
     # speculating steps in a row that verified no draft (probing after PROBE_AFTER of them)
     idle_steps: int = 0
+    # when the request last drafted, in the planner's count of drafting turns (shadow drafts go to the longest
+    # waiting first; -1: never)
+    drafted_turn: int = -1
 
 
 @dataclass
@@ -202,19 +208,19 @@ class AcceptanceModel:
         self, request_id: str, num_drafts: int, num_accepted: int, confidence: Sequence[float] | None = None
     ) -> None:
         """A verified chain: drafts 1..num_accepted accepted, draft num_accepted + 1 (if any) rejected."""
-        if num_drafts == 0:
-            return
-        h = self._history(request_id)
         conf = list(confidence or ())
         # positions past the first rejection were never judged: they teach nothing
         for i in range(min(num_drafts, num_accepted + 1)):
-            c = conf[i] if i < len(conf) else None
-            j = min(i, self.num_positions - 1)
-            hit = i < num_accepted
-            h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
-            h.predicted[j] = h.predicted[j] * self.request_decay + self._base(i, c)
-            self._rate(i, c).observe(hit, self.shared_decay)
-            self._values = None
+            self.observe_one(request_id, i, i < num_accepted, conf[i] if i < len(conf) else None)
+
+    def observe_one(self, request_id: str, pos: int, hit: bool, confidence: float | None = None) -> None:
+        """One judged draft at position pos (0-based) of a chain whose drafts before it were accepted."""
+        h = self._history(request_id)
+        j = min(pos, self.num_positions - 1)
+        h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
+        h.predicted[j] = h.predicted[j] * self.request_decay + self._base(pos, confidence)
+        self._rate(pos, confidence).observe(hit, self.shared_decay)
+        self._values = None
 
     def node_gains(
         self, parents: Sequence[int], depths: Sequence[int], confidence: Sequence[float]
@@ -258,11 +264,32 @@ def _bin(conf: float) -> int:
 _ASK_DEPTH = 4
 
 
+@dataclass
+class _Shadow:
+    """Drafts the planner did not verify, judged against the tokens the request commits next. A one-hot draft token
+    is accepted with the target's probability of it, which is also the chance that the target's next token is that
+    token: the comparison is an unbiased outcome of verifying it (greedy: the very outcome), at no row's cost."""
+
+    drafts: list[int]
+    confidence: list[float] | None
+    judged: int = 0
+
+
 class DraftPlanner:
     """The engine's per-step draft-length decisions: an AcceptanceModel, the target's StepCostModel
     (engine/step_cost.py) and the drafting cost the engine measures, brought together by `plan_lengths`."""
 
-    def __init__(self, num_speculative_tokens: int, step_cost, drafter_runs_forward: bool, max_rows: int):
+    def __init__(
+        self,
+        num_speculative_tokens: int,
+        step_cost,
+        drafter_runs_forward: bool,
+        max_rows: int,
+        shadow_drafts: bool = False,
+    ):
+        """shadow_drafts: a cheap drafter's drafts that the step does not verify are judged against the tokens the
+        request commits next (`committed`), which replaces probing: the engine turns it on for drafters without a
+        forward of their own, whose drafts are one-hot."""
         self.k = num_speculative_tokens
         self.acceptance = AcceptanceModel(max(1, num_speculative_tokens))
         self.step_cost = step_cost
@@ -281,6 +308,15 @@ class DraftPlanner:
         self.fresh = False
         # this step's caps at the ask: a request asked for nothing was skipped (it counts towards its probe)
         self.caps: dict[str, int] = {}
+        self.shadow_drafts = shadow_drafts
+        # per request, the unverified drafts being judged against its next tokens
+        self.shadows: dict[str, _Shadow] = {}
+        # drafting seconds per request asked (moving average), requests this step's ask drafted for, and the
+        # drafting time that shadow drafts may still spend (SHADOW_BUDGET of every step's cost)
+        self.request_draft_seconds = 0.0
+        self.asked = 0
+        self.shadow_credit = 0.0
+        self.turns = 0
 
     def draft_cost(self, k: int) -> float:
         """Estimated drafting seconds when the longest draft is k: measured, or scaled from the nearest measured k
@@ -300,6 +336,9 @@ class DraftPlanner:
             return
         old = self.draft_seconds.get(k)
         self.draft_seconds[k] = seconds if old is None else old + 0.2 * (seconds - old)
+        if self.asked:
+            per, old = seconds / self.asked, self.request_draft_seconds
+            self.request_draft_seconds = per if not old else old + 0.2 * (per - old)
 
     def ask(self, request_ids: list[str], caps: list[int], batch_rows: int) -> list[int]:
         """How many drafts to ask each request's proposer for, planned from the requests' histories (a proposer is
@@ -321,8 +360,38 @@ class DraftPlanner:
         gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, head)]
         cost = self._cost(batch_rows)
         lengths = plan_lengths(gains, cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows)
-        lengths = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
-        return [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
+        if self.shadow_drafts:
+            lengths = self._shadow_asks(request_ids, lengths, caps, cost(batch_rows))
+        else:
+            lengths = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
+        out = [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
+        self.asked = sum(1 for k in out if k)
+        return out
+
+    def _shadow_asks(
+        self, request_ids: list[str], lengths: list[int], caps: list[int], step: float
+    ) -> list[int]:
+        """lengths with drafts asked for the skipped requests that have none under judgement, as many as the shadow
+        credit pays for at the measured drafting time per request, longest waiting first. step: the step's cost."""
+        out = list(lengths)
+        waiting = []
+        for i, (rid, k, cap) in enumerate(zip(request_ids, lengths, caps)):
+            h = self.acceptance._history(rid)
+            if k > 0 or cap == 0:
+                h.drafted_turn = self._turn()
+            elif rid not in self.shadows:
+                waiting.append((h, i))
+        per = self.request_draft_seconds
+        credit = self.shadow_credit + SHADOW_BUDGET * step
+        # before the drafting time is known, every waiting request drafts (that measures it)
+        n = len(waiting) if per <= 0 else min(len(waiting), int(credit / per))
+        waiting.sort(key=lambda t: t[0].drafted_turn)
+        for h, i in waiting[:n]:
+            out[i] = caps[i]
+            h.drafted_turn = self._turn()
+        # unspent credit is kept up to a round of shadow drafts for the whole batch
+        self.shadow_credit = max(0.0, min(credit - n * per, per * len(request_ids)))
+        return out
 
     def choose(
         self,
@@ -331,8 +400,10 @@ class DraftPlanner:
         confidence: list[list[float]] | None,
         batch_rows: int,
         draft_seconds: float,
+        one_hot: bool = True,
     ) -> list[int]:
-        """How many of each request's drafts to verify this step (drafting is paid already: draft_seconds)."""
+        """How many of each request's drafts to verify this step (drafting is paid already: draft_seconds).
+        one_hot: the drafts are one-hot (no draft distribution), so the ones not verified can be judged as shadows."""
         conf = confidence or [None] * len(drafts)
         gains = [
             expected_gains(self.acceptance.conditional(rid, len(d), c))
@@ -340,12 +411,20 @@ class DraftPlanner:
         ]
         cost = self._cost(batch_rows)
         lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows)
-        # a request the ask skipped (no drafts, a cap above 0) was skipped by the planner too
-        caps = [max(len(d), self.caps.get(rid, 0)) for rid, d in zip(request_ids, drafts)]
-        has_drafts = [bool(d) for d in drafts]
-        lengths = self._probe(
-            request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=True, has_drafts=has_drafts
-        )
+        if self.shadow_drafts and one_hot:
+            for rid, d, c, k in zip(request_ids, drafts, conf, lengths):
+                if k:
+                    # verified drafts teach the model themselves
+                    self.shadows.pop(rid, None)
+                elif d and rid not in self.shadows:
+                    self.shadows[rid] = _Shadow(list(d), None if c is None else list(c))
+        else:
+            # a request the ask skipped (no drafts, a cap above 0) was skipped by the planner too
+            caps = [max(len(d), self.caps.get(rid, 0)) for rid, d in zip(request_ids, drafts)]
+            has_drafts = [bool(d) for d in drafts]
+            lengths = self._probe(
+                request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=True, has_drafts=has_drafts
+            )
         self.planned_tokens += sum(lengths)
         self.planned_drafts += len(lengths)
         return lengths
@@ -385,6 +464,10 @@ class DraftPlanner:
         self, parents: list[int], depths: list[int], confidence: list[float], on_path: list[bool]
     ) -> None:
         self.acceptance.observe_tree(parents, depths, confidence, on_path)
+
+    def _turn(self) -> int:
+        self.turns += 1
+        return self.turns
 
     def _probe(
         self,
@@ -440,8 +523,25 @@ class DraftPlanner:
     def observe(self, request_id: str, num_drafts: int, num_accepted: int, confidence=None) -> None:
         self.acceptance.observe(request_id, num_drafts, num_accepted, confidence)
 
+    def committed(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Tokens a request committed in a step that verified none of its drafts: they judge its shadow drafts in
+        order, up to the first that differs (the positions after it were never reached, as after a rejection)."""
+        s = self.shadows.get(request_id)
+        if s is None:
+            return
+        for tok in tokens:
+            i = s.judged
+            hit = tok == s.drafts[i]
+            conf = s.confidence[i] if s.confidence is not None and i < len(s.confidence) else None
+            self.acceptance.observe_one(request_id, i, hit, conf)
+            s.judged += 1
+            if not hit or s.judged == len(s.drafts):
+                del self.shadows[request_id]
+                return
+
     def remove(self, request_id: str) -> None:
         self.acceptance.remove(request_id)
+        self.shadows.pop(request_id, None)
         self.known.discard(request_id)
 
     def verified_row_cost(self) -> float:
