@@ -96,6 +96,17 @@ def test_base_rows_count_requests_that_do_not_speculate():
     assert plan_lengths(gains, lambda rows: 10.0 + 0.1 * rows, base_rows=8) == [2]
 
 
+def test_discounted_gains_must_pay_for_the_rows():
+    """A draft that barely pays is verified at its full expected gain and not at 90% of it; one that pays well is
+    either way; where rows are free any gain pays."""
+    cost = linear_cost(1.0, 0.1)
+    # plain rate 1 / 1.1; one draft: (1 + g) / 1.2, which pays for g > 1 / 11
+    assert plan_lengths([[0.095]], cost) == [1]
+    assert plan_lengths([[0.095]], cost, discount=0.9) == [0]
+    assert plan_lengths([[0.2]], cost, discount=0.9) == [1]
+    assert plan_lengths([[0.01]], linear_cost(1.0, 0.0), discount=0.9) == [1]
+
+
 def test_schedule_cap():
     schedule = ((1, 4, 4), (5, 16, 2), (17, 64, 0))
     assert [schedule_cap(schedule, b, 7) for b in (1, 4, 5, 16, 17, 64, 65)] == [4, 4, 2, 2, 0, 0, 7]

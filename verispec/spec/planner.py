@@ -46,6 +46,7 @@ def plan_lengths(
     draft_cost: Callable[[int], float] = lambda k: 0.0,
     max_rows: int | None = None,
     base_rows: int | None = None,
+    discount: float = 1.0,
 ) -> list[int]:
     """Per-request draft lengths maximising expected tokens per second.
 
@@ -53,7 +54,8 @@ def plan_lengths(
     len(gains[b]) is its cap. step_cost(rows): seconds of one target step scoring that many rows (B rows for a
     plain step). draft_cost(k): seconds of drafting when the longest draft is k (0 for k = 0). max_rows: most rows
     the step may score. base_rows: the step's rows without drafts (default B; more when requests that do not
-    speculate share the step). Returns k_b in [0, len(gains[b])]; all zero when speculating does not pay.
+    speculate share the step). discount: the share of the expected gains counted. Returns k_b in
+    [0, len(gains[b])]; all zero when speculating does not pay.
     """
     b = len(gains)
     base = b if base_rows is None else base_rows
@@ -65,7 +67,7 @@ def plan_lengths(
     best_n, best_rate = 0, base / (step_cost(base) + draft_cost(0))
     tokens, longest, taken = float(base), 0, [0] * b
     for n, (g, i) in enumerate(order, start=1):
-        tokens += g
+        tokens += g * discount
         taken[i] += 1
         longest = max(longest, taken[i])
         rate = tokens / (step_cost(base + n) + draft_cost(longest))
@@ -262,6 +264,10 @@ def _bin(conf: float) -> int:
 
 # how many draft positions decide whether a cheap drafter drafts at all this step
 _ASK_DEPTH = 4
+# the share of a draft's expected gain the planner counts: it takes the drafts whose estimates are highest, so
+# their estimates are optimistic on average (measured: 8% more accepted drafts expected than accepted, batch-16
+# greedy chat in int8), and a step that only seems to pay loses. Where rows are free any gain still pays
+GAIN_DISCOUNT = 0.9
 
 
 @dataclass
@@ -351,7 +357,7 @@ class DraftPlanner:
         if self.runs_forward:
             gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows)
-            lengths = plan_lengths(gains, cost, self.draft_cost, self.max_rows, batch_rows)
+            lengths = plan_lengths(gains, cost, self.draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT)
             return self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
         # pay decides it
@@ -359,7 +365,9 @@ class DraftPlanner:
         head = [min(c, _ASK_DEPTH) for c in caps]
         gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, head)]
         cost = self._cost(batch_rows)
-        lengths = plan_lengths(gains, cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows)
+        lengths = plan_lengths(
+            gains, cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows, GAIN_DISCOUNT
+        )
         if self.shadow_drafts:
             lengths = self._shadow_asks(request_ids, lengths, caps, cost(batch_rows))
         else:
@@ -410,7 +418,7 @@ class DraftPlanner:
             for rid, d, c in zip(request_ids, drafts, conf)
         ]
         cost = self._cost(batch_rows)
-        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows)
+        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows, GAIN_DISCOUNT)
         if self.shadow_drafts and one_hot:
             for rid, d, c, k in zip(request_ids, drafts, conf, lengths):
                 if k:
@@ -443,7 +451,7 @@ class DraftPlanner:
         share a node count, so it is the largest of the requests' own choices; 0 verifies no draft."""
         gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
         cost = self._cost(batch_rows)
-        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows)
+        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows, GAIN_DISCOUNT)
         n = max(lengths, default=0)
         # trees share a node count: with none chosen, any probe makes every tree verify one node
         lengths = self._probe(
