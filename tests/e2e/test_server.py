@@ -126,12 +126,14 @@ def servers(ckpt, tmp_path_factory):
         f"model: {ckpt}\nserved-model-name: tiny\nmax_model_len: 256\nmax-num-seqs: 4\n"
         f"api-key: {API_KEY}\ndisable-uvicorn-access-log: true\nmax-request-body-bytes: {BODY_LIMIT}\n"
     )
-    # nested mapping for the speculative config
+    # nested mapping for the speculative config; fixed K: the server's own planner times its steps for real (the
+    # suite's frozen step cost is this process's), and on a random tiny model it would rightly verify little, while
+    # these tests check what verified drafts report
     spec_cfg = d / "spec.yaml"
     spec_cfg.write_text(
         "served_model_name: [tiny, tiny-alias]\nmax-model-len: 256\nmax-num-seqs: 2\n"
         "max-queue: 1\nspeculative-config:\n  method: ngram\n  num_speculative_tokens: 3\n"
-        "  prompt_lookup_max: 3\nper-request-spec-decode-metrics: detailed\n"
+        "  prompt_lookup_max: 3\n  enable_adaptive_verification: false\nper-request-spec-decode-metrics: detailed\n"
     )
     plain = Server(["--config", str(plain_cfg), "--max-num-seqs", "8"], d / "plain.log")
     spec = Server([ckpt, "--config", str(spec_cfg)], d / "spec.log")
