@@ -357,7 +357,7 @@ class DraftPlanner:
         if self.runs_forward:
             gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows)
-            lengths = plan_lengths(gains, cost, self.draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT)
+            lengths = self._plan(gains, cost, self.draft_cost, batch_rows)
             return self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
         # pay decides it
@@ -365,9 +365,7 @@ class DraftPlanner:
         head = [min(c, _ASK_DEPTH) for c in caps]
         gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, head)]
         cost = self._cost(batch_rows)
-        lengths = plan_lengths(
-            gains, cost, lambda k: drafting if k else 0.0, self.max_rows, batch_rows, GAIN_DISCOUNT
-        )
+        lengths = self._plan(gains, cost, lambda k: drafting if k else 0.0, batch_rows)
         if self.shadow_drafts:
             lengths = self._shadow_asks(request_ids, lengths, caps, cost(batch_rows))
         else:
@@ -418,7 +416,7 @@ class DraftPlanner:
             for rid, d, c in zip(request_ids, drafts, conf)
         ]
         cost = self._cost(batch_rows)
-        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows, GAIN_DISCOUNT)
+        lengths = self._plan(gains, cost, lambda k: draft_seconds, batch_rows)
         if self.shadow_drafts and one_hot:
             for rid, d, c, k in zip(request_ids, drafts, conf, lengths):
                 if k:
@@ -451,7 +449,7 @@ class DraftPlanner:
         share a node count, so it is the largest of the requests' own choices; 0 verifies no draft."""
         gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
         cost = self._cost(batch_rows)
-        lengths = plan_lengths(gains, cost, lambda k: draft_seconds, self.max_rows, batch_rows, GAIN_DISCOUNT)
+        lengths = self._plan(gains, cost, lambda k: draft_seconds, batch_rows)
         n = max(lengths, default=0)
         # trees share a node count: with none chosen, any probe makes every tree verify one node
         lengths = self._probe(
@@ -472,6 +470,10 @@ class DraftPlanner:
         self, parents: list[int], depths: list[int], confidence: list[float], on_path: list[bool]
     ) -> None:
         self.acceptance.observe_tree(parents, depths, confidence, on_path)
+
+    def _plan(self, gains, cost: Callable[[int], float], draft_cost: Callable[[int], float], batch_rows: int):
+        """plan_lengths with this planner's row limit and GAIN_DISCOUNT."""
+        return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT)
 
     def _turn(self) -> int:
         self.turns += 1
