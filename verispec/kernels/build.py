@@ -25,6 +25,8 @@ from pathlib import Path
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c"))
 HEADER = Path(__file__).with_name("kernels.h")
+# headers the C sources include: their text goes into the build's digest too
+INCLUDES = ("kernels.h", "qgemm_i8_vnni.h")
 # the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
 AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")
 AMX_ONLY = ("amx_init", "qgemm_q4t", "qgemm_q8t")
@@ -46,6 +48,7 @@ INT8_ISAS = {
     "amx-int8": (3, {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"}),
     "avx512vnni": (2, {"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}),
     "avxvnni": (1, {"avx2", "fma", "avx_vnni"}),
+    "avx2": (4, {"avx2", "fma"}),
 }
 _C_TYPES = {
     "int64_t": ctypes.c_int64,
@@ -183,8 +186,8 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
     flags = (*CFLAGS, *ISA_FLAGS[isa])
     if isa == "amx":
         sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
-    header = sources[0].with_name(HEADER.name)
-    extra = header.read_bytes() if header.exists() else b""
+    headers = (sources[0].with_name(name) for name in INCLUDES)
+    extra = b"".join(h.read_bytes() for h in headers if h.exists())
     digest = hashlib.sha256(
         b"".join(p.read_bytes() for p in sources) + extra + " ".join(flags).encode()
     ).hexdigest()[:16]
@@ -214,8 +217,8 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
 
 @functools.cache
 def int8_isa(lib: ctypes.CDLL | None = None) -> str | None:
-    """The int8-activation kernel this CPU runs best ('amx-int8' > 'avx512vnni' > 'avxvnni'), or None if it has none
-    of them (or there is no kernel library). VERISPEC_INT8_ISA=amx-int8|avx512vnni|avxvnni overrides the choice
+    """The int8-activation kernel this CPU runs best ('amx-int8' > 'avx512vnni' > 'avxvnni' > 'avx2'), or None if
+    there is no kernel library. VERISPEC_INT8_ISA=amx-int8|avx512vnni|avxvnni|avx2 overrides the choice
     (ValueError if this CPU lacks it). AMX-INT8 needs the OS to grant the tile state; without it, AVX512-VNNI."""
     lib = lib or load_qgemm()
     if lib is None or not hasattr(lib, "qgemm_i8"):

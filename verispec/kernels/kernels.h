@@ -15,7 +15,7 @@ void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
 void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 void qgemm_q6(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 
-// qgemm_i8.c: the same product with int8 activations (isa: 1 AVX-VNNI, 2 AVX512-VNNI, 3 AMX-INT8; fmt: 0 q4v,
+// qgemm_i8.c: the same product with int8 activations (isa: 1 AVX-VNNI, 2 AVX512-VNNI, 3 AMX-INT8, 4 AVX2; fmt: 0 q4v,
 // 1 q8v, 2 q6v); qgemm_i8_isas: bit isa set for each variant this build holds; quantize_rows_i8: the activation
 // quantization alone (tests), M rows of K + 20 * K / 32 bytes; i8_amx_init: 1 if the OS grants the tile state.
 void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,

@@ -1,5 +1,6 @@
 // y[M, N] = x[M, K] @ W[N, K]^T with the activations quantized to int8 (activation_dtype="int8": llama.cpp's
-// numerics) and integer dot products: AVX-VNNI (256-bit vpdpbusd), AVX512-VNNI (512-bit) or AMX-INT8 (tdpbssd).
+// numerics) and integer dot products: AVX-VNNI (256-bit vpdpbusd), AVX512-VNNI (512-bit), AMX-INT8 (tdpbssd) or,
+// on CPUs with none of them, AVX2 (vpmaddubsw + vpmaddwd).
 // Every variant is compiled into every x86-64 build inside its own `#pragma GCC target` region; the caller picks one
 // by the CPU's flags (verispec/kernels/build.py: int8_isa).
 //
@@ -40,7 +41,7 @@
 #define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
 #define PF_BLOCKS 4   // blocks ahead whose weights the VNNI kernels prefetch (decode steps read them from memory)
 enum { Q4V = 0, Q8V = 1, Q6V = 2 };
-enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3 };
+enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3, ISA_AVX2 = 4 };
 #define TB(F) ((F) == Q4V ? 384 : (F) == Q8V ? 576 : 640)
 // where a block's 8 weight rows start (after its scales)
 #define WROWS(F) ((F) == Q8V ? 64 : 128)
@@ -132,6 +133,9 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define VAND(a, b) _mm512_and_si512(a, b)
 #define VSRL16(a, n) _mm512_srli_epi16(a, n)
 #define VDP(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+#define VDP_Q8(acc, w, s) VDP(acc, w, s)
+#define Q8_INIT(c) (-(c))
+#define VDP2(acc, u1, s1, u2, s2) VDP(VDP(acc, u1, s1), u2, s2)
 #define VCVT(a) _mm512_cvtepi32_ps(a)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
@@ -152,6 +156,9 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #undef VAND
 #undef VSRL16
 #undef VDP
+#undef VDP_Q8
+#undef Q8_INIT
+#undef VDP2
 #undef VCVT
 #undef VMUL
 #undef VFMA
@@ -178,6 +185,73 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define VAND(a, b) _mm256_and_si256(a, b)
 #define VSRL16(a, n) _mm256_srli_epi16(a, n)
 #define VDP(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define VDP_Q8(acc, w, s) VDP(acc, w, s)
+#define Q8_INIT(c) (-(c))
+#define VDP2(acc, u1, s1, u2, s2) VDP(VDP(acc, u1, s1), u2, s2)
+#define VCVT(a) _mm256_cvtepi32_ps(a)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define RMAX 4
+#define CMAX 2
+#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
+#include "qgemm_i8_vnni.h"
+#undef PFX
+#undef VW
+#undef vi
+#undef vf
+#undef VZERO_I
+#undef VSET1_I
+#undef VSET1_F
+#undef VLOAD_I
+#undef VLOAD_F
+#undef VSTORE_F
+#undef VAND
+#undef VSRL16
+#undef VDP
+#undef VDP_Q8
+#undef Q8_INIT
+#undef VDP2
+#undef VCVT
+#undef VMUL
+#undef VFMA
+#undef RMAX
+#undef CMAX
+#undef TILES
+#pragma GCC pop_options
+#else
+#define HAVE_AVXVNNI 0
+#endif
+
+// ---- AVX2 (no dot-product instruction: every x86-64 CPU the kernels run on): 8 columns per ymm ----
+// vpmaddubsw multiplies u8 x s8 and adds pairs into int16 (saturating), vpmaddwd by ones adds those pairs into
+// int32: the same exact dot as VNNI's as long as no int16 sum passes 32767. Activations are -127..127, so a pair of
+// q4v nibbles (<= 15) or q6v codes (<= 63) stays below 16002, and q4v's two pairs (VDP2) below 7620. q8v's w = q + 128
+// would not (255 * 127 * 2): it runs signed, |q| <= 128 against x negated where q < 0 (llama.cpp's trick), 32512 at
+// most.
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define PFX(name) avx2i8_##name
+#define VW 8
+#define vi __m256i
+#define vf __m256
+#define VZERO_I() _mm256_setzero_si256()
+#define VSET1_I(v) _mm256_set1_epi32(v)
+#define VSET1_F(v) _mm256_set1_ps(v)
+#define VLOAD_I(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VLOAD_F(p) _mm256_loadu_ps(p)
+#define VSTORE_F(p, v) _mm256_storeu_ps(p, v)
+#define VAND(a, b) _mm256_and_si256(a, b)
+#define VSRL16(a, n) _mm256_srli_epi16(a, n)
+#define VPAIRS(p16) _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
+#define VDP(acc, u, s) _mm256_add_epi32(acc, VPAIRS(_mm256_maddubs_epi16(u, s)))
+#define VDP2(acc, u1, s1, u2, s2) \
+    _mm256_add_epi32(acc, VPAIRS(_mm256_add_epi16(_mm256_maddubs_epi16(u1, s1), _mm256_maddubs_epi16(u2, s2))))
+static inline __m256i avx2i8_dp_q8(__m256i acc, __m256i w, __m256i s) {
+    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+    return _mm256_add_epi32(acc, VPAIRS(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(s, q))));
+}
+#define VDP_Q8(acc, w, s) avx2i8_dp_q8(acc, w, s)
+#define Q8_INIT(c) 0
 #define VCVT(a) _mm256_cvtepi32_ps(a)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
@@ -186,9 +260,6 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
 #include "qgemm_i8_vnni.h"
 #pragma GCC pop_options
-#else
-#define HAVE_AVXVNNI 0
-#endif
 
 // ---- AMX-INT8: 16 rows x 16 columns x one 32-weight block (q6v: half a block) per tile product ----
 // The tile unit multiplies a block in a few cycles; storing its 16 x 16 int32 dots and scaling them on AVX-512 (cvt,
@@ -386,7 +457,7 @@ int i8_amx_init(void) { return 0; }
 #define AMX_MIN_ROWS 13
 
 int qgemm_i8_isas(void) {
-    return (HAVE_AVXVNNI << ISA_AVXVNNI) | (1 << ISA_AVX512VNNI) | (HAVE_AMX_INT8 << ISA_AMX);
+    return (HAVE_AVXVNNI << ISA_AVXVNNI) | (1 << ISA_AVX512VNNI) | (HAVE_AMX_INT8 << ISA_AMX) | (1 << ISA_AVX2);
 }
 
 void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
@@ -417,6 +488,15 @@ void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint
         return;
     }
 #endif
+    if (isa == ISA_AVX2) {
+        if (fmt == Q4V)
+            avx2i8_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
+        else if (fmt == Q8V)
+            avx2i8_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+        else
+            avx2i8_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
+        return;
+    }
     if (fmt == Q4V)
         avx512vnni_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
     else if (fmt == Q8V)

@@ -1,10 +1,15 @@
-// The VNNI body of qgemm_i8.c, included once per vector width inside that width's `#pragma GCC target` region.
+// The register-tile body of qgemm_i8.c, included once per variant inside its `#pragma GCC target` region.
 // The includer defines:
-//   PFX(name)   the variant's function names (avx512vnni_name / avxvnni_name)
+//   PFX(name)   the variant's function names (avx512vnni_name / avxvnni_name / avx2i8_name)
 //   VW          output columns per vector: 16 (zmm) or 8 (ymm); a 16-column group is 16 / VW vectors
 //   vi, vf      integer / float vector types
 //   VZERO_I(), VSET1_I(v), VSET1_F(v), VLOAD_I(p), VLOAD_F(p), VSTORE_F(p, v), VAND(a, b), VSRL16(a, n),
-//   VDP(acc, u8, s8), VCVT(a), VMUL(a, b), VFMA(a, b, c)
+//   VCVT(a), VMUL(a, b), VFMA(a, b, c)
+//   VDP(acc, u8, s8)      acc (int32 lanes) += the sum of 4 byte products u8 x s8 per lane
+//   VDP_Q8(acc, w, s8)    the same for q8v's weight bytes w = q + 128, and Q8_INIT(c) the dot's start given
+//                         c = 128 * sum(q_x): VNNI multiplies w as unsigned and starts at -c; AVX2 takes w - 128
+//                         as signed (its byte products would saturate on w up to 255) and starts at 0
+//   VDP2(acc, u1, s1, u2, s2)  VDP of both pairs (AVX2: summed in int16 first, exact for q4v's nibbles)
 //   RMAX, CMAX  the largest register tile (rows x vectors) and TILES(X, F) the tile list for row counts 1..RMAX
 //
 // A tile of R rows x C vectors runs over all K / 32 blocks. Per block the int32 dot of each row with each column
@@ -69,7 +74,7 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
             continue;
         }
         for (int r = 0; r < R; r++) {
-            const vi init = F == Q8V ? VSET1_I(-XC(x + r * XS, K)[b]) : VZERO_I();
+            const vi init = F == Q8V ? VSET1_I(Q8_INIT(XC(x + r * XS, K)[b])) : VZERO_I();
             for (int c = 0; c < C; c++) dot[r][c] = init;
         }
         if (F == Q4V) {
@@ -83,10 +88,7 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
                 }
                 for (int r = 0; r < R; r++) {
                     const vi xl = PFX(bcast4)(xb + r * XS + 4 * j), xh = PFX(bcast4)(xb + r * XS + 16 + 4 * j);
-                    for (int c = 0; c < C; c++) {
-                        dot[r][c] = VDP(dot[r][c], lo[c], xl);
-                        dot[r][c] = VDP(dot[r][c], hi[c], xh);
-                    }
+                    for (int c = 0; c < C; c++) dot[r][c] = VDP2(dot[r][c], lo[c], xl, hi[c], xh);
                 }
             }
         } else {
@@ -95,7 +97,7 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
                 for (int c = 0; c < C; c++) wv[c] = VLOAD_I(wu[c] + b * TB(F) + 64 + 64 * j + hu[c] * VW * 4);
                 for (int r = 0; r < R; r++) {
                     const vi xv = PFX(bcast4)(xb + r * XS + 4 * j);
-                    for (int c = 0; c < C; c++) dot[r][c] = VDP(dot[r][c], wv[c], xv);
+                    for (int c = 0; c < C; c++) dot[r][c] = VDP_Q8(dot[r][c], wv[c], xv);
                 }
             }
         }

@@ -407,7 +407,9 @@ class QuantWeight:
         if m and self.fmt in INT8_FMT_CODE:
             isa = isa or int8_isa(lib)
             if isa is None:
-                raise ValueError("int8 activations need AVX512-VNNI, AVX-VNNI or AMX-INT8; this CPU has none")
+                raise ValueError(
+                    "int8 activations need the native kernels (x86-64 with AVX2 and FMA); this CPU has none"
+                )
             code, fmt = INT8_ISAS[isa][0], INT8_FMT_CODE[self.fmt]
             lib.qgemm_i8(code, fmt, x.data_ptr(), m, k, self._ptr, n, y.data_ptr(), torch.get_num_threads())
         elif m:

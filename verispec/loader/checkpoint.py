@@ -101,7 +101,7 @@ def load_checkpoint(
 ) -> Checkpoint:
     """activation_dtype: "float32" (the default: transformers' float32 numerics on the same weights) or "int8"
     (activations quantized per row in 32-blocks, integer dot products: llama.cpp's numerics, faster; needs GGUF
-    weights kept quantized on the CPU and a CPU with AVX512-VNNI, AVX-VNNI or AMX-INT8, else ValueError)."""
+    weights kept quantized on the CPU and the native kernels, else ValueError)."""
     if activation_dtype not in ACTIVATION_DTYPES:
         allowed = ", ".join(ACTIVATION_DTYPES)
         raise ValueError(f"activation_dtype={activation_dtype!r} is not supported; allowed: {allowed}")
@@ -161,8 +161,8 @@ def use_int8_activations(net: DecoderLM, source: str) -> None:
 
     if not kernels_available() or int8_isa() is None:
         raise ValueError(
-            "activation_dtype='int8' needs a CPU with AVX512-VNNI, AVX-VNNI or AMX-INT8 and the native kernels "
-            "(VERISPEC_KERNELS not 0, a C compiler); this machine has none: use activation_dtype='float32'"
+            "activation_dtype='int8' needs the native kernels (x86-64 with AVX2 and FMA, a C compiler, "
+            "VERISPEC_KERNELS not 0); this machine has none: use activation_dtype='float32'"
         )
     if not keeps_quantized(net):
         raise ValueError(
