@@ -224,10 +224,10 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 
 // ---- AVX2 (no dot-product instruction: every x86-64 CPU the kernels run on): 8 columns per ymm ----
 // vpmaddubsw multiplies u8 x s8 and adds pairs into int16 (saturating), vpmaddwd by ones adds those pairs into
-// int32: the same exact dot as VNNI's as long as no int16 sum passes 32767. Activations are -127..127, so a pair of
-// q4v nibbles (<= 15) or q6v codes (<= 63) stays below 16002, and q4v's two pairs (VDP2) below 7620. q8v's w = q + 128
-// would not (255 * 127 * 2): it runs signed, |q| <= 128 against x negated where q < 0 (llama.cpp's trick), 32512 at
-// most.
+// int32: the same exact dot as VNNI's as long as no int16 sum passes 32767. Activations are -127..127, so two
+// pairs summed in int16 (VDP2) stay within 4 x 15 x 127 = 7620 for q4v's nibbles and 4 x 63 x 127 = 32004 for
+// q6v's codes (summing more q4v pairs first measured slower on Zen 3). q8v's w = q + 128 would not (255 x 127 x 2):
+// it runs signed, |q| <= 128 against x negated where q < 0 (llama.cpp's trick), 32512 at most.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define PFX(name) avx2i8_##name

@@ -9,7 +9,7 @@
 //   VDP_Q8(acc, w, s8)    the same for q8v's weight bytes w = q + 128, and Q8_INIT(c) the dot's start given
 //                         c = 128 * sum(q_x): VNNI multiplies w as unsigned and starts at -c; AVX2 takes w - 128
 //                         as signed (its byte products would saturate on w up to 255) and starts at 0
-//   VDP2(acc, u1, s1, u2, s2)  VDP of both pairs (AVX2: summed in int16 first, exact for q4v's nibbles)
+//   VDP2(acc, u1, s1, u2, s2)  VDP of both pairs (AVX2: summed in int16 first, exact for q4v and q6v)
 //   RMAX, CMAX  the largest register tile (rows x vectors) and TILES(X, F) the tile list for row counts 1..RMAX
 //
 // A tile of R rows x C vectors runs over all K / 32 blocks. Per block the int32 dot of each row with each column
@@ -55,12 +55,15 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
                     const vi init = VSET1_I(-(h ? XH1(x + r * XS, K) : XH0(x + r * XS, K))[b]);
                     for (int c = 0; c < C; c++) dot[r][c] = init;
                 }
-                for (int j = 4 * h; j < 4 * h + 4; j++) {
-                    vi wv[CMAX];
-                    for (int c = 0; c < C; c++) wv[c] = VLOAD_I(wu[c] + b * TB(F) + 128 + 64 * j + hu[c] * VW * 4);
+                for (int j = 4 * h; j < 4 * h + 4; j += 2) {
+                    vi w0[CMAX], w1[CMAX];
+                    for (int c = 0; c < C; c++) {
+                        w0[c] = VLOAD_I(wu[c] + b * TB(F) + 128 + 64 * j + hu[c] * VW * 4);
+                        w1[c] = VLOAD_I(wu[c] + b * TB(F) + 128 + 64 * (j + 1) + hu[c] * VW * 4);
+                    }
                     for (int r = 0; r < R; r++) {
-                        const vi xv = PFX(bcast4)(xb + r * XS + 4 * j);
-                        for (int c = 0; c < C; c++) dot[r][c] = VDP(dot[r][c], wv[c], xv);
+                        const vi x0 = PFX(bcast4)(xb + r * XS + 4 * j), x1 = PFX(bcast4)(xb + r * XS + 4 * j + 4);
+                        for (int c = 0; c < C; c++) dot[r][c] = VDP2(dot[r][c], w0[c], x0, w1[c], x1);
                     }
                 }
                 vf dh[CMAX];
