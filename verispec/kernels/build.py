@@ -26,7 +26,7 @@ from pathlib import Path
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c"))
 HEADER = Path(__file__).with_name("kernels.h")
 # headers the C sources include: their text goes into the build's digest too
-INCLUDES = ("kernels.h", "qgemm_i8_vnni.h")
+INCLUDES = ("kernels.h", "qgemm_i8_vnni.h", "qgemm_i8_ymm.h")
 # the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
 AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")
 AMX_ONLY = ("amx_init", "qgemm_q4t", "qgemm_q8t")

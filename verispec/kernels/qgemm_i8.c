@@ -143,28 +143,6 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define CMAX 4
 #define TILES(X, F) X(F, 1, 4) X(F, 2, 4) X(F, 3, 2) X(F, 4, 2) X(F, 5, 2)
 #include "qgemm_i8_vnni.h"
-#undef PFX
-#undef VW
-#undef vi
-#undef vf
-#undef VZERO_I
-#undef VSET1_I
-#undef VSET1_F
-#undef VLOAD_I
-#undef VLOAD_F
-#undef VSTORE_F
-#undef VAND
-#undef VSRL16
-#undef VDP
-#undef VDP_Q8
-#undef Q8_INIT
-#undef VDP2
-#undef VCVT
-#undef VMUL
-#undef VFMA
-#undef RMAX
-#undef CMAX
-#undef TILES
 #pragma GCC pop_options
 
 // ---- AVX-VNNI (VEX, 256-bit, for CPUs without AVX-512): 8 columns per ymm, 16 registers ----
@@ -173,50 +151,12 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,avxvnni")
 #define PFX(name) avxvnni_##name
-#define VW 8
-#define vi __m256i
-#define vf __m256
-#define VZERO_I() _mm256_setzero_si256()
-#define VSET1_I(v) _mm256_set1_epi32(v)
-#define VSET1_F(v) _mm256_set1_ps(v)
-#define VLOAD_I(p) _mm256_loadu_si256((const __m256i *)(p))
-#define VLOAD_F(p) _mm256_loadu_ps(p)
-#define VSTORE_F(p, v) _mm256_storeu_ps(p, v)
-#define VAND(a, b) _mm256_and_si256(a, b)
-#define VSRL16(a, n) _mm256_srli_epi16(a, n)
+#include "qgemm_i8_ymm.h"
 #define VDP(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
 #define VDP_Q8(acc, w, s) VDP(acc, w, s)
 #define Q8_INIT(c) (-(c))
 #define VDP2(acc, u1, s1, u2, s2) VDP(VDP(acc, u1, s1), u2, s2)
-#define VCVT(a) _mm256_cvtepi32_ps(a)
-#define VMUL(a, b) _mm256_mul_ps(a, b)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define RMAX 4
-#define CMAX 2
-#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
 #include "qgemm_i8_vnni.h"
-#undef PFX
-#undef VW
-#undef vi
-#undef vf
-#undef VZERO_I
-#undef VSET1_I
-#undef VSET1_F
-#undef VLOAD_I
-#undef VLOAD_F
-#undef VSTORE_F
-#undef VAND
-#undef VSRL16
-#undef VDP
-#undef VDP_Q8
-#undef Q8_INIT
-#undef VDP2
-#undef VCVT
-#undef VMUL
-#undef VFMA
-#undef RMAX
-#undef CMAX
-#undef TILES
 #pragma GCC pop_options
 #else
 #define HAVE_AVXVNNI 0
@@ -231,17 +171,7 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define PFX(name) avx2i8_##name
-#define VW 8
-#define vi __m256i
-#define vf __m256
-#define VZERO_I() _mm256_setzero_si256()
-#define VSET1_I(v) _mm256_set1_epi32(v)
-#define VSET1_F(v) _mm256_set1_ps(v)
-#define VLOAD_I(p) _mm256_loadu_si256((const __m256i *)(p))
-#define VLOAD_F(p) _mm256_loadu_ps(p)
-#define VSTORE_F(p, v) _mm256_storeu_ps(p, v)
-#define VAND(a, b) _mm256_and_si256(a, b)
-#define VSRL16(a, n) _mm256_srli_epi16(a, n)
+#include "qgemm_i8_ymm.h"
 #define VPAIRS(p16) _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
 #define VDP(acc, u, s) _mm256_add_epi32(acc, VPAIRS(_mm256_maddubs_epi16(u, s)))
 #define VDP2(acc, u1, s1, u2, s2) \
@@ -252,12 +182,6 @@ static inline __m256i avx2i8_dp_q8(__m256i acc, __m256i w, __m256i s) {
 }
 #define VDP_Q8(acc, w, s) avx2i8_dp_q8(acc, w, s)
 #define Q8_INIT(c) 0
-#define VCVT(a) _mm256_cvtepi32_ps(a)
-#define VMUL(a, b) _mm256_mul_ps(a, b)
-#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define RMAX 4
-#define CMAX 2
-#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
 #include "qgemm_i8_vnni.h"
 #pragma GCC pop_options
 
@@ -460,6 +384,17 @@ int qgemm_i8_isas(void) {
     return (HAVE_AVXVNNI << ISA_AVXVNNI) | (1 << ISA_AVX512VNNI) | (HAVE_AMX_INT8 << ISA_AMX) | (1 << ISA_AVX2);
 }
 
+// gemm(F, ...) with the weight format as a constant, so each format gets its own inlined body
+#define GEMM_BY_FMT(gemm)                                        \
+    do {                                                         \
+        if (fmt == Q4V)                                          \
+            gemm(Q4V, x, xq, M, K, w, N, y, nthreads);           \
+        else if (fmt == Q8V)                                     \
+            gemm(Q8V, x, xq, M, K, w, N, y, nthreads);           \
+        else                                                     \
+            gemm(Q6V, x, xq, M, K, w, N, y, nthreads);           \
+    } while (0)
+
 void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
               int nthreads) {
     if (M <= 0) return;
@@ -468,39 +403,18 @@ void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint
     if (isa == ISA_AMX && M < AMX_MIN_ROWS) isa = ISA_AVX512VNNI;
 #if HAVE_AMX_INT8
     if (isa == ISA_AMX) {
-        if (fmt == Q4V)
-            amx_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-        else if (fmt == Q8V)
-            amx_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
-        else
-            amx_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
+        GEMM_BY_FMT(amx_gemm);
         return;
     }
 #endif
 #if HAVE_AVXVNNI
     if (isa == ISA_AVXVNNI) {
-        if (fmt == Q4V)
-            avxvnni_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-        else if (fmt == Q8V)
-            avxvnni_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
-        else
-            avxvnni_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
+        GEMM_BY_FMT(avxvnni_gemm);
         return;
     }
 #endif
-    if (isa == ISA_AVX2) {
-        if (fmt == Q4V)
-            avx2i8_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-        else if (fmt == Q8V)
-            avx2i8_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
-        else
-            avx2i8_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
-        return;
-    }
-    if (fmt == Q4V)
-        avx512vnni_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-    else if (fmt == Q8V)
-        avx512vnni_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+    if (isa == ISA_AVX2)
+        GEMM_BY_FMT(avx2i8_gemm);
     else
-        avx512vnni_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
+        GEMM_BY_FMT(avx512vnni_gemm);
 }

@@ -11,6 +11,7 @@
 //                         as signed (its byte products would saturate on w up to 255) and starts at 0
 //   VDP2(acc, u1, s1, u2, s2)  VDP of both pairs (AVX2: summed in int16 first, exact for q4v and q6v)
 //   RMAX, CMAX  the largest register tile (rows x vectors) and TILES(X, F) the tile list for row counts 1..RMAX
+// and the end of this file undefines them all, ready for the next variant.
 //
 // A tile of R rows x C vectors runs over all K / 32 blocks. Per block the int32 dot of each row with each column
 // is exact (VDP sums 4 byte products per lane, 8 of them cover the block); then, per lane and in this order,
@@ -172,3 +173,26 @@ static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64
         }
     }
 }
+
+#undef PFX
+#undef VW
+#undef vi
+#undef vf
+#undef VZERO_I
+#undef VSET1_I
+#undef VSET1_F
+#undef VLOAD_I
+#undef VLOAD_F
+#undef VSTORE_F
+#undef VAND
+#undef VSRL16
+#undef VDP
+#undef VDP_Q8
+#undef Q8_INIT
+#undef VDP2
+#undef VCVT
+#undef VMUL
+#undef VFMA
+#undef RMAX
+#undef CMAX
+#undef TILES

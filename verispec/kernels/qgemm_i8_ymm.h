@@ -1,0 +1,19 @@
+// The 256-bit (ymm) parameters of qgemm_i8_vnni.h that the AVX-VNNI and AVX2 variants share: 8 columns per vector,
+// register tiles of up to 4 rows x 2 vectors (16 registers). Each variant adds its PFX and dot-product macros.
+#define VW 8
+#define vi __m256i
+#define vf __m256
+#define VZERO_I() _mm256_setzero_si256()
+#define VSET1_I(v) _mm256_set1_epi32(v)
+#define VSET1_F(v) _mm256_set1_ps(v)
+#define VLOAD_I(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VLOAD_F(p) _mm256_loadu_ps(p)
+#define VSTORE_F(p, v) _mm256_storeu_ps(p, v)
+#define VAND(a, b) _mm256_and_si256(a, b)
+#define VSRL16(a, n) _mm256_srli_epi16(a, n)
+#define VCVT(a) _mm256_cvtepi32_ps(a)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define RMAX 4
+#define CMAX 2
+#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
