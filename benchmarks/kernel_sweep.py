@@ -65,13 +65,14 @@ def baseline_kernels(ref: str | None, isa: str):
                     raise SystemExit(2)
                 paths.append(Path(tmp) / src.name)
                 paths[-1].write_bytes(show.stdout)
-            # the headers the sources include, where that revision has them (older ones have none)
-            for header in (build.HEADER, build.HEADER.with_name("qgemm_i8_vnni.h")):
-                show = subprocess.run(
-                    ["git", "show", f"{ref}:{header.relative_to(root)}"], cwd=root, capture_output=True
-                )
-                if show.returncode == 0:
-                    (Path(tmp) / header.name).write_bytes(show.stdout)
+            # the headers the sources include: every one that revision has beside them (older ones have none)
+            folder = build.HEADER.parent.relative_to(root)
+            listing = subprocess.run(
+                ["git", "ls-tree", "--name-only", ref, f"{folder}/"], cwd=root, capture_output=True, text=True
+            )
+            for name in (n for n in listing.stdout.split() if n.endswith(".h")):
+                show = subprocess.run(["git", "show", f"{ref}:{name}"], cwd=root, capture_output=True)
+                (Path(tmp) / Path(name).name).write_bytes(show.stdout)
             # compiled into the kernel cache
             lib = build.build_qgemm(isa, tuple(paths[: len(build.SOURCES)]))
     if lib is None:
@@ -175,7 +176,12 @@ def main() -> None:
         f"(layers; LM head {head.fmt if head is not None else 'float32'} in its own column)"
     )
     extra = f" {label + ' ms':>18} {'x':>5} {'head ms':>8} {'x':>5}" if base else ""
-    if base is not None and i8_isas and hasattr(base, "qgemm_i8"):
+    # the baseline's int8 kernel, where that revision has this variant (older ones lack some: avx2 before session 22)
+    code = build.INT8_ISAS[i8_isas[0]][0] if i8_isas else 0
+    base_int8 = (
+        base is not None and hasattr(base, "qgemm_i8") and bool(i8_isas) and base.qgemm_i8_isas() >> code & 1
+    )
+    if base_int8:
         extra += f" {'base int8 ms':>15} {'x':>5}"
     extra += "".join(f" {isa + ' ms':>16} {'GMAC/s':>7} {'head ms':>8}" for isa in i8_isas)
     print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7} {'head ms':>8}{extra}")
@@ -190,7 +196,7 @@ def main() -> None:
         if base is not None:
             sweeps["baseline"] = [lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base) for q in base_qws]
             sweeps["baseline_head"] = [lambda x=xh: base_head.matmul(x, base)] if base_head else []
-        if base is not None and i8_isas and hasattr(base, "qgemm_i8"):
+        if base_int8:
             sweeps["baseline_int8"] = [
                 lambda q=q, x=xs[q.shape[1]]: q.matmul(x, base, i8_isas[0]) for q in i8_qws
             ]

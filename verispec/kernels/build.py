@@ -25,8 +25,6 @@ from pathlib import Path
 
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c"))
 HEADER = Path(__file__).with_name("kernels.h")
-# headers the C sources include: their text goes into the build's digest too
-INCLUDES = ("kernels.h", "qgemm_i8_vnni.h", "qgemm_i8_ymm.h")
 # the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
 AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")
 AMX_ONLY = ("amx_init", "qgemm_q4t", "qgemm_q8t")
@@ -186,8 +184,8 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
     flags = (*CFLAGS, *ISA_FLAGS[isa])
     if isa == "amx":
         sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
-    headers = (sources[0].with_name(name) for name in INCLUDES)
-    extra = b"".join(h.read_bytes() for h in headers if h.exists())
+    # every header beside the sources (what they include) goes into the digest too
+    extra = b"".join(h.read_bytes() for h in sorted(sources[0].parent.glob("*.h")))
     digest = hashlib.sha256(
         b"".join(p.read_bytes() for p in sources) + extra + " ".join(flags).encode()
     ).hexdigest()[:16]
