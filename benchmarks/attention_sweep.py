@@ -1,13 +1,14 @@
-"""Decode attention over the KV cache: the fused C kernel (kernels/ops.c) by batch size and context length.
+"""Attention over the KV cache: the fused C kernel (kernels/ops.c) by batch size and context length, and on prompts.
 
 SmolLM2-135M's shapes by default (9 query heads sharing 3 KV heads, head dim 64); one query row per sequence (plain
-decode) or 5 (verifying 4 drafts). As in a decode step, each call reads its own layer's cache (--layers caches, used
+decode) or 5 (verifying 4 drafts); --prompts adds fresh prompts of those lengths (every row attends causally to the
+rows up to it: prompt processing). As in a decode step, each call reads its own layer's cache (--layers caches, used
 in turn) after --between-mb of other memory has been streamed (a layer's weights): the keys and values come from
 memory, not from a cache the previous call warmed (--layers 1 --between-mb 0 measures that hot case instead).
 Prints the median microseconds per layer call and writes JSON. --baseline REF adds the kernels of git revision REF,
 run in the same process on the same inputs, and checks that both give bitwise the same outputs.
     .venv/bin/python benchmarks/attention_sweep.py [--baseline REF] [--contexts 128,512,1000] [--batches 1,8]
-        [--layers 30] [--between-mb 4]
+        [--prompts 256,1024] [--layers 30] [--between-mb 4]
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import time
 from pathlib import Path
 
 import torch
+from adaptive_k import cpu_model
 from kernel_sweep import baseline_kernels
 
 
-def attention_call(lib, q, cache, hkv: int, t: int, out):
+def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
+    """mask: None (every row attends to all t keys) or [1, 1, nq, t] bool, contiguous (the same for every sequence)."""
     s, hq, nq, d = q.shape
     t_alloc = cache.shape[2]
     return lambda: lib.attention_f32(
@@ -41,9 +44,9 @@ def attention_call(lib, q, cache, hkv: int, t: int, out):
         2 * hkv * t_alloc * d,
         t_alloc * d,
         d,
-        None,
+        None if mask is None else mask.data_ptr(),
         0,
-        0,
+        0 if mask is None else t,
         d**-0.5,
         0.0,
         out.data_ptr(),
@@ -75,6 +78,7 @@ def main() -> None:
     ap.add_argument(
         "--queries", default="1,5", help="query rows per sequence (1 = decode, 5 = verify 4 drafts)"
     )
+    ap.add_argument("--prompts", default="", help="prompt lengths: a fresh prompt's causal attention")
     ap.add_argument("--heads", default="9,3,64", help="query heads, KV heads, head dim")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=30, help="caches used in turn (a model's layers)")
@@ -90,7 +94,7 @@ def main() -> None:
     base = baseline_kernels(args.baseline, lib.isa) if args.baseline else None
     hq, hkv, d = (int(x) for x in args.heads.split(","))
     print(
-        f"kernels={lib.isa} threads={torch.get_num_threads()} heads={hq}/{hkv} head_dim={d} layers={args.layers} "
+        f"CPU: {cpu_model()}; kernels={lib.isa} threads={torch.get_num_threads()} heads={hq}/{hkv} head_dim={d} layers={args.layers} "
         f"between={args.between_mb:g} MB (median us per layer call)"
     )
     between = int(args.between_mb * (1 << 20) / 4)
@@ -98,31 +102,40 @@ def main() -> None:
     stream = torch.ones(max(64 * (1 << 20), 2 * between) if between else 1)
     extra = f" {args.baseline[:10] + ' us':>14} {'x':>6} {'equal':>6}" if base else ""
     print(f"{'batch':>5} {'queries':>7} {'context':>7} {'us':>9}{extra}")
+    # (batch, query rows, context, causal prompt)
+    shapes = [
+        (s, nq, t, False)
+        for s in [int(x) for x in args.batches.split(",")]
+        for nq in [int(x) for x in args.queries.split(",")]
+        for t in [int(x) for x in args.contexts.split(",")]
+    ] + [(1, n, n, True) for n in [int(x) for x in args.prompts.split(",") if x]]
     rows = []
-    for s in [int(x) for x in args.batches.split(",")]:
-        for nq in [int(x) for x in args.queries.split(",")]:
-            for t in [int(x) for x in args.contexts.split(",")]:
-                g = torch.Generator().manual_seed(0)
-                caches = [torch.randn(s, 2 * hkv, t + 1, d, generator=g) for _ in range(args.layers)]
-                q = torch.randn(s, hq, nq, d, generator=g)
-                out = torch.empty(s, nq, hq, d)
-                r = {"batch": s, "queries": nq, "context": t}
-                calls = [attention_call(lib, q, c, hkv, t, out) for c in caches]
-                r["s"] = median_call(calls, args.reps, stream, between)
-                line = f"{s:>5} {nq:>7} {t:>7} {r['s'] * 1e6:>9.1f}"
-                if base is not None:
-                    ref = torch.empty_like(out)
-                    calls = [attention_call(base, q, c, hkv, t, ref) for c in caches]
-                    r["baseline_s"] = median_call(calls, args.reps, stream, between)
-                    # both wrote the last layer's output
-                    r["equal"] = torch.equal(out, ref)
-                    line += f" {r['baseline_s'] * 1e6:>14.1f} {r['baseline_s'] / r['s']:>5.2f}x {str(r['equal']):>6}"
-                rows.append(r)
-                print(line)
+    for s, nq, t, prompt in shapes:
+        g = torch.Generator().manual_seed(0)
+        caches = [torch.randn(s, 2 * hkv, t + 1, d, generator=g) for _ in range(args.layers)]
+        q = torch.randn(s, hq, nq, d, generator=g)
+        out = torch.empty(s, nq, hq, d)
+        mask = torch.ones(nq, t, dtype=torch.bool).tril(t - nq)[None, None] if prompt else None
+        r = {"batch": s, "queries": nq, "context": t, "prompt": prompt}
+        calls = [attention_call(lib, q, c, hkv, t, out, mask) for c in caches]
+        r["s"] = median_call(calls, args.reps, stream, between)
+        line = f"{s:>5} {nq:>7} {t:>7} {r['s'] * 1e6:>9.1f}"
+        if base is not None:
+            ref = torch.empty_like(out)
+            calls = [attention_call(base, q, c, hkv, t, ref, mask) for c in caches]
+            r["baseline_s"] = median_call(calls, args.reps, stream, between)
+            # both wrote the last layer's output
+            r["equal"] = torch.equal(out, ref)
+            line += f" {r['baseline_s'] * 1e6:>14.1f} {r['baseline_s'] / r['s']:>5.2f}x {str(r['equal']):>6}"
+        rows.append(r)
+        if prompt:
+            line += "  (a prompt: causal)"
+        print(line)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(
         json.dumps(
             {
+                "cpu": cpu_model(),
                 "kernels": lib.isa,
                 "baseline": args.baseline,
                 "layers": args.layers,

@@ -42,36 +42,74 @@ static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-// Dot products of q with 4 key rows at once (4 independent FMA chains). Each key's sum is reduced in the same
-// order whichever of the 4 slots it is in, so a score never depends on which keys it was computed with.
-// The AVX-512 build uses 16-lane chains when D % 16 == 0 (fixed per model, so still one order per build).
-static inline __m128 dot4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3,
-                          int64_t D) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-#if defined(__AVX512F__)
-    if (D % 16 == 0) {
-        __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
-        for (int64_t d = 0; d < D; d += 16) {
-            const __m512 qv = _mm512_loadu_ps(q + d);
-            b0 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k0 + d), b0);
-            b1 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k1 + d), b1);
-            b2 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k2 + d), b2);
-            b3 = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k3 + d), b3);
-        }
-#define FOLD(b) _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1))
-        a0 = FOLD(b0), a1 = FOLD(b1), a2 = FOLD(b2), a3 = FOLD(b3);
-#undef FOLD
-    } else
-#endif
-        for (int64_t d = 0; d < D; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + d);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
-        }
+// Dot products of N query heads (head h at q + h * qh) with 4 key rows at once: 4 N independent FMA chains, each
+// key vector loaded once for all N heads (one chain per head and key: the FMA unit's latency is hidden, where one
+// head's 4 chains alone would wait on it). Each key's chain runs over d in order and is reduced in the same order
+// (fold to 8 lanes, then the hadd tree) whatever N and whichever of the 4 slots it is in, so a score never depends
+// on which keys or heads it was computed with. The AVX-512 build uses 16-lane chains when D % 16 == 0 (fixed per
+// model, so still one order per build). out[h]: head h's 4 scores.
+static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     const __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
     return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+#define DOT_PASS(NAME, VEC, VL, ZERO, LOAD, FMA, FOLD)                                                         \
+    static inline __attribute__((always_inline)) void NAME(const int N, const float *q, int64_t qh,          \
+                                                           const float *k0, const float *k1, const float *k2, \
+                                                           const float *k3, int64_t D, __m128 *out) {         \
+        VEC a[DOT_HEADS][4];                                                                                   \
+        for (int h = 0; h < N; h++)                                                                            \
+            for (int j = 0; j < 4; j++) a[h][j] = ZERO();                                                      \
+        for (int64_t d = 0; d < D; d += VL) {                                                                  \
+            const VEC c0 = LOAD(k0 + d), c1 = LOAD(k1 + d), c2 = LOAD(k2 + d), c3 = LOAD(k3 + d);             \
+            for (int h = 0; h < N; h++) {                                                                      \
+                const VEC qv = LOAD(q + h * qh + d);                                                           \
+                a[h][0] = FMA(qv, c0, a[h][0]);                                                                \
+                a[h][1] = FMA(qv, c1, a[h][1]);                                                                \
+                a[h][2] = FMA(qv, c2, a[h][2]);                                                                \
+                a[h][3] = FMA(qv, c3, a[h][3]);                                                                \
+            }                                                                                                  \
+        }                                                                                                      \
+        for (int h = 0; h < N; h++) out[h] = reduce4(FOLD(a[h][0]), FOLD(a[h][1]), FOLD(a[h][2]), FOLD(a[h][3])); \
+    }
+
+#define FOLD8(a) (a)
+#if defined(__AVX512F__)
+// heads per pass: 4 N accumulators and the 4 key vectors in 32 registers
+#define DOT_HEADS 6
+#define FOLD16(b) _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1))
+DOT_PASS(dot_pass16, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps, FOLD16)
+#else
+// in 16 registers: 12 accumulators and a query vector (the key vectors are taken as memory operands)
+#define DOT_HEADS 3
+#endif
+DOT_PASS(dot_pass8, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps, FOLD8)
+
+static inline __attribute__((always_inline)) void dot_pass(const int N, const float *q, int64_t qh,
+                                                           const float *k0, const float *k1, const float *k2,
+                                                           const float *k3, int64_t D, __m128 *out) {
+#if defined(__AVX512F__)
+    if (D % 16 == 0) {
+        dot_pass16(N, q, qh, k0, k1, k2, k3, D, out);
+        return;
+    }
+#endif
+    dot_pass8(N, q, qh, k0, k1, k2, k3, D, out);
+}
+
+// dot_pass over G heads (G a constant at each call, at most WS_MAX_HEADS): passes of DOT_HEADS, then the rest.
+static inline __attribute__((always_inline)) void dot_heads(const int G, const float *q, int64_t qh,
+                                                            const float *k0, const float *k1, const float *k2,
+                                                            const float *k3, int64_t D, __m128 *out) {
+    int h = 0;
+    for (; h + DOT_HEADS <= G; h += DOT_HEADS) dot_pass(DOT_HEADS, q + h * qh, qh, k0, k1, k2, k3, D, out + h);
+    if (G - h == 1) dot_pass(1, q + h * qh, qh, k0, k1, k2, k3, D, out + h);
+#if DOT_HEADS > 2
+    else if (G - h == 2) dot_pass(2, q + h * qh, qh, k0, k1, k2, k3, D, out + h);
+    else if (G - h == 3) dot_pass(3, q + h * qh, qh, k0, k1, k2, k3, D, out + h);
+    else if (G - h == 4) dot_pass(4, q + h * qh, qh, k0, k1, k2, k3, D, out + h);
+    else if (G - h == 5) dot_pass(5, q + h * qh, qh, k0, k1, k2, k3, D, out + h);
+#endif
 }
 
 // o_h[0, D) = sum_t p_h[t] * v[t] for G heads h that share the value rows (one GQA group): each v row is loaded
@@ -99,17 +137,16 @@ static inline __m128 dot4(const float *q, const float *k0, const float *k1, cons
 #endif
 #define WS_MAX_HEADS 6
 
-// R vectors of output for G heads (G, R constants at each call): p [G rows, pstride apart], head h's output at o[h].
+// R vectors of output for G heads (G, R constants at each call): p [G rows, pstride apart], head h's output at o[h];
+// live: bit t set where some head's weight at t is not zero.
 static inline __attribute__((always_inline)) void ws_tile(const int G, const int R, const float *p, int64_t pstride,
-                                                          const float *v, int64_t T, int64_t kt, float *const *o,
-                                                          int64_t d0) {
+                                                          const uint8_t *live, const float *v, int64_t T, int64_t kt,
+                                                          float *const *o, int64_t d0) {
     WS_VEC acc[WS_MAX_HEADS][8];
     for (int h = 0; h < G; h++)
         for (int j = 0; j < R; j++) acc[h][j] = WS_ZERO();
     for (int64_t t = 0; t < T; t++) {
-        int live = 0;
-        for (int h = 0; h < G; h++) live |= p[h * pstride + t] != 0.0f;
-        if (!live) continue;
+        if (!(live[t >> 3] >> (t & 7) & 1)) continue;
         const float *vt = v + t * kt + d0;
         WS_VEC vv[8];
         for (int j = 0; j < R; j++) vv[j] = WS_LOAD(vt + WS_VL * j);
@@ -124,15 +161,15 @@ static inline __attribute__((always_inline)) void ws_tile(const int G, const int
 
 // The widest register tiles that fit (G heads x R vectors + R value vectors <= WS_REGS), then narrower ones.
 static inline __attribute__((always_inline)) void ws_heads(const int G, const float *p, int64_t pstride,
-                                                           const float *v, int64_t T, int64_t kt, int64_t D,
-                                                           float *const *o) {
+                                                           const uint8_t *live, const float *v, int64_t T,
+                                                           int64_t kt, int64_t D, float *const *o) {
     int64_t d0 = 0;
     if ((G + 1) * 8 <= WS_REGS)
-        for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_tile(G, 8, p, pstride, v, T, kt, o, d0);
+        for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_tile(G, 8, p, pstride, live, v, T, kt, o, d0);
     if ((G + 1) * 4 <= WS_REGS)
-        for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_tile(G, 4, p, pstride, v, T, kt, o, d0);
-    for (; d0 + 2 * WS_VL <= D; d0 += 2 * WS_VL) ws_tile(G, 2, p, pstride, v, T, kt, o, d0);
-    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_tile(G, 1, p, pstride, v, T, kt, o, d0);
+        for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_tile(G, 4, p, pstride, live, v, T, kt, o, d0);
+    for (; d0 + 2 * WS_VL <= D; d0 += 2 * WS_VL) ws_tile(G, 2, p, pstride, live, v, T, kt, o, d0);
+    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_tile(G, 1, p, pstride, live, v, T, kt, o, d0);
     for (; d0 < D; d0 += 8)  // AVX-512 build with D % 16 == 8
         for (int h = 0; h < G; h++) {
             __m256 acc = _mm256_setzero_ps();
@@ -143,20 +180,34 @@ static inline __attribute__((always_inline)) void ws_heads(const int G, const fl
         }
 }
 
+// live[t / 8] bit t % 8: whether any of the n weight rows (pstride apart, readable up to T rounded up to 8) is not
+// zero at t < T. Computed once per pass, 8 keys at a time, instead of per key in every tile.
+static void live_keys(int64_t n, const float *p, int64_t pstride, int64_t T, uint8_t *live) {
+    for (int64_t t = 0; t < T; t += 8) {
+        int m = 0;
+        for (int64_t h = 0; h < n; h++)
+            m |= _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + h * pstride + t), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+        live[t >> 3] = (uint8_t)(T - t < 8 ? m & ((1 << (T - t)) - 1) : m);
+    }
+}
+
 // ws_heads for any number of heads (n, weights p [n rows, pstride apart], outputs o [n]): passes of up to
-// WS_MAX_HEADS, each reading the value rows once for all its heads.
-static void weighted_sums(int64_t n, const float *p, int64_t pstride, const float *v, int64_t T, int64_t kt,
-                          int64_t D, float *const *o) {
+// WS_MAX_HEADS, each reading the value rows once for all its heads. live: (T + 7) / 8 bytes of scratch.
+static __attribute__((noinline)) void weighted_sums(int64_t n, const float *p, int64_t pstride, const float *v,
+                                                    int64_t T, int64_t kt, int64_t D, float *const *o,
+                                                    uint8_t *live) {
     for (int64_t h0 = 0; h0 < n; h0 += WS_MAX_HEADS) {
         const float *ph = p + h0 * pstride;
         float *const *oh = o + h0;
-        switch (n - h0 < WS_MAX_HEADS ? n - h0 : WS_MAX_HEADS) {
-            case 1: ws_heads(1, ph, pstride, v, T, kt, D, oh); break;
-            case 2: ws_heads(2, ph, pstride, v, T, kt, D, oh); break;
-            case 3: ws_heads(3, ph, pstride, v, T, kt, D, oh); break;
-            case 4: ws_heads(4, ph, pstride, v, T, kt, D, oh); break;
-            case 5: ws_heads(5, ph, pstride, v, T, kt, D, oh); break;
-            default: ws_heads(6, ph, pstride, v, T, kt, D, oh); break;
+        const int64_t g = n - h0 < WS_MAX_HEADS ? n - h0 : WS_MAX_HEADS;
+        live_keys(g, ph, pstride, T, live);
+        switch (g) {
+            case 1: ws_heads(1, ph, pstride, live, v, T, kt, D, oh); break;
+            case 2: ws_heads(2, ph, pstride, live, v, T, kt, D, oh); break;
+            case 3: ws_heads(3, ph, pstride, live, v, T, kt, D, oh); break;
+            case 4: ws_heads(4, ph, pstride, live, v, T, kt, D, oh); break;
+            case 5: ws_heads(5, ph, pstride, live, v, T, kt, D, oh); break;
+            default: ws_heads(6, ph, pstride, live, v, T, kt, D, oh); break;
         }
     }
 }
@@ -164,7 +215,8 @@ static void weighted_sums(int64_t n, const float *p, int64_t pstride, const floa
 // Scores of R query rows x G query heads (row r's head h at q + r * qq + h * qh) against keys [0, T) (kt apart):
 // p[r * prs + h * pstride + t] = q . k_t * scale, softcapped, -inf where row r's mask (mrow + r * mq, if any) masks t.
 // Keys go 4 at a time, each 4-key group loaded once for every row and head (G a constant at each call: a row's G x 4
-// dot products interleave). Each score is dot4's, whatever G and R: bitwise the same as one row and head at a time.
+// dot products interleave in dot_heads). Each score is reduced alike whatever G and R: bitwise the same as one row
+// and head at a time.
 // tend[r]: the end of row r's last 4-key group with an unmasked key (0 if none); every p row is written up to T
 // rounded up to 4 (pstride >= T rounded up to 8).
 // vb: the value rows (same strides as the keys), fetched into the cache as their keys are read, so the weighted
@@ -185,11 +237,19 @@ static inline __attribute__((always_inline)) void scores(const int G, int64_t R,
             __m128 keep = _mm_castsi128_ps(_mm_set1_epi32(-1));
             if (mrow) {
                 const uint8_t *mr = mrow + r * mq;
-                const __m128i m = _mm_setr_epi32(mr[t], mr[t1], mr[t2], mr[t3]);
-                keep = _mm_castsi128_ps(_mm_xor_si128(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm_set1_epi32(-1)));
-                if (_mm_movemask_ps(keep) == 0) {
+                // the 4 mask bytes in one load (bools are 0 or 1): all kept, all masked, or a mix
+                uint32_t m4;
+                if (t + 4 <= T)
+                    __builtin_memcpy(&m4, mr + t, 4);
+                else
+                    m4 = mr[t] | mr[t1] << 8 | mr[t2] << 16 | (uint32_t)mr[t3] << 24;
+                if (m4 == 0) {
                     for (int h = 0; h < G; h++) _mm_storeu_ps(pr + h * pstride + t, ninf);
                     continue;
+                }
+                if (m4 != 0x01010101u) {
+                    const __m128i m = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)m4));
+                    keep = _mm_castsi128_ps(_mm_xor_si128(_mm_cmpeq_epi32(m, _mm_setzero_si128()), _mm_set1_epi32(-1)));
                 }
             }
             tend[r] = te;
@@ -198,11 +258,10 @@ static inline __attribute__((always_inline)) void scores(const int G, int64_t R,
                     for (int64_t l = 0; l < D; l += 16) _mm_prefetch((const char *)(vb + u * kt + l), _MM_HINT_T0);
                 fetched = 1;
             }
-            const float *qr = q + r * qq;
-            __m128 sc[4];
-            for (int h = 0; h < G; h++)
-                sc[h] = _mm_mul_ps(dot4(qr + h * qh, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D), vscale);
+            __m128 sc[WS_MAX_HEADS];
+            dot_heads(G, q + r * qq, qh, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D, sc);
             for (int h = 0; h < G; h++) {
+                sc[h] = _mm_mul_ps(sc[h], vscale);
                 if (softcap > 0) {
                     float x[4];
                     _mm_storeu_ps(x, sc[h]);
@@ -241,7 +300,7 @@ static inline __attribute__((always_inline)) float softmax_numerators(float *p, 
     return 1.0f / hsum8(vs);
 }
 
-// scores for any group size G: G a constant for G <= 4; larger groups one head at a time (the mask, hence the ends,
+// scores for any group size G: G a constant for G <= 6; larger groups one head at a time (the mask, hence the ends,
 // are the same for every head). p [R, G, T8].
 static inline __attribute__((always_inline)) void any_scores(int64_t G, int64_t R, const float *q, int64_t qh,
                                                              int64_t qq, const float *kb, const float *vb, int64_t T,
@@ -256,6 +315,10 @@ static inline __attribute__((always_inline)) void any_scores(int64_t G, int64_t 
         scores(3, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 3 * T8, tend);
     else if (G == 4)
         scores(4, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 4 * T8, tend);
+    else if (G == 5)
+        scores(5, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 5 * T8, tend);
+    else if (G == 6)
+        scores(6, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 6 * T8, tend);
     else
         for (int64_t h = 0; h < G; h++)
             scores(1, R, q + h * qh, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p + h * T8, T8, G * T8,
@@ -290,6 +353,7 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
         float *p = aligned_alloc(32, sizeof(float) * ATT_ROWS * G * T8);  // [R, G, T8] scores, then weights
         float *inv = malloc(sizeof(float) * ATT_ROWS * G);
         float **o = malloc(sizeof(float *) * ATT_ROWS * G);
+        uint8_t *live = malloc(T8 / 8);
         int64_t tend[ATT_ROWS];
         for (int64_t i = i0, R; i < i1; i += R) {
             const int64_t s = i / (Hq / G * Q), h0 = (i / Q) % (Hq / G) * G, t0 = i % Q, g = h0 / group;
@@ -315,7 +379,7 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
                     // the group's heads are consecutive in the output: [G, D] per row
                     o[r * G + h] = out + ((s * Q + t0 + r) * Hq + h0 + h) * D;
                 }
-            weighted_sums(R * G, p, T8, vb, tw, kt, D, o);
+            weighted_sums(R * G, p, T8, vb, tw, kt, D, o, live);
             for (int64_t j = 0; j < R * G; j++) {
                 const __m256 vi = _mm256_set1_ps(inv[j]);
                 for (int64_t d = 0; d < D; d += 8)
@@ -325,6 +389,7 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
         free(p);
         free(inv);
         free(o);
+        free(live);
     }
 }
 
