@@ -80,7 +80,7 @@ static inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 #define FOLD16(b) _mm256_add_ps(_mm512_castps512_ps256(b), _mm512_extractf32x8_ps(b, 1))
 DOT_PASS(dot_pass16, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_fmadd_ps, FOLD16)
 #else
-// in 16 registers: 12 accumulators and a query vector (the key vectors are taken as memory operands)
+// in 16 registers: 12 accumulators and a query vector (GCC takes the key vectors as memory operands)
 #define DOT_HEADS 3
 #endif
 DOT_PASS(dot_pass8, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_fmadd_ps, FOLD8)
