@@ -48,7 +48,7 @@ def cpu_model() -> str:
     return f"{name} ({', '.join(f for f in wanted if f in flags) or 'no AVX2'})"
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
@@ -144,9 +144,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--workloads", default="code-edit,chat,repeat-edit")
-    ap.add_argument("--batch-sizes", type=_ints, default=[1, 16])
+    ap.add_argument("--batch-sizes", type=int_list, default=[1, 16])
     ap.add_argument("--temperatures", type=_floats, default=[0.0, 1.0])
-    ap.add_argument("--fixed-k", type=_ints, default=[1, 2, 4, 8], help="fixed draft lengths to compare")
+    ap.add_argument("--fixed-k", type=int_list, default=[1, 2, 4, 8], help="fixed draft lengths to compare")
     ap.add_argument("--num-prompts", type=int, default=8, help="per cell (at least the batch size)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1, help="rounds per cell; each row is the median round")

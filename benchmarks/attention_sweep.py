@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from adaptive_k import cpu_model
+from adaptive_k import cpu_model, int_list
 from kernel_sweep import baseline_kernels
 
 
@@ -73,12 +73,17 @@ def median_call(calls, reps: int, stream: torch.Tensor, between: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--contexts", default="128,512,1000")
+    ap.add_argument("--batches", type=int_list, default=[1, 8])
+    ap.add_argument("--contexts", type=int_list, default=[128, 512, 1000])
     ap.add_argument(
-        "--queries", default="1,5", help="query rows per sequence (1 = decode, 5 = verify 4 drafts)"
+        "--queries",
+        type=int_list,
+        default=[1, 5],
+        help="query rows per sequence (1 = decode, 5 = verify 4 drafts)",
     )
-    ap.add_argument("--prompts", default="", help="prompt lengths: a fresh prompt's causal attention")
+    ap.add_argument(
+        "--prompts", type=int_list, default=[], help="prompt lengths: a fresh prompt's causal attention"
+    )
     ap.add_argument("--heads", default="9,3,64", help="query heads, KV heads, head dim")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--layers", type=int, default=30, help="caches used in turn (a model's layers)")
@@ -103,12 +108,9 @@ def main() -> None:
     extra = f" {args.baseline[:10] + ' us':>14} {'x':>6} {'equal':>6}" if base else ""
     print(f"{'batch':>5} {'queries':>7} {'context':>7} {'us':>9}{extra}")
     # (batch, query rows, context, causal prompt)
-    shapes = [
-        (s, nq, t, False)
-        for s in [int(x) for x in args.batches.split(",")]
-        for nq in [int(x) for x in args.queries.split(",")]
-        for t in [int(x) for x in args.contexts.split(",")]
-    ] + [(1, n, n, True) for n in [int(x) for x in args.prompts.split(",") if x]]
+    shapes = [(s, nq, t, False) for s in args.batches for nq in args.queries for t in args.contexts] + [
+        (1, n, n, True) for n in args.prompts
+    ]
     rows = []
     for s, nq, t, prompt in shapes:
         g = torch.Generator().manual_seed(0)
