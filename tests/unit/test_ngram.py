@@ -1,7 +1,10 @@
 import numpy as np
 import pytest
 
-from verispec.spec.ngram import ngram_propose
+from verispec.engine.request import Request
+from verispec.sampling_params import SamplingParams
+from verispec.spec.ngram import match_confidence, match_length, ngram_lookup, ngram_propose
+from verispec.spec.ngram_proposer import NgramProposer
 
 
 def _ref(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -72,3 +75,56 @@ def test_bad_n_range():
         ngram_propose(np.array([1, 2]), 0, 2, 1)
     with pytest.raises(ValueError):
         ngram_propose(np.array([1, 2]), 3, 2, 1)
+
+
+def _ref_match_length(context: list[int], end: int, cap: int) -> int:
+    n = 0
+    while n < cap and end - n >= 0 and context[end - n] == context[len(context) - 1 - n]:
+        n += 1
+    return n
+
+
+def test_match_length_matches_brute_force():
+    rng = np.random.default_rng(1)
+    for _ in range(500):
+        context = rng.integers(0, int(rng.integers(2, 4)), int(rng.integers(2, 80)))
+        end = ngram_lookup(context, 1, 3)
+        if end < 0:
+            continue
+        cap = int(rng.integers(1, 40))
+        assert match_length(context, end, cap) == _ref_match_length(context.tolist(), end, cap)
+
+
+def test_match_length_runs_past_max_n():
+    # the suffix [1..6] was seen before: the lookup matches 2 tokens, the match is 6 long
+    context = np.array([9, 1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4, 5, 6])
+    end = ngram_lookup(context, 2, 2)
+    assert context[end + 1] == 7
+    assert match_length(context, end) == 6
+    assert match_length(context, end, cap=4) == 4
+
+
+def test_match_confidence_grows_with_the_match():
+    short, long = match_confidence(4, 3), match_confidence(32, 3)
+    assert len(short) == 3 and short == sorted(short)
+    assert all(0 < c < 1 for c in short + long)
+    assert short[0] < long[0]
+    assert match_confidence(4, 0) == []
+
+
+def test_proposer_drafts_and_scores_by_match_length():
+    """The proposer drafts what ngram_propose gives on the committed tokens (prompt + outputs, appended as they
+    come), each draft scored by the match it continues."""
+    prompt = [9, 1, 2, 3, 4, 5, 6, 7, 8, 0]
+    req = Request("r", None, prompt, SamplingParams(temperature=0))
+    prop = NgramProposer(2, 2)
+    prop.add_request(req)
+    # no earlier [8, 0]: nothing to draft
+    assert prop.propose([req], [3]).token_ids == [[]]
+    req.output_token_ids += [1, 2, 3, 4, 5, 6]
+    out = prop.propose([req], [3])
+    ctx = np.array(prompt + req.output_token_ids)
+    assert out.token_ids == [ngram_propose(ctx, 2, 2, 3).tolist()] == [[7, 8, 0]]
+    assert out.confidence == [match_confidence(6, 3)]
+    # asked for nothing: no drafts, no lookup
+    assert prop.propose([req], [0]).token_ids == [[]]

@@ -11,15 +11,19 @@ n, never over the context).
 
 import numpy as np
 
+# the longest match `match_length` measures: past it a draft is as good as certain to be copied
+MATCH_CAP = 64
 
-def ngram_propose(context: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
-    """Return up to ``k`` proposed tokens (1-D, context dtype; empty if no match)."""
+
+def ngram_lookup(context: np.ndarray, min_n: int, max_n: int) -> int:
+    """End index of the earliest earlier occurrence of the context's longest matching suffix (n in [min_n, max_n]),
+    -1 if there is none."""
     if min_n < 1 or max_n < min_n:
         raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
     context = np.asarray(context)
     L = context.shape[0]
-    if k <= 0 or L < min_n + 1:
-        return context[:0].copy()
+    if L < min_n + 1:
+        return -1
     # candidate end indices e <= L-2 (never the suffix itself), ascending = earliest first
     # [M]
     ends = np.flatnonzero(context[:-1] == context[-1])
@@ -37,6 +41,32 @@ def ngram_propose(context: np.ndarray, min_n: int, max_n: int, k: int) -> np.nda
         # room for one more token before the occurrence
         ends = ends[ends >= t]
         ends = ends[context[ends - t] == context[L - 1 - t]]
-    if best < 0:
+    return best
+
+
+def match_length(context: np.ndarray, end: int, cap: int = MATCH_CAP) -> int:
+    """How many tokens the context's suffix and the tokens ending at index `end` share, counted backwards (at most
+    cap): at least the n the lookup matched, more when the match runs on past max_n (a span being copied)."""
+    context = np.asarray(context)
+    n = min(cap, end + 1)
+    L = context.shape[0]
+    # [n] both spans, newest token first
+    earlier = context[end - n + 1 : end + 1][::-1]
+    latest = context[L - n :][::-1]
+    differ = np.flatnonzero(earlier != latest)
+    return int(differ[0]) if differ.size else n
+
+
+def match_confidence(length: int, k: int) -> list[float]:
+    """A score per draft of a match `length` tokens long, increasing with the match: draft i continues a match of
+    length + i tokens if the drafts before it were accepted. Not a probability: the planner calibrates it."""
+    return [(length + i) / (length + i + 2) for i in range(k)]
+
+
+def ngram_propose(context: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
+    """Return up to ``k`` proposed tokens (1-D, context dtype; empty if no match)."""
+    context = np.asarray(context)
+    best = ngram_lookup(context, min_n, max_n)
+    if k <= 0 or best < 0:
         return context[:0].copy()
     return context[best + 1 : best + 1 + k].copy()

@@ -1,4 +1,8 @@
-"""`ngram` (prompt lookup): drafts are the tokens that followed the longest earlier match of the context's suffix."""
+"""`ngram` (prompt lookup): drafts are the tokens that followed the longest earlier match of the context's suffix.
+
+Each draft carries a confidence from the match's length (measured back past max_n): a suffix that matches the
+earlier text for dozens of tokens is a span being copied, whose drafts are accepted far more often than those of a
+bare max_n-token match. The planner calibrates it and verifies more drafts of long matches."""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import numpy as np
 
 from verispec.engine.request import Request
 from verispec.spec.base import Proposal, ProposerNeeds
-from verispec.spec.ngram import ngram_propose
+from verispec.spec.ngram import match_confidence, match_length, ngram_lookup
 
 
 class NgramProposer:
@@ -41,8 +45,15 @@ class NgramProposer:
         return buf[:total]
 
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
-        drafts = [
-            ngram_propose(self._context(r), self.min_n, self.max_n, k).tolist() if k > 0 else []
-            for r, k in zip(reqs, k_max)
-        ]
-        return Proposal(drafts)
+        drafts, confidence = [], []
+        for r, k in zip(reqs, k_max):
+            ctx = self._context(r) if k > 0 else None
+            end = -1 if ctx is None else ngram_lookup(ctx, self.min_n, self.max_n)
+            if end < 0:
+                drafts.append([])
+                confidence.append([])
+                continue
+            draft = ctx[end + 1 : end + 1 + k].tolist()
+            drafts.append(draft)
+            confidence.append(match_confidence(match_length(ctx, end), len(draft)))
+        return Proposal(drafts, confidence=confidence)
