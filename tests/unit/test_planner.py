@@ -341,6 +341,33 @@ def test_shadow_drafts_teach_what_verifying_them_would():
     assert shadowed.acceptance.conditional("a", 4) == verified.conditional("a", 4)
 
 
+def test_the_bonus_token_judges_the_first_draft_not_verified():
+    """A step that verifies 2 of 4 one-hot drafts and accepts both commits the target's own token next: it is the
+    outcome of verifying draft 3, so the model learns position 3 as if it had been verified. A rejection before it,
+    or drafts with a distribution, teach nothing past the verified ones."""
+    conf = [0.9, 0.8, 0.7, 0.6]
+    for bonus, hit in ((7, True), (9, False)):
+        # a row costs half a step: the planner verifies 2 of these drafts
+        planner = DraftPlanner(4, FixedCost(0.6), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+        verified = AcceptanceModel(num_positions=4)
+        for model in (planner.acceptance, verified):
+            for _ in range(1000):
+                model.observe("a", 2, 2, confidence=conf)
+        k = planner.choose(["a"], [[5, 6, 7, 8]], [conf], 1, 0.0)[0]
+        assert 0 < k < 4
+        planner.observe("a", k, k, conf, [5, 6, 7, 8][:k] + [bonus])
+        verified.observe("a", k + 1, k + int(hit), conf)
+        assert planner.acceptance.conditional("a", 4, conf) == verified.conditional("a", 4, conf)
+    before = planner.acceptance.conditional("a", 4, conf)
+    k = planner.choose(["a"], [[5, 6, 7, 8]], [conf], 1, 0.0)[0]
+    # a rejected draft: the rest were never reached
+    planner.observe("a", k, k - 1, conf, [5, 6, 7, 8][: k - 1] + [1])
+    verified.observe("a", k, k - 1, conf)
+    assert planner.acceptance.conditional("a", 4, conf) == verified.conditional("a", 4, conf) != before
+    planner.choose(["a"], [[5, 6, 7, 8]], [conf], 1, 0.0, one_hot=False)
+    assert planner.next_draft == {}
+
+
 def test_a_skipped_request_that_turns_predictable_is_verified_again_within_a_few_steps():
     """Where the request starts to write what its drafts say, the shadows' hits bring its drafts back into
     verification after a few tokens (a probe would have waited PROBE_AFTER steps)."""

@@ -364,7 +364,9 @@ class LLMEngine:
                 if stats is not None:
                     stats.observe_draft(len(d), n)
                 if planner is not None:
-                    planner.observe(r.request_id, len(d), n, confidence[b] if confidence else None)
+                    planner.observe(
+                        r.request_id, len(d), n, confidence[b] if confidence else None, step.tokens[b]
+                    )
             elif planner is not None:
                 # drafts it did not verify are judged against the token it commits
                 planner.committed(r.request_id, step.tokens[b])

@@ -317,6 +317,9 @@ class DraftPlanner:
         self.shadow_drafts = shadow_drafts
         # per request, the unverified drafts being judged against its next tokens
         self.shadows: dict[str, _Shadow] = {}
+        # per request verifying this step, its first draft past the verified ones (token, confidence): if every
+        # verified draft is accepted, the step's bonus token judges it
+        self.next_draft: dict[str, tuple[int, float | None]] = {}
         # drafting seconds per request asked (moving average), requests this step's ask drafted for, and the
         # drafting time that shadow drafts may still spend (SHADOW_BUDGET of every step's cost)
         self.request_draft_seconds = 0.0
@@ -417,11 +420,14 @@ class DraftPlanner:
         ]
         cost = self._cost(batch_rows)
         lengths = self._plan(gains, cost, lambda k: draft_seconds, batch_rows)
+        self.next_draft.clear()
         if self.shadow_drafts and one_hot:
             for rid, d, c, k in zip(request_ids, drafts, conf, lengths):
                 if k:
                     # verified drafts teach the model themselves
                     self.shadows.pop(rid, None)
+                    if k < len(d):
+                        self.next_draft[rid] = (d[k], c[k] if c is not None and k < len(c) else None)
                 elif d and rid not in self.shadows:
                     self.shadows[rid] = _Shadow(list(d), None if c is None else list(c))
         else:
@@ -530,8 +536,16 @@ class DraftPlanner:
         its plain step (plain_rows)."""
         return lambda rows: self.step_cost.cost(rows, drafted=rows > plain_rows)
 
-    def observe(self, request_id: str, num_drafts: int, num_accepted: int, confidence=None) -> None:
+    def observe(
+        self, request_id: str, num_drafts: int, num_accepted: int, confidence=None, tokens: Sequence[int] = ()
+    ) -> None:
+        """A verified chain, and the tokens the step committed for it (accepted drafts, then the target's own). With
+        every draft accepted, the target's token judges the first draft that was not verified (a shadow draft, judged
+        at no cost), so deep draft positions are learned even while the planner stops short of them."""
         self.acceptance.observe(request_id, num_drafts, num_accepted, confidence)
+        nxt = self.next_draft.pop(request_id, None)
+        if nxt is not None and num_accepted == num_drafts and len(tokens) > num_accepted:
+            self.acceptance.observe_one(request_id, num_drafts, tokens[num_accepted] == nxt[0], nxt[1])
 
     def committed(self, request_id: str, tokens: Sequence[int]) -> None:
         """Tokens a request committed in a step that verified none of its drafts: they judge its shadow drafts in
@@ -552,6 +566,7 @@ class DraftPlanner:
     def remove(self, request_id: str) -> None:
         self.acceptance.remove(request_id)
         self.shadows.pop(request_id, None)
+        self.next_draft.pop(request_id, None)
         self.known.discard(request_id)
 
     def verified_row_cost(self) -> float:
