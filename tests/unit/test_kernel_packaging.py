@@ -47,3 +47,44 @@ def test_kernels_that_cannot_be_built_fall_back_with_one_warning(monkeypatch, er
     finally:
         build.load_qgemm.cache_clear()
     assert len(caught) == 1 and "dequantized to float32" in str(caught[0].message)
+
+
+def test_the_build_digest_follows_every_source_header_and_isa(tmp_path):
+    """The compiled library's name and the step-cost profiles' cache key carry build_digest: a changed kernel
+    source or header, or another instruction set, is another build (a profile of the old kernels is not reused)."""
+    for path in (*build.SOURCES, build.AMX_SOURCE, *build.SOURCES[0].parent.glob("*.h")):
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    sources = tuple(tmp_path / p.name for p in build.SOURCES)
+    base = build.build_digest("avx2", sources)
+    assert base == build.build_digest("avx2")
+    assert build.build_digest("avx512", sources) != base
+    for name in (sources[0].name, next(tmp_path.glob("*.h")).name):
+        before = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_bytes(before + b"\n// changed\n")
+        assert build.build_digest("avx2", sources) != base, name
+        (tmp_path / name).write_bytes(before)
+    assert build.build_digest("avx2", sources) == base
+
+
+def test_the_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
+    """build_planner's cache key names the kernels' build, not only their instruction set."""
+    from verispec.engine import builder
+
+    if build.kernel_isa() is None:
+        pytest.skip("no AVX2/FMA CPU: no kernels, no build to name")
+    keys = []
+
+    def spy(runner, slot, points, key):
+        keys.append(key)
+        raise StopIteration
+
+    monkeypatch.setattr(builder, "load_or_profile", spy)
+    args = type("Args", (), {"max_num_seqs": 1, "activation_dtype": "float32", "dtype": "float32"})()
+    args.keep_quantized = True
+    spec = type("Spec", (), {"num_lookahead_slots": 2})()
+    ckpt = type("Ckpt", (), {"source": __file__})()
+    runner = type("Runner", (), {"device": "cpu"})()
+    with pytest.raises(StopIteration):
+        builder.build_planner(args, ckpt, runner, spec, None, 16)
+    isa = build.kernel_isa()
+    assert (isa, build.build_digest(isa)) in keys[0]

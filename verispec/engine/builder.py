@@ -100,7 +100,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
 
 def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, max_rows: int) -> DraftPlanner:
     """The goodput planner with this model's step-cost profile (cached per model / device / kernel build)."""
-    from verispec.kernels.build import kernel_isa
+    from verispec.kernels.build import build_digest, kernel_isa
 
     k = spec.num_lookahead_slots
     top = min(max_rows, args.max_num_seqs * (k + 1))
@@ -111,7 +111,8 @@ def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, m
     key = (
         model_fingerprint(ckpt.source),
         str(runner.device),
-        isa,
+        # the kernels' build, not only their instruction set: new kernels price rows differently
+        None if isa is None else (isa, build_digest(isa)),
         args.activation_dtype,
         args.dtype,
         args.keep_quantized,

@@ -171,6 +171,18 @@ def load_qgemm() -> ctypes.CDLL | None:
     return lib
 
 
+def build_digest(isa: str, sources: tuple[Path, ...] = SOURCES) -> str:
+    """What identifies the library build_qgemm compiles for `isa`: its sources, the headers beside them and the
+    flags (the compiled library's name carries it; the step-cost profiles are cached per build with it)."""
+    flags = (*CFLAGS, *ISA_FLAGS[isa])
+    if isa == "amx":
+        sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
+    # every header beside the sources (what they include) goes into the digest too
+    extra = b"".join(h.read_bytes() for h in sorted(sources[0].parent.glob("*.h")))
+    blob = b"".join(p.read_bytes() for p in sources) + extra + " ".join(flags).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
 @functools.cache
 def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | None:
     """Compile (once per source version, cached on disk) and load the library for `isa` ('avx2' | 'avx512' | 'amx').
@@ -181,15 +193,10 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
     if compiler is None:
         warnings.warn("verispec: no C compiler found; GGUF weights are dequantized to float32", stacklevel=2)
         return None
+    target = cache_dir() / f"qgemm-{isa}-{build_digest(isa, sources)}.so"
     flags = (*CFLAGS, *ISA_FLAGS[isa])
     if isa == "amx":
         sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
-    # every header beside the sources (what they include) goes into the digest too
-    extra = b"".join(h.read_bytes() for h in sorted(sources[0].parent.glob("*.h")))
-    digest = hashlib.sha256(
-        b"".join(p.read_bytes() for p in sources) + extra + " ".join(flags).encode()
-    ).hexdigest()[:16]
-    target = cache_dir() / f"qgemm-{isa}-{digest}.so"
     try:
         if not target.exists():
             _compile(compiler, flags, target, sources)
