@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -79,12 +80,15 @@ def test_the_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
         raise StopIteration
 
     monkeypatch.setattr(builder, "load_or_profile", spy)
-    args = type("Args", (), {"max_num_seqs": 1, "activation_dtype": "float32", "dtype": "float32"})()
-    args.keep_quantized = True
-    spec = type("Spec", (), {"num_lookahead_slots": 2})()
-    ckpt = type("Ckpt", (), {"source": __file__})()
-    runner = type("Runner", (), {"device": "cpu"})()
+    args = SimpleNamespace(max_num_seqs=1, activation_dtype="float32", dtype="float32", keep_quantized=True)
     with pytest.raises(StopIteration):
-        builder.build_planner(args, ckpt, runner, spec, None, 16)
+        builder.build_planner(
+            args,
+            SimpleNamespace(source=__file__),
+            SimpleNamespace(device="cpu"),
+            SimpleNamespace(num_lookahead_slots=2),
+            None,
+            16,
+        )
     isa = build.kernel_isa()
     assert (isa, build.build_digest(isa)) in keys[0]

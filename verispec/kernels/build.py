@@ -171,12 +171,17 @@ def load_qgemm() -> ctypes.CDLL | None:
     return lib
 
 
+def _build_inputs(isa: str, sources: tuple[Path, ...]) -> tuple[tuple[Path, ...], tuple[str, ...]]:
+    """The files and compiler flags of the `isa` build: the 'amx' one adds qgemm_amx.c from the sources' folder."""
+    if isa == "amx":
+        sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
+    return sources, (*CFLAGS, *ISA_FLAGS[isa])
+
+
 def build_digest(isa: str, sources: tuple[Path, ...] = SOURCES) -> str:
     """What identifies the library build_qgemm compiles for `isa`: its sources, the headers beside them and the
     flags (the compiled library's name carries it; the step-cost profiles are cached per build with it)."""
-    flags = (*CFLAGS, *ISA_FLAGS[isa])
-    if isa == "amx":
-        sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
+    sources, flags = _build_inputs(isa, sources)
     # every header beside the sources (what they include) goes into the digest too
     extra = b"".join(h.read_bytes() for h in sorted(sources[0].parent.glob("*.h")))
     blob = b"".join(p.read_bytes() for p in sources) + extra + " ".join(flags).encode()
@@ -194,9 +199,7 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
         warnings.warn("verispec: no C compiler found; GGUF weights are dequantized to float32", stacklevel=2)
         return None
     target = cache_dir() / f"qgemm-{isa}-{build_digest(isa, sources)}.so"
-    flags = (*CFLAGS, *ISA_FLAGS[isa])
-    if isa == "amx":
-        sources = (*sources, sources[0].with_name(AMX_SOURCE.name))
+    sources, flags = _build_inputs(isa, sources)
     try:
         if not target.exists():
             _compile(compiler, flags, target, sources)
