@@ -156,6 +156,9 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define VDP_Q8(acc, w, s) VDP(acc, w, s)
 #define Q8_INIT(c) (-(c))
 #define VDP2(acc, u1, s1, u2, s2) VDP(VDP(acc, u1, s1), u2, s2)
+#define RMAX 4
+#define CMAX 2
+#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
 #include "qgemm_i8_vnni.h"
 #pragma GCC pop_options
 #else
@@ -172,6 +175,10 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #pragma GCC target("avx2,fma")
 #define PFX(name) avx2i8_##name
 #include "qgemm_i8_ymm.h"
+// up to 6 rows in one tile of a single vector (on Zen 3, 5 and 6 rows ran 1.1x faster than as 3 + 2 and 3 + 3)
+#define RMAX 6
+#define CMAX 2
+#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1) X(F, 5, 1) X(F, 6, 1)
 #define VPAIRS(p16) _mm256_madd_epi16(p16, _mm256_set1_epi16(1))
 #define VDP(acc, u, s) _mm256_add_epi32(acc, VPAIRS(_mm256_maddubs_epi16(u, s)))
 #define VDP2(acc, u1, s1, u2, s2) \

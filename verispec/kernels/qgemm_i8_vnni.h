@@ -138,12 +138,13 @@ static inline __attribute__((always_inline)) void PFX(rows)(const int F, int64_t
     switch (R) { TILES(PFX_ROWS_CASE, F) }
 }
 
-// Rows [0, R) x vectors [u0, u1): register tiles of RMAX rows, a remainder above RMAX taken RMAX - 1 at a time.
+// Rows [0, R) x vectors [u0, u1): as few register tiles as RMAX allows (each one expands the weights again), their
+// rows as even as possible (9 rows with RMAX 5: 5 + 4, not 4 + 4 + 1).
 static inline __attribute__((always_inline)) void PFX(row_tiles)(const int F, int64_t R, const uint8_t *x,
                                                                  int64_t XS, int64_t K, const uint8_t *w, int64_t u0,
                                                                  int64_t u1, float *y, int64_t N) {
-    for (int64_t r = 0, n; r < R; r += n) {
-        n = R - r <= RMAX ? R - r : RMAX - 1;
+    for (int64_t r = 0, n, left = (R + RMAX - 1) / RMAX; r < R; r += n, left--) {
+        n = (R - r + left - 1) / left;
         PFX(rows)(F, n, x + r * XS, XS, K, w, u0, u1, y + r * N, N);
     }
 }

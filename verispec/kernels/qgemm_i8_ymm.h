@@ -1,5 +1,5 @@
 // The 256-bit (ymm) parameters of qgemm_i8_vnni.h that the AVX-VNNI and AVX2 variants share: 8 columns per vector,
-// register tiles of up to 4 rows x 2 vectors (16 registers). Each variant adds its PFX and dot-product macros.
+// 16 registers. Each variant adds its PFX, dot-product macros and register tiles (RMAX, CMAX, TILES).
 #define VW 8
 #define vi __m256i
 #define vf __m256
@@ -14,6 +14,3 @@
 #define VCVT(a) _mm256_cvtepi32_ps(a)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define RMAX 4
-#define CMAX 2
-#define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1)
