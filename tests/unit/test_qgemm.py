@@ -97,9 +97,9 @@ def test_rows_do_not_depend_on_the_batch_or_threads(lib, qtype):
         alone = torch.cat([qw.matmul(x[i : i + 1], lib) for i in range(41)])
     finally:
         torch.set_num_threads(threads)
-    # bitwise: a row alone vs in 8-row tiles
+    # bitwise: a row alone vs in every tile and 32-row sweep (41 rows: 32 + 9)
     assert torch.equal(whole, alone)
-    for size in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 20, 21):
+    for size in (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 17, 20, 21, 32, 33):
         parts = torch.cat([qw.matmul(x[i : i + size], lib) for i in range(0, 41, size)])
         assert torch.equal(whole, parts), size
 

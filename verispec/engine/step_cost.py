@@ -119,7 +119,8 @@ class StepCostModel:
         self.a, self.b = sy / sx, 0.0
 
 
-# the row tile of the kernels (AMX-INT8, the VNNI and FMA sweeps): a step's cost jumps where a tile fills
+# the row tile of the kernels (AMX-INT8's 16 rows; the VNNI and FMA kernels sweep 32): a step's cost jumps where a
+# tile fills
 _TILE = 16
 # tile edges are profiled up to this many rows (further up a jump is small against the step)
 _TILE_EDGES_UP_TO = 64

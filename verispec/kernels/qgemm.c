@@ -25,7 +25,7 @@
 
 #define QK 32
 #define NCOLS 16     // output columns per work item
-#define TILE_M 16    // rows whose x stays cached while the columns are swept (up to 16 rows read the weights once)
+#define TILE_M 32    // rows whose x stays cached while the columns are swept (up to 32 rows read the weights once)
 #define BSIZE_q4 24
 #define BSIZE_q8 36
 #define BSIZE_q6 40

@@ -37,7 +37,7 @@
 
 #define QK 32
 #define GROUP 16
-#define TILE_M 16     // rows swept together over a thread's columns (up to 16 rows read the weights once)
+#define TILE_M 32     // rows swept together over a thread's columns (up to 32 rows read the weights once)
 #define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
 #define PF_BLOCKS 4   // blocks ahead whose weights the VNNI kernels prefetch (decode steps read them from memory)
 enum { Q4V = 0, Q8V = 1, Q6V = 2 };
