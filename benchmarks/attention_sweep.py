@@ -28,6 +28,8 @@ def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
     """mask: None (every row attends to all t keys) or [1, 1, nq, t] bool, contiguous (the same for every sequence)."""
     s, hq, nq, d = q.shape
     t_alloc = cache.shape[2]
+    # every row real (qlen NULL); a baseline from before the qlen argument has one argument fewer
+    qlen = (None,) if len(lib.attention_f32.argtypes) == 23 else ()
     return lambda: lib.attention_f32(
         q.data_ptr(),
         s,
@@ -50,6 +52,7 @@ def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
         d**-0.5,
         0.0,
         out.data_ptr(),
+        *qlen,
         torch.get_num_threads(),
     )
 

@@ -126,6 +126,38 @@ def test_attention_row_does_not_depend_on_its_neighbours(q, t, hq, hkv):
     assert torch.equal(out[1, 1], torch.zeros(hq * d))
 
 
+def test_padding_rows_are_skipped():
+    """qlen: RoPE, the KV write and attention compute each sequence's real rows exactly as without it and leave the
+    padding alone (a batch verifying one request's drafts pads every other sequence to its rows)."""
+    s, q, hq, hkv, d, t = 4, 9, 6, 2, 32, 50
+    qlen = torch.tensor([1, 9, 0, 3])
+    real = torch.arange(q)[None] < qlen[:, None]
+    # RoPE: real rows as with no qlen, padding rows unchanged
+    x = rand(s, q, hq, d).transpose(1, 2)
+    cos, ssin = rope_cos_sin(torch.arange(s * q).view(s, q), rope_inv_freq(d, 10000.0))
+    full, part = x.clone(), x.clone()
+    assert ops.rope_(full, cos, ssin) and ops.rope_(part, cos, ssin, qlen)
+    assert torch.equal(part.transpose(1, 2)[real], full.transpose(1, 2)[real])
+    assert torch.equal(part.transpose(1, 2)[~real], x.transpose(1, 2)[~real])
+    # KV write: padding rows write nothing
+    cache = torch.zeros(s, 2 * hkv, t, d)
+    kv = rand(s, q, 2 * hkv, d).transpose(1, 2)
+    pos = torch.arange(q).repeat(s, 1) + 40
+    assert ops.write_kv(cache, kv, pos, qlen)
+    written = cache.abs().sum(dim=(1, 3)) > 0
+    assert torch.equal(written[:, 40:49], real) and not written[:, :40].any()
+    # attention: real rows bitwise as with no qlen
+    cache = rand(s, 2 * hkv, t, d)
+    qt = rand(s, hq, q, d)
+    mask = torch.ones(q, t, dtype=torch.bool).tril(t - q).expand(s, 1, q, t).clone()
+    args = (qt, cache[:, :hkv], cache[:, hkv:], mask, 0.125, None)
+    out, skipped = ops.attention(*args), ops.attention(*args, qlen)
+    assert torch.equal(skipped[real], out[real])
+    # a qlen of the wrong shape or type: not applicable
+    assert ops.attention(*args, qlen[:2]) is None
+    assert not ops.rope_(x, cos, ssin, qlen.int())
+
+
 def test_attention_fully_masked_row_is_zero():
     qt, cache = rand(1, 2, 1, 16), rand(1, 2, 5, 16)
     mask = torch.zeros(1, 1, 1, 5, dtype=torch.bool)

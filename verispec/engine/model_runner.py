@@ -111,14 +111,16 @@ class ModelRunner:
             sliding[..., 0] |= ~valid[:, None]
         rows_idx = torch.arange(s, device=dev)[:, None]
         identity = pad_pos == list(range(s * q))
-        unpack = pack = None
+        unpack = pack = lengths = None
         if not identity:
             # [N] padded position of each packed token
             pack = torch.tensor(pad_pos, device=dev)
             # [S*Q] padding reads row 0 (masked)
             unpack = torch.zeros(s * q, dtype=torch.long, device=dev)
             unpack[pack] = torch.arange(len(pad_pos), device=dev)
-        ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack)
+            # [S] real rows per sequence (the kernels skip the padding)
+            lengths = torch.tensor(qlen, device=dev)
+        ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack, lengths)
         return ids_t, positions, ctx, flat
 
     def _mask(self, start_t, valid, positions, kv_len, rows, lo, q) -> torch.Tensor:

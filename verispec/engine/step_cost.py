@@ -40,8 +40,8 @@ class StepCostModel:
     profile is the start-up timing of the forward alone (non-decreasing in rows). a, b and v are fitted online, by
     least squares with decaying weights, to the engine's measured steps (which add sampling, Python and context
     growth to the forward): a is the drift of the forward itself, b the per-step overhead that makes an extra row
-    relatively cheaper, v what a step pays for verifying at all, whatever its rows (rows of unequal length padded
-    in attention, the verification's own tensors). Until the steps seen span different row counts, b = 0 and a is
+    relatively cheaper, v what a step pays for verifying at all, whatever its rows (the attention mask over rows of
+    unequal length, the verification's own tensors). Until the steps seen span different row counts, b = 0 and a is
     the measured / profiled ratio; until both kinds of step (with and without drafts) have been seen, v keeps its
     last value (0 at first).
     """

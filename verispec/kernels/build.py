@@ -208,7 +208,10 @@ def build_qgemm(isa: str, sources: tuple[Path, ...] = SOURCES) -> ctypes.CDLL | 
         detail = getattr(exc, "stderr", "") or str(exc)
         warnings.warn(f"verispec: kernel build failed ({detail.strip()[:300]}); using float32", stacklevel=2)
         return None
-    for name, (argtypes, restype) in ENTRY_POINTS.items():
+    # the prototypes of these sources (a baseline's own header, where it has one)
+    header = sources[0].with_name(HEADER.name)
+    entry_points = ENTRY_POINTS if header == HEADER or not header.exists() else read_prototypes(header)
+    for name, (argtypes, restype) in entry_points.items():
         if isa != "amx" and name in AMX_ONLY:
             continue
         if sources[: len(SOURCES)] != SOURCES and not hasattr(lib, name):

@@ -28,14 +28,15 @@ int i8_amx_init(void);
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
-                   int nthreads);
+                   const int64_t *qlen, int nthreads);
 void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, int64_t D, float eps, float *sum,
                      float *out);
 void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads);
 void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, int64_t xh, int64_t xq,
-              const float *cos, const float *ssin);
+              const float *cos, const float *ssin, const int64_t *qlen);
 void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
-                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D);
+                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D,
+                  const int64_t *qlen);
 void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads);
 void verify_sampled_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
                         const int64_t *drafts, const float *scale, const float *u_accept, const float *u_sample,

@@ -5,13 +5,15 @@
 //
 // Layer l, on the N packed rows (the real tokens; pack[i] is row i's place in the padded [S, Q] layout, row s * Q + t
 // being token t of sequence s; pack NULL: N = S * Q, no padding). Projections, norms and the MLP see the N rows;
-// RoPE, the KV write and attention work on the padded layout (qkv scattered into it, attention gathered back):
+// RoPE, the KV write and attention work on the padded layout (qkv scattered into it, attention gathered back), on its
+// real rows only (a batch verifying one request's drafts pads every other sequence to that request's rows):
 //   normed = rmsnorm(h) * norm_in                 (fused with the previous layer's residual add)
 //   qkv = normed @ Wqkv^T (+ b); RoPE on the q and k heads; K|V written to the cache at cache_pos
 //   h += attention(q, cache) @ Wo^T; normed = rmsnorm(h) * norm_post
 //   h += (silu(normed @ Wg^T) * (normed @ Wu^T)) @ Wd^T
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -72,6 +74,12 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
     float *gu = a + N * H, *act = gu + N * 2 * I;
     float *qkv_pad = pack ? act + N * I : qkv, *attn_pad = pack ? qkv_pad + P * F : attn;
     if (pack) memset(qkv_pad, 0, sizeof(float) * P * F);  // padding rows: zeros (finite; never read back)
+    // qlen [S]: the real rows of each sequence (0 .. qlen[s] - 1 in the padded layout); NULL: no padding
+    int64_t *qlen = pack ? calloc(S, sizeof(int64_t)) : NULL;
+    for (int64_t n = 0; qlen && n < N; n++) {
+        const int64_t s = pack[n] / Q, t = pack[n] % Q;
+        if (t + 1 > qlen[s]) qlen[s] = t + 1;
+    }
     for (int64_t l = 0; l < n_layers; l++) {
         const LayerDesc *L = layers + l;
         if (l == 0) add_rmsnorm_f32(h, NULL, L->norm_in, N, H, m->eps, h, normed);
@@ -81,11 +89,11 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
                 for (int64_t f = 0; f < F; f++) qkv[n * F + f] += L->b_qkv[f];
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(qkv_pad + pack[n] * F, qkv + n * F, sizeof(float) * F);
-        rope_f32(qkv_pad, S, hq + hkv, Q, D, Q * F, D, F, cos, ssin);
+        rope_f32(qkv_pad, S, hq + hkv, Q, D, Q * F, D, F, cos, ssin, qlen);
         float *cache = L->kv + slot_lo * m->cs;
-        write_kv_f32(cache, m->cs, m->ch, m->ct, qkv_pad + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D);
+        write_kv_f32(cache, m->cs, m->ch, m->ct, qkv_pad + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D, qlen);
         attention_f32(qkv_pad, S, hq, Q, D, Q * F, D, F, cache, cache + hkv * m->ch, hkv, kv_len, m->cs, m->ch,
-                      m->ct, mask, ms, mq, m->scale, m->softcap, attn_pad, nthreads);
+                      m->ct, mask, ms, mq, m->scale, m->softcap, attn_pad, qlen, nthreads);
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(attn + n * O, attn_pad + pack[n] * O, sizeof(float) * O);
         qgemm(m, L->f_o, attn, N, O, L->w_o, H, a, nthreads);
@@ -98,4 +106,5 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         else
             for (int64_t i = 0; i < N * H; i++) h[i] += a[i];
     }
+    free(qlen);
 }

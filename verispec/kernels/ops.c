@@ -333,21 +333,27 @@ static inline __attribute__((always_inline)) void any_scores(int64_t G, int64_t 
 // (ks, kh, kt) (the cache view; v shares k's strides); mask: [S, 1, Q, T] bool with strides (ms, mq), T contiguous,
 // or NULL (attend to all T). out: [S, Q, Hq, D] contiguous (the layout o_proj reads). D % 8 == 0.
 // softcap > 0 applies tanh(score / softcap) * softcap before the mask (Gemma 2 style).
+// qlen [S]: sequence s has rows 0 .. qlen[s] - 1, the rest padding (not computed, out left as it was); NULL: Q each.
 // Batch invariance: a row's scores, softmax (8-lane sums over t, padded with exact zeros) and weighted sum depend
 // only on that row's q, keys and mask, never on S, T, the other rows or how the rows are grouped.
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
-                   int nthreads) {
+                   const int64_t *qlen, int nthreads) {
+    // first[s]: the number of rows before sequence s (first[S]: all of them)
+    int64_t *first = malloc(sizeof(int64_t) * (S + 1));
+    first[0] = 0;
+    for (int64_t s = 0; s < S; s++) first[s + 1] = first[s] + (qlen ? qlen[s] : Q);
+    const int64_t rows = first[S];
     // one work item = one query row of one KV group: its G query heads read every key and value row once; too few
     // such items to keep the threads busy (batch 1 decode): one item per head
     const int64_t group = Hq / Hkv, T8 = (T + 7) / 8 * 8 > 0 ? (T + 7) / 8 * 8 : 8;
-    const int threads = S * Hq * Q * T * D >= (1 << 17) ? nthreads : 1;  // small problems: no thread wake-up
-    const int64_t G = S * Hkv * Q >= 2 * threads ? group : 1, work = S * (Hq / G) * Q;
+    const int threads = rows * Hq * T * D >= (1 << 17) ? nthreads : 1;  // small problems: no thread wake-up
+    const int64_t G = rows * Hkv >= 2 * threads ? group : 1, work = rows * (Hq / G);
 #pragma omp parallel num_threads(threads)
     {
-        // a contiguous share of the items (rows innermost; the split of schedule(static)), in which consecutive
-        // rows of one sequence and head group go together
+        // a contiguous share of the items (sequence, then head group, then row; the split of schedule(static)), in
+        // which consecutive rows of one sequence and head group go together
         const int64_t nt = omp_get_num_threads(), chunk = (work + nt - 1) / nt;
         const int64_t i0 = chunk * omp_get_thread_num(), i1 = i0 + chunk < work ? i0 + chunk : work;
         float *p = aligned_alloc(32, sizeof(float) * ATT_ROWS * G * T8);  // [R, G, T8] scores, then weights
@@ -355,9 +361,13 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
         float **o = malloc(sizeof(float *) * ATT_ROWS * G);
         uint8_t *live = malloc(T8 / 8);
         int64_t tend[ATT_ROWS];
+        int64_t s = 0;
         for (int64_t i = i0, R; i < i1; i += R) {
-            const int64_t s = i / (Hq / G * Q), h0 = (i / Q) % (Hq / G) * G, t0 = i % Q, g = h0 / group;
-            R = Q - t0 < i1 - i ? Q - t0 : i1 - i;
+            // the sequence of item i: items only move forward
+            while (first[s + 1] * (Hq / G) <= i) s++;
+            const int64_t n = first[s + 1] - first[s], j = i - first[s] * (Hq / G);
+            const int64_t h0 = j / n * G, t0 = j % n, g = h0 / group;
+            R = n - t0 < i1 - i ? n - t0 : i1 - i;
             R = R < ATT_ROWS ? R : ATT_ROWS;
             const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
@@ -391,6 +401,7 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
         free(o);
         free(live);
     }
+    free(first);
 }
 
 // sum [N, D] = h + a (a == NULL: sum = h, may alias), out [N, D] = sum * rsqrt(mean(sum^2) + eps) * w. D % 8 == 0.
@@ -434,12 +445,14 @@ void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nt
 
 // In-place rotary embedding on heads [0, H) of x [S, H, Q, D] (strides xs, xh, xq; D contiguous), HF rotate-half
 // layout: x <- x * cos + roll(x, D/2) * ssin, with cos / ssin [S, Q, D] contiguous (ssin = cat(-sin, sin)).
+// qlen [S]: only rows t < qlen[s] of sequence s (the rest is padding); NULL: all Q.
 void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, int64_t xh, int64_t xq,
-              const float *cos, const float *ssin) {
+              const float *cos, const float *ssin, const int64_t *qlen) {
     const int64_t half = D / 2;
 #pragma omp parallel for if (S * Q >= ROWS_PER_REGION) schedule(static)
     for (int64_t st = 0; st < S * Q; st++) {
         const int64_t s = st / Q, t = st % Q;
+        if (qlen && t >= qlen[s]) continue;
         const float *c = cos + st * D, *sn = ssin + st * D;
         float tmp[1024];
         for (int64_t h = 0; h < H; h++) {
@@ -452,12 +465,13 @@ void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, 
 }
 
 // cache[s, h, pos[s, t], :] = x[s, h, t, :] for h < H (cache strides cs, ch, ct; x strides xs, xh, xq; D contiguous).
+// qlen [S]: only rows t < qlen[s] of sequence s (the rest is padding); NULL: all Q.
 void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
-                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D) {
-    // one sequence per thread: its padding rows all write the same scratch position
+                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D, const int64_t *qlen) {
+    // one sequence per thread: its padding rows (without qlen) all write the same scratch position
 #pragma omp parallel for if (S >= 2 && S * Q >= ROWS_PER_REGION) schedule(static)
     for (int64_t s = 0; s < S; s++)
-        for (int64_t t = 0; t < Q; t++) {
+        for (int64_t t = 0; t < (qlen ? qlen[s] : Q); t++) {
             const int64_t p = pos[s * Q + t];
             for (int64_t h = 0; h < H; h++) {
                 const float *src = x + s * xs + h * xh + t * xq;

@@ -18,6 +18,17 @@ def _usable(*xs: torch.Tensor) -> bool:
     return all(x.is_cpu and x.dtype is f32 for x in xs) and load_qgemm() is not None
 
 
+def _lengths_ok(qlen: torch.Tensor | None, s: int) -> bool:
+    """qlen is None or [S] int64, contiguous, on the CPU."""
+    return qlen is None or (
+        qlen.is_cpu and qlen.dtype is torch.int64 and qlen.is_contiguous() and qlen.shape == (s,)
+    )
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
 def add_rmsnorm(
     h: torch.Tensor, a: torch.Tensor | None, w: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -57,6 +68,8 @@ def attention(
     mask: torch.Tensor | None,
     scale: float,
     softcap: float | None,
+    # [S] int64: sequence s's real rows are 0 .. qlen[s] - 1, the rest padding (left uncomputed); None: all Q
+    qlen: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """-> [S, Q, Hq * D] (the layout o_proj reads), or None if not applicable."""
     s, hq, nq, d = q.shape
@@ -64,6 +77,8 @@ def attention(
     if d % 8 or q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride() or not _usable(q, k, v):
         return None
     if mask is not None and (mask.dtype != torch.bool or mask.stride(-1) != 1 or mask.shape[1] != 1):
+        return None
+    if not _lengths_ok(qlen, s):
         return None
     out = torch.empty(s, nq, hq * d)
     qs, qh, qq, _ = q.stride()
@@ -94,34 +109,43 @@ def attention(
         scale,
         float(softcap or 0.0),
         out.data_ptr(),
+        _ptr(qlen),
         torch.get_num_threads(),
     )
     return out
 
 
-def rope_(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> bool:
-    """In place on x [S, H, Q, D] (a view, D contiguous) with cos / signed_sin [S, 1, Q, D]; False if not applied."""
+def rope_(
+    x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, qlen: torch.Tensor | None = None
+) -> bool:
+    """In place on x [S, H, Q, D] (a view, D contiguous) with cos / signed_sin [S, 1, Q, D]; False if not applied.
+    qlen [S] int64: only rows t < qlen[s] (the rest is padding); None: all."""
     s, h, nq, d = x.shape
-    if d > 1024 or x.stride(-1) != 1 or not _usable(x, cos, signed_sin):
+    if d > 1024 or x.stride(-1) != 1 or not _usable(x, cos, signed_sin) or not _lengths_ok(qlen, s):
         return False
     if not (cos.is_contiguous() and signed_sin.is_contiguous() and cos.shape == (s, 1, nq, d)):
         return False
     xs, xh, xq, _ = x.stride()
-    load_qgemm().rope_f32(x.data_ptr(), s, h, nq, d, xs, xh, xq, cos.data_ptr(), signed_sin.data_ptr())
+    load_qgemm().rope_f32(
+        x.data_ptr(), s, h, nq, d, xs, xh, xq, cos.data_ptr(), signed_sin.data_ptr(), _ptr(qlen)
+    )
     return True
 
 
-def write_kv(cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> bool:
-    """cache [S, H, T, D] view, x [S, H, Q, D] view, pos [S, Q] int64: cache[s, :, pos[s, t]] = x[s, :, t]."""
+def write_kv(
+    cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, qlen: torch.Tensor | None = None
+) -> bool:
+    """cache [S, H, T, D] view, x [S, H, Q, D] view, pos [S, Q] int64: cache[s, :, pos[s, t]] = x[s, :, t]
+    (qlen [S] int64: for t < qlen[s] only; None: all)."""
     s, h, nq, d = x.shape
-    if cache.stride(-1) != 1 or x.stride(-1) != 1 or not _usable(cache, x):
+    if cache.stride(-1) != 1 or x.stride(-1) != 1 or not _usable(cache, x) or not _lengths_ok(qlen, s):
         return False
     if pos.dtype != torch.int64 or not pos.is_contiguous() or pos.shape != (s, nq):
         return False
     cs, ch, ct, _ = cache.stride()
     xs, xh, xq, _ = x.stride()
     load_qgemm().write_kv_f32(
-        cache.data_ptr(), cs, ch, ct, x.data_ptr(), xs, xh, xq, pos.data_ptr(), s, h, nq, d
+        cache.data_ptr(), cs, ch, ct, x.data_ptr(), xs, xh, xq, pos.data_ptr(), s, h, nq, d, _ptr(qlen)
     )
     return True
 

@@ -36,6 +36,8 @@ class AttnContext:
     unpack: torch.Tensor | None = None
     # [N] padded position of each packed token (None: identity)
     pack: torch.Tensor | None = None
+    # [S] int64 real rows of each sequence, 0 .. qlen[s] - 1 (None: no padding); the kernels skip the rest
+    qlen: torch.Tensor | None = None
 
     def to_padded(self, x: torch.Tensor) -> torch.Tensor:
         """[N, F] packed tokens -> [S, Q, F]."""
@@ -52,7 +54,7 @@ class AttnContext:
 def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> torch.Tensor:
     """Write new K|V x [S, 2*Hkv, Q, D] into cache rows [lo, hi); return the readable view [S, 2*Hkv, kv_len, D]."""
     view = cache[ctx.slot_lo : ctx.slot_hi]
-    if not ops.write_kv(view, x, ctx.cache_pos):
+    if not ops.write_kv(view, x, ctx.cache_pos, ctx.qlen):
         view[ctx.rows, :, ctx.cache_pos] = x.transpose(1, 2)
     return view[:, :, : ctx.kv_len]
 

@@ -58,7 +58,7 @@ class Attention(nn.Module):
         qk = qkv[:, : hq + hkv]
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm.forward(qk[:, :hq]), self.k_norm.forward(qk[:, hq:])), dim=1)
-        if self.q_norm is not None or not ops.rope_(qk, *rope):
+        if self.q_norm is not None or not ops.rope_(qk, *rope, ctx.qlen):
             # RoPE on q and k together, in place
             qkv[:, : hq + hkv] = apply_rope(qk, *rope)
         # one cache write for K and V: [S, 2Hkv, T, D]
@@ -66,7 +66,7 @@ class Attention(nn.Module):
         mask = ctx.sliding_mask if self.sliding else ctx.mask
         args = (qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping)
         # [S, Q, Hq*D], or None where the fused kernel does not apply
-        o = ops.attention(*args)
+        o = ops.attention(*args, ctx.qlen)
         if o is None:
             o = attention(*args).transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))

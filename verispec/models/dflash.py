@@ -103,7 +103,7 @@ class DFlashAttention(nn.Module):
         kv = write_kv(kv_cache, ctx, self._kv(x, rope, ctx))
         args = (q, kv[:, :hkv], kv[:, hkv:], ctx.mask, self.scale, None)
         # [S, Q, Hq*D], or None where the fused kernel does not apply
-        o = ops.attention(*args)
+        o = ops.attention(*args, ctx.qlen)
         if o is None:
             o = attention(*args).transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))
