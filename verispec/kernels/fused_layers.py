@@ -169,6 +169,8 @@ class FusedLayers:
             s,
             q,
             pack.data_ptr() if pack is not None else None,
+            # [S] int64 real rows per sequence, or None (no padding): the padding is not computed
+            ctx.qlen.data_ptr() if ctx.qlen is not None else None,
             h.shape[0],
             cos.data_ptr(),
             ssin.data_ptr(),

@@ -4,7 +4,8 @@
 // (tests/models/test_fused_layers.py) and a row's result still never depends on the other rows.
 //
 // Layer l, on the N packed rows (the real tokens; pack[i] is row i's place in the padded [S, Q] layout, row s * Q + t
-// being token t of sequence s; pack NULL: N = S * Q, no padding). Projections, norms and the MLP see the N rows;
+// being token t of sequence s; qlen[s]: sequence s's rows, 0 .. qlen[s] - 1 of the layout; both NULL: N = S * Q, no
+// padding). Projections, norms and the MLP see the N rows;
 // RoPE, the KV write and attention work on the padded layout (qkv scattered into it, attention gathered back), on its
 // real rows only (a batch verifying one request's drafts pads every other sequence to that request's rows):
 //   normed = rmsnorm(h) * norm_in                 (fused with the previous layer's residual add)
@@ -13,7 +14,6 @@
 //   h += (silu(normed @ Wg^T) * (normed @ Wu^T)) @ Wd^T
 #include <stddef.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -60,13 +60,14 @@ int64_t decoder_scratch_per_row(const ModelDims *m) {
     return 2 * m->hidden + 2 * F + 2 * m->hq * m->d + 3 * m->inter;
 }
 
-// h [N, hidden] in place: the residual stream after layers [0, n_layers) of `layers`. pack [N] (or NULL: N = S * Q).
+// h [N, hidden] in place: the residual stream after layers [0, n_layers) of `layers`. pack [N] and qlen [S] (or both
+// NULL: N = S * Q).
 // cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL;
 // scratch: S * Q * decoder_scratch_per_row(m) floats.
 void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
-                        int64_t Q, const int64_t *pack, int64_t N, const float *cos, const float *ssin,
-                        int64_t slot_lo, const int64_t *cache_pos, int64_t kv_len, const uint8_t *mask, int64_t ms,
-                        int64_t mq, float *scratch, int nthreads) {
+                        int64_t Q, const int64_t *pack, const int64_t *qlen, int64_t N, const float *cos,
+                        const float *ssin, int64_t slot_lo, const int64_t *cache_pos, int64_t kv_len,
+                        const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads) {
     const int64_t P = S * Q, H = m->hidden, D = m->d, hq = m->hq, hkv = m->hkv, I = m->inter;
     const int64_t F = (hq + 2 * hkv) * D, O = hq * D;
     if (!pack) N = P;
@@ -74,12 +75,6 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
     float *gu = a + N * H, *act = gu + N * 2 * I;
     float *qkv_pad = pack ? act + N * I : qkv, *attn_pad = pack ? qkv_pad + P * F : attn;
     if (pack) memset(qkv_pad, 0, sizeof(float) * P * F);  // padding rows: zeros (finite; never read back)
-    // qlen [S]: the real rows of each sequence (0 .. qlen[s] - 1 in the padded layout); NULL: no padding
-    int64_t *qlen = pack ? calloc(S, sizeof(int64_t)) : NULL;
-    for (int64_t n = 0; qlen && n < N; n++) {
-        const int64_t s = pack[n] / Q, t = pack[n] % Q;
-        if (t + 1 > qlen[s]) qlen[s] = t + 1;
-    }
     for (int64_t l = 0; l < n_layers; l++) {
         const LayerDesc *L = layers + l;
         if (l == 0) add_rmsnorm_f32(h, NULL, L->norm_in, N, H, m->eps, h, normed);
@@ -106,5 +101,4 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         else
             for (int64_t i = 0; i < N * H; i++) h[i] += a[i];
     }
-    free(qlen);
 }
