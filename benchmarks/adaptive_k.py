@@ -32,6 +32,13 @@ from verispec.sampling_params import SamplingParams
 from verispec.workloads import WORKLOADS, build_workload
 
 
+def device_name(device: str) -> str:
+    """Where the model runs, in words: the GPU's name on CUDA (auto picks CUDA where there is one), else "CPU"."""
+    if device != "cpu" and torch.cuda.is_available():
+        return f"GPU: {torch.cuda.get_device_name()}"
+    return "on the CPU"
+
+
 def cpu_model() -> str:
     """The CPU's model name and the vector extensions that decide kernel speed (AVX2, AVX-512, VNNI, AMX)."""
     name, flags = platform.processor() or platform.machine(), set()
@@ -72,7 +79,9 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     decoding's global tree never carries over); a label's row is its median run by tok/s."""
     from verispec import LLM
 
-    kw = dict(max_num_seqs=batch, max_model_len=2048, activation_dtype=args.activation_dtype)
+    kw = dict(
+        max_num_seqs=batch, max_model_len=2048, activation_dtype=args.activation_dtype, device=args.device
+    )
     plain = LLM(args.model, **kw)
     tok = plain.tokenizer
     num = max(args.num_prompts, batch)
@@ -151,6 +160,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1, help="rounds per cell; each row is the median round")
     ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs")
     ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")
     ap.add_argument("--output", default="bench_results/adaptive_k.json")
     args = ap.parse_args()
@@ -184,7 +194,7 @@ def main() -> None:
         f"model={args.model}, max_tokens={args.max_tokens}, activation_dtype={args.activation_dtype}, "
         f"repeats={args.repeats} (median)"
     )
-    print(f"\nCPU: {cpu_model()}, threads={torch.get_num_threads()}, {setup}")
+    print(f"\nCPU: {cpu_model()}, threads={torch.get_num_threads()}, {device_name(args.device)}, {setup}")
     head = (
         f"{'workload':<12}{'batch':>6}{'T':>6}  {'method':<12}{'planner':>10}{'best K':>10}{'K':>4}"
         f"{'plan/best':>12}{'mean K':>9}"
@@ -195,7 +205,15 @@ def main() -> None:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
-        json.dumps({"cpu": cpu_model(), "args": vars(args), "seconds": time.time() - started, "cells": cells})
+        json.dumps(
+            {
+                "cpu": cpu_model(),
+                "device": device_name(args.device),
+                "args": vars(args),
+                "seconds": time.time() - started,
+                "cells": cells,
+            }
+        )
     )
 
 

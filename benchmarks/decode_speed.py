@@ -9,7 +9,7 @@ verispec with int8 activations (activation_dtype="int8", llama.cpp's numerics) t
 the default (float32 activations), and a second table puts the two side by side: end to end, decode only and
 prompt processing (prompt tokens / seconds in prompt steps), each ratio taken within a round (median over rounds).
 On a CPU without the int8 instructions that table is skipped with the reason (--no-int8 skips it anyway).
-Two rooflines (measured read bandwidth / bytes streamed per token, embedding table excluded): the float32 one (the
+Two rooflines (measured read bandwidth / bytes streamed per token, embedding table excluded): the dequantized one (the
 model as transformers holds it) and the one for the bytes verispec actually streams.
 With llama-cpp-python installed (benchmarks/llama_cpp_peer.py), llama.cpp on the same GGUF at batch 1 too.
     .venv/bin/python benchmarks/decode_speed.py [--model smollm2-135m-instruct] [--new-tokens 128] [--repeats 3]
@@ -40,14 +40,22 @@ PROMPTS = [
 ]
 
 
-def measure_bandwidth_gbs(mb: int = 1024, reps: int = 5) -> float:
-    """Read bandwidth of this machine as torch sees it: a large float32 sum (best of reps)."""
-    x = torch.ones(mb * (1 << 20) // 4)
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a host clock read after it times that work (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_bandwidth_gbs(device: torch.device, mb: int = 1024, reps: int = 5) -> float:
+    """Read bandwidth of the device the model runs on, as torch sees it: a large float32 sum (best of reps)."""
+    x = torch.ones(mb * (1 << 20) // 4, device=device)
     x.sum()
     best = float("inf")
     for _ in range(reps):
+        sync(device)
         t = time.perf_counter()
         x.sum()
+        sync(device)
         best = min(best, time.perf_counter() - t)
     return x.numel() * 4 / best / 1e9
 
@@ -115,19 +123,23 @@ def bench_transformers(
     width = max(len(p) for p in prompts)
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids, mask = ids.to(model.device), mask.to(model.device)
     kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad_id)
     e2e, dec = [], []
     with torch.inference_mode():
         # untimed warm-up, as for verispec
         model.generate(input_ids=ids, attention_mask=mask, **kw)
         for _ in range(repeats):
+            sync(model.device)
             t = time.perf_counter()
             model.generate(input_ids=ids, attention_mask=mask, **kw)
+            sync(model.device)
             dt = time.perf_counter() - t
             t = time.perf_counter()
             model.generate(
                 input_ids=ids, attention_mask=mask, **{**kw, "max_new_tokens": 1, "min_new_tokens": 1}
             )
+            sync(model.device)
             prefill = time.perf_counter() - t
             e2e.append(len(prompts) * new_tokens / dt)
             dec.append(len(prompts) * (new_tokens - 1) / (dt - prefill))
@@ -176,6 +188,11 @@ def main() -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--no-transformers", action="store_true")
     ap.add_argument(
+        "--device",
+        default="auto",
+        help="auto | cpu | cuda: where verispec and transformers run (on CUDA both in bfloat16; default auto)",
+    )
+    ap.add_argument(
         "--no-llama-cpp", action="store_true", help="skip llama.cpp even if llama-cpp-python is here"
     )
     ap.add_argument("--no-int8", action="store_true", help="skip the int8-activation runs")
@@ -194,6 +211,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     from verispec import LLM, SamplingParams
+    from verispec.engine.builder import pick_device
     from verispec.kernels.build import int8_isa
     from verispec.loader.checkpoint import resolve_model_path
     from verispec.plot import check_plot_path, plot_decode_speed
@@ -204,20 +222,25 @@ def main() -> None:
         except ValueError as e:
             ap.error(str(e))
 
-    llm = LLM(args.model, max_model_len=1024, max_num_seqs=8)
+    try:
+        device = pick_device(args.device)
+    except ValueError as e:
+        ap.error(str(e))
+    common = dict(max_model_len=1024, max_num_seqs=8, device=str(device))
+    llm = LLM(args.model, **common)
     llm_i8, i8_skipped = None, "--no-int8"
     if not args.no_int8:
         try:
-            llm_i8 = LLM(args.model, max_model_len=1024, max_num_seqs=8, activation_dtype="int8")
+            llm_i8 = LLM(args.model, activation_dtype="int8", **common)
         except ValueError as e:
             i8_skipped = str(e)
-    llm_f32 = LLM(args.model, max_model_len=1024, max_num_seqs=8, keep_quantized=False)
+    llm_f32 = LLM(args.model, keep_quantized=False, **common)
     tok = llm.tokenizer
     prompts = [encode_prompt(tok, p) for p in PROMPTS]
     # bytes streamed per decoded token: every weight except the embedding table (one row of it is gathered)
     weight_bytes = streamed_bytes(llm_f32.ckpt.model)
     ours_bytes = streamed_bytes(llm.ckpt.model)
-    bw = measure_bandwidth_gbs()
+    bw = measure_bandwidth_gbs(device)
     roofline = bw * 1e9 / weight_bytes
     roofline_ours = bw * 1e9 / ours_bytes
     hf = None
@@ -226,9 +249,13 @@ def main() -> None:
 
         path = resolve_model_path(args.model)
         kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-        hf = AutoModelForCausalLM.from_pretrained(
-            str(path.parent if kw else path), dtype=torch.float32, **kw
-        ).eval()
+        # the dtype verispec runs in: float32 on the CPU, bfloat16 on CUDA
+        dtype = llm_f32.ckpt.model.embed_tokens.weight.dtype
+        hf = (
+            AutoModelForCausalLM.from_pretrained(str(path.parent if kw else path), dtype=dtype, **kw)
+            .to(device)
+            .eval()
+        )
     sizes = [int(x) for x in args.batches.split(",")]
     batches = {b: (prompts * (b // len(prompts) + 1))[:b] for b in sizes}
     runs, *i8 = bench_verispec(llm, batches, args.new_tokens, args.repeats, (llm_i8,) if llm_i8 else ())
@@ -260,13 +287,13 @@ def main() -> None:
             }
         )
     print(
-        f"model={args.model} bandwidth={bw:.1f} GB/s threads={torch.get_num_threads()}\n"
-        f"  float32 weights {weight_bytes / 1e6:.0f} MB/token -> roofline {roofline:.1f} tok/s; "
+        f"model={args.model} device={device} bandwidth={bw:.1f} GB/s threads={torch.get_num_threads()}\n"
+        f"  dequantized weights {weight_bytes / 1e6:.0f} MB/token -> roofline {roofline:.1f} tok/s; "
         f"verispec streams {ours_bytes / 1e6:.0f} MB/token -> roofline {roofline_ours:.1f} tok/s"
     )
     print(
-        f"{'batch':>5} {'verispec tok/s':>15} {'verispec fp32':>14} {'transformers':>13} {'speedup':>8} "
-        f"{'% f32 roofline':>15} {'% own roofline':>15}"
+        f"{'batch':>5} {'verispec tok/s':>15} {'dequantized':>14} {'transformers':>13} {'speedup':>8} "
+        f"{'% deq roofline':>15} {'% own roofline':>15}"
     )
     for r in rows:
         t = f"{r['transformers_tok_s']:.1f}" if r["transformers_tok_s"] else "-"
@@ -358,6 +385,8 @@ def main() -> None:
         "llama_cpp_batch1": peer,
         "int8_vs_float32": int8_table,
         "cpu_count": os.cpu_count(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
     }
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(result, indent=2))

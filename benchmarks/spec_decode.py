@@ -17,7 +17,7 @@ from pathlib import Path
 
 import llama_cpp_peer
 import torch
-from adaptive_k import cpu_model, variants
+from adaptive_k import cpu_model, device_name, variants
 
 from verispec.bench import BenchResult, print_table, time_llm
 from verispec.loader.checkpoint import resolve_model_path
@@ -26,25 +26,37 @@ from verispec.workloads import WORKLOADS, build_workload
 
 
 def transformers_run(
-    model: str, prompts: list[list[int]], max_tokens: int, eos: int, lookup: int | None, hf=None
+    model: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    eos: int,
+    lookup: int | None,
+    hf=None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device = torch.device("cpu"),
 ) -> tuple[BenchResult, list[list[int]], object]:
-    """Greedy HF generate, one prompt at a time (prompt lookup decoding supports batch 1 only)."""
+    """Greedy HF generate, one prompt at a time (prompt lookup decoding supports batch 1 only), in the dtype and on
+    the device verispec runs in."""
     if hf is None:
         from transformers import AutoModelForCausalLM
 
         path = resolve_model_path(model)
         kw = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
-        hf = AutoModelForCausalLM.from_pretrained(
-            str(path.parent if kw else path), dtype=torch.float32, **kw
-        ).eval()
+        hf = AutoModelForCausalLM.from_pretrained(str(path.parent if kw else path), dtype=dtype, **kw)
+        hf = hf.to(device).eval()
     extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
     outs, n = [], 0
     with torch.inference_mode():
-        hf.generate(torch.tensor([prompts[0][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=eos)
+        hf.generate(
+            torch.tensor([prompts[0][:8]], device=hf.device),
+            max_new_tokens=2,
+            do_sample=False,
+            pad_token_id=eos,
+        )
         t = time.perf_counter()
         for p in prompts:
             o = hf.generate(
-                torch.tensor([p]),
+                torch.tensor([p], device=hf.device),
                 max_new_tokens=max_tokens,
                 do_sample=False,
                 eos_token_id=eos,
@@ -92,6 +104,7 @@ def main() -> None:
     ap.add_argument(
         "--activation-dtype", default="float32", choices=("float32", "int8"), help="verispec's rows"
     )
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs")
     ap.add_argument("--output", default=None)
     ap.add_argument(
         "--plot",
@@ -119,9 +132,17 @@ def main() -> None:
     if args.fixed_k:
         fixed = [int(k) for k in args.fixed_k.split(",") if k.strip()]
         specs = [config for spec in specs for _, config in variants(spec, fixed)]
-    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
+    kw = dict(
+        max_num_seqs=args.batch_size,
+        max_model_len=2048,
+        activation_dtype=args.activation_dtype,
+        device=args.device,
+    )
     plain = LLM(args.model, **kw)
     tok = plain.tokenizer
+    # the peers run in verispec's dtype, on its device (bfloat16 on CUDA)
+    weight = plain.ckpt.model.embed_tokens.weight
+    model_dtype, model_device = weight.dtype, weight.device
     convs = build_workload(args.workload, args.num_prompts)
     if tok.chat_template:
         prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
@@ -149,7 +170,9 @@ def main() -> None:
         del llm
     if args.peer and args.batch_size == 1:
         eos = tok.eos_token_ids[0]
-        hf_plain, hf_outs, hf = transformers_run(args.model, prompts, args.max_tokens, eos, None)
+        hf_plain, hf_outs, hf = transformers_run(
+            args.model, prompts, args.max_tokens, eos, None, None, model_dtype, model_device
+        )
         hf_pld, pld_outs, _ = transformers_run(
             args.model, prompts, args.max_tokens, eos, args.peer_lookup, hf
         )
@@ -179,7 +202,7 @@ def main() -> None:
         else:
             print("llama.cpp peer skipped: llama-cpp-python is not installed (benchmarks/llama_cpp_peer.py)")
     print(
-        f"CPU: {cpu_model()}\nmodel={args.model} workload={args.workload} prompts={len(prompts)} "
+        f"CPU: {cpu_model()}, {device_name(args.device)}\nmodel={args.model} workload={args.workload} prompts={len(prompts)} "
         f"batch={args.batch_size} max_tokens={args.max_tokens} temperature={args.temperature} "
         f"threads={torch.get_num_threads()}"
     )

@@ -30,7 +30,8 @@ def _llm(model: str, folder, layer_ids=(2, 0, 3), **kw) -> LLM:
 def test_states_match_transformers_hidden_states(tiny_llama, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    llm = _llm(tiny_llama, tmp_path / "hs")
+    # on the CPU in float32, like the transformers reference
+    llm = _llm(tiny_llama, tmp_path / "hs", device="cpu")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     norm = llm.engine.runner.model.norm

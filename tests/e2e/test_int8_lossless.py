@@ -4,6 +4,7 @@ plain decoding in int8 mode), on a tiny GGUF target whose weights stay quantized
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.e2e.test_spec_lossless import _prompts
 from verispec import LLM, SamplingParams
@@ -26,7 +27,7 @@ def tiny_gguf(tiny_llama, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tiny_gguf):
-    llm = LLM(tiny_gguf, max_model_len=256, max_num_seqs=4, activation_dtype="int8")
+    llm = LLM(tiny_gguf, device="cpu", max_model_len=256, max_num_seqs=4, activation_dtype="int8")
     fmts = {m.qweight.fmt for m in llm.ckpt.model.modules() if getattr(m, "qweight", None) is not None}
     assert fmts == {"q4v", "q8v"}, fmts
     assert llm.ckpt.model.fused is not None
@@ -87,7 +88,14 @@ def test_int8_greedy_equality(
 ):
     drafts = (tiny_draft, tiny_medusa, tiny_mlp_speculator, tiny_eagle, tiny_eagle3, tiny_dflash)
     cfg = _configs(tiny_gguf, *drafts)[method]
-    llm = LLM(tiny_gguf, max_model_len=256, max_num_seqs=4, activation_dtype="int8", speculative_config=cfg)
+    llm = LLM(
+        tiny_gguf,
+        device="cpu",
+        max_model_len=256,
+        max_num_seqs=4,
+        activation_dtype="int8",
+        speculative_config=cfg,
+    )
     for b in BATCHES:
         outs = llm.generate(_prompts(b, b), SP, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == reference[b], f"{method} batch={b}"
@@ -100,7 +108,7 @@ def test_int8_greedy_equality(
 def test_int8_modules_equal_fused_layers(tiny_gguf, reference, monkeypatch):
     """The PyTorch module path (VERISPEC_FUSED_LAYERS=0) calls the same int8 kernels: the same tokens."""
     monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "0")
-    llm = LLM(tiny_gguf, max_model_len=256, max_num_seqs=4, activation_dtype="int8")
+    llm = LLM(tiny_gguf, device="cpu", max_model_len=256, max_num_seqs=4, activation_dtype="int8")
     assert llm.ckpt.model.fused is None
     for b in BATCHES:
         outs = llm.generate(_prompts(b, b), SP, use_tqdm=False)
@@ -109,16 +117,22 @@ def test_int8_modules_equal_fused_layers(tiny_gguf, reference, monkeypatch):
 
 def test_int8_errors(tiny_llama, tiny_gguf, monkeypatch):
     with pytest.raises(ValueError, match=r"activation_dtype='bfloat16'.*float32, int8"):
-        LLM(tiny_gguf, activation_dtype="bfloat16")
+        LLM(tiny_gguf, device="cpu", activation_dtype="bfloat16")
     # an HF float32 checkpoint keeps no quantized weight
     with pytest.raises(ValueError, match="kept quantized"):
-        LLM(tiny_llama, activation_dtype="int8")
+        LLM(tiny_llama, device="cpu", activation_dtype="int8")
     with pytest.raises(ValueError, match="kept quantized"):
-        LLM(tiny_gguf, activation_dtype="int8", keep_quantized=False)
+        LLM(tiny_gguf, device="cpu", activation_dtype="int8", keep_quantized=False)
     # no int8 kernel (no kernel library)
     monkeypatch.setattr("verispec.kernels.build.int8_isa", lambda lib=None: None)
     with pytest.raises(ValueError, match="needs the native kernels"):
-        LLM(tiny_gguf, activation_dtype="int8")
+        LLM(tiny_gguf, device="cpu", activation_dtype="int8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_int8_on_cuda_is_an_error(tiny_gguf):
+    with pytest.raises(ValueError, match="CPU only.*device='cpu'"):
+        LLM(tiny_gguf, device="cuda", activation_dtype="int8")
 
 
 @pytest.mark.parametrize("command", ["generate", "bench", "serve"])
@@ -161,7 +175,7 @@ def test_q6_k_target(tiny_q6_k_gguf, activation_dtype, fmt, monkeypatch):
     """Q6_K weights stay quantized in both activation dtypes and run fused; speculation (ngram, the model drafting
     for itself) and the module path give the plain fused tokens."""
     kw = dict(max_model_len=256, max_num_seqs=4, activation_dtype=activation_dtype)
-    llm = LLM(tiny_q6_k_gguf, **kw)
+    llm = LLM(tiny_q6_k_gguf, device="cpu", **kw)
     fmts = {m.qweight.fmt for m in llm.ckpt.model.modules() if getattr(m, "qweight", None) is not None}
     assert fmts == {fmt}
     assert llm.ckpt.model.fused is not None
@@ -171,12 +185,12 @@ def test_q6_k_target(tiny_q6_k_gguf, activation_dtype, fmt, monkeypatch):
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
         {"method": "draft_model", "model": tiny_q6_k_gguf, "num_speculative_tokens": 3},
     ):
-        spec = LLM(tiny_q6_k_gguf, speculative_config=cfg, **kw)
+        spec = LLM(tiny_q6_k_gguf, device="cpu", speculative_config=cfg, **kw)
         assert [o.outputs[0].token_ids for o in spec.generate(prompts, SP, use_tqdm=False)] == ref, cfg[
             "method"
         ]
         assert spec.engine.counters.spec.num_accepted_tokens > 0
     monkeypatch.setenv("VERISPEC_FUSED_LAYERS", "0")
-    modules = LLM(tiny_q6_k_gguf, **kw)
+    modules = LLM(tiny_q6_k_gguf, device="cpu", **kw)
     assert modules.ckpt.model.fused is None
     assert [o.outputs[0].token_ids for o in modules.generate(prompts, SP, use_tqdm=False)] == ref

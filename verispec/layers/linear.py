@@ -141,6 +141,13 @@ class Dense(nn.Module):
         else:
             self._packed = None
 
+    def _apply(self, fn, recurse: bool = True):
+        # .to() / .cuda() / .bfloat16() move the weight but not MKL's packed copy of it: pack again (or drop it)
+        out = super()._apply(fn, recurse)
+        if self._packed is not None:
+            self.pack()
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:
             # [M, out]

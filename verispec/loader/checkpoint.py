@@ -159,6 +159,11 @@ def use_int8_activations(net: DecoderLM, source: str) -> None:
     from verispec.layers.linear import keeps_quantized
     from verispec.layers.linear import use_int8_activations as convert
 
+    if not net.embed_tokens.weight.is_cpu:
+        raise ValueError(
+            f"activation_dtype='int8' runs on the CPU only (x86 integer kernels); the model is on "
+            f"{net.embed_tokens.weight.device.type}: use device='cpu' or activation_dtype='float32'"
+        )
     if not kernels_available() or int8_isa() is None:
         raise ValueError(
             "activation_dtype='int8' needs the native kernels (x86-64 with AVX2 and FMA, a C compiler, "

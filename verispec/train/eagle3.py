@@ -86,7 +86,8 @@ def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) 
     from verispec.engine.model_runner import ModelRunner, RowInput
 
     model, device = llm.ckpt.model, llm.engine.runner.device
-    cache = KVCache(model.cfg, 1, max(len(t) for t in sequences) + 1, device, torch.float32)
+    # the cache holds K and V in the model's dtype (bfloat16 on CUDA)
+    cache = KVCache(model.cfg, 1, max(len(t) for t in sequences) + 1, device, model.embed_tokens.weight.dtype)
     runner = ModelRunner(model, cache, device)
     samples = []
     for tokens in progress.bar(sequences, desc="target states", unit="seq"):
