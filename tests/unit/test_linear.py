@@ -36,3 +36,18 @@ def test_weight_loader_fills_only_its_shard(qkv):
     assert qkv.bias.tolist() == [0.0] * 7 + [1.0] * 3
     with pytest.raises(ValueError, match=r"^has shape \(4, 8\), expected \(3, 8\)$"):
         qkv.weight_loader(qkv.weight, torch.zeros(4, 8), "v")
+
+
+def test_a_moved_layer_drops_its_packed_weight():
+    """A layer packed for the CPU (MKL) and then cast or moved computes with the weight it now holds: a draft loaded
+    on the CPU in float32 and moved to CUDA in bfloat16 used to call MKL with a bfloat16 weight."""
+    layer = Dense(32, 16)
+    torch.nn.init.normal_(layer.weight)
+    layer.pack()
+    x = torch.randn(3, 32)
+    expected = x @ layer.weight.T
+    layer.to(torch.bfloat16)
+    assert layer._packed is None
+    torch.testing.assert_close(layer.forward(x.bfloat16()), (x.bfloat16() @ layer.weight.T))
+    layer.to(torch.float32)
+    torch.testing.assert_close(layer.forward(x), expected, rtol=1e-2, atol=5e-2)

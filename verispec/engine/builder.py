@@ -68,8 +68,11 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     lookahead = spec.num_lookahead_slots if spec else 0
     # a drafter with its own KV cache (a draft model) takes its share of the budget
     budget = int((args.kv_cache_memory_bytes or default_kv_budget(device)) * (1 - draft_kv_share(spec)))
-    plan = plan_cache(cfg, args.max_num_seqs, args.max_model_len, budget, lookahead=lookahead)
+    # K and V are kept in the model's dtype: 2 bytes each on CUDA (bfloat16), 4 on the CPU
     dtype = ckpt.model.embed_tokens.weight.dtype
+    plan = plan_cache(
+        cfg, args.max_num_seqs, args.max_model_len, budget, lookahead=lookahead, dtype_bytes=dtype.itemsize
+    )
     t_alloc = plan.max_model_len + lookahead + 1
     cache = KVCache(cfg, plan.num_slots, t_alloc, device, dtype)
     runner = ModelRunner(ckpt.model, cache, device)
