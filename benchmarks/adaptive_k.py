@@ -9,7 +9,7 @@ temperature) and speculative config, plain decoding, the planner (the default) a
 
 `--repeats N` runs every variant of a cell N rounds in turn (a fresh engine each time; each round starts at
 another variant) and reports each one's median round, so that the machine's drift and a place in the round fall
-on every variant alike. Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K /
+on every variant alike; the ratios to plain are medians over rounds of the ratio within a round. Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K /
 plain, planner / best fixed K); writes JSON to bench_results/adaptive_k.json. Every run also counts its outputs
 identical to plain's (sampled runs too: under strict verification, the default, a seeded request's sampled
 text does not change).
@@ -21,6 +21,7 @@ import argparse
 import gc
 import json
 import platform
+import statistics
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -123,28 +124,38 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
         for r in rows:
             r["identical"] = sum(a == b for a, b in zip(r.pop("ids"), texts["plain"]))
         ranked = sorted(rows, key=lambda r: r["tok_per_s"])
-        runs.append(ranked[len(ranked) // 2] | {"rounds_tok_per_s": [r["tok_per_s"] for r in rows]})
+        # against plain's run of the same round: the machine's drift between rounds falls on both alike
+        ratios = [r["tok_per_s"] / p["tok_per_s"] for r, p in zip(rows, rounds["plain"])]
+        runs.append(
+            ranked[len(ranked) // 2]
+            | {
+                "rounds_tok_per_s": [r["tok_per_s"] for r in rows],
+                "rounds_ratio_to_plain": ratios,
+                "ratio_to_plain": statistics.median(ratios),
+            }
+        )
     return {"workload": workload, "batch_size": batch, "temperature": temperature, "runs": runs}
 
 
 def summarize(cell: dict, specs: list[dict]) -> list[str]:
+    """One line per config: planner / plain and best fixed K / plain (medians over rounds of the ratio within a
+    round), and planner / best fixed K (the median over rounds of the two runs' ratio)."""
     runs = {r["label"]: r for r in cell["runs"]}
-    plain = runs["plain"]["tok_per_s"]
     lines = []
     for spec in specs:
         name = spec.get("method", str(spec.get("model")))
         planner = runs[f"{name} planner"]
         fixed = [r for label, r in runs.items() if label.startswith(f"{name} K=")]
-        best = max(fixed, key=lambda r: r["tok_per_s"]) if fixed else None
+        best = max(fixed, key=lambda r: r["ratio_to_plain"]) if fixed else None
         text = (
             f"{cell['workload']:<12}{cell['batch_size']:>6}{cell['temperature']:>6.1f}  {name:<12}"
-            f"{planner['tok_per_s'] / plain:>9.2f}x"
+            f"{planner['ratio_to_plain']:>9.2f}x"
         )
         if best is not None:
-            text += (
-                f"{best['tok_per_s'] / plain:>9.2f}x {best['label'].split('=')[-1]:>3}"
-                f"{planner['tok_per_s'] / best['tok_per_s']:>11.2f}x"
+            vs_best = statistics.median(
+                a / b for a, b in zip(planner["rounds_tok_per_s"], best["rounds_tok_per_s"])
             )
+            text += f"{best['ratio_to_plain']:>9.2f}x {best['label'].split('=')[-1]:>3}{vs_best:>11.2f}x"
         lines.append(text + f"{planner.get('mean_chosen_k') or 0:>9.2f}")
     return lines
 
