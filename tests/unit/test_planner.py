@@ -489,3 +489,39 @@ def test_an_unexplored_position_borrows_the_estimate_before_it():
     for i in range(50):
         model.observe(f"s{i}", 3, 2)
     assert model.conditional("new", 4)[2] < 0.3
+
+
+def test_with_the_engine_speedup_a_good_step_takes_more_drafts():
+    """A draft pays when it adds tokens faster than the engine commits them on average: a step with good drafts
+    goes further than its own best ratio when other steps (with none) pull the average down; a speedup under 1
+    counts as plain decoding's."""
+    gains = [expected_gains([0.8] * 8)]
+
+    def cost(rows: int) -> float:
+        return 1.0 + 0.25 * (rows - 1)
+
+    # its own best ratio: 3 drafts (2.95 tokens / 1.75)
+    assert plan_lengths(gains, cost) == [3]
+    # marginal gains above 1.2 * 0.25: the first 5
+    assert plan_lengths(gains, cost, speedup=1.2) == [5]
+    # plain decoding's rate: gains above 0.25
+    assert plan_lengths(gains, cost, speedup=0.5) == plan_lengths(gains, cost, speedup=1.0) == [6]
+
+
+def test_the_planner_speedup_is_relative_to_plain_steps_of_the_same_batch():
+    planner = DraftPlanner(4, FixedCost(0.25), drafter_runs_forward=False, max_rows=64)
+    cost = planner._cost(1)
+    for _ in range(7):
+        planner.observe_step(1, 1, 0, 1)
+    # too few steps yet
+    assert planner.speedup() is None
+    planner.observe_step(1, 1, 0, 1)
+    assert planner.speedup() == pytest.approx(1.0)
+    # plain steps of a batch of 8 run at plain speed too
+    for _ in range(300):
+        planner.observe_step(8, 8, 0, 8)
+    assert planner.speedup() == pytest.approx(1.0)
+    # batch-1 steps committing 3 tokens over 3 rows
+    for _ in range(300):
+        planner.observe_step(3, 3, 2, 1)
+    assert planner.speedup() == pytest.approx(3 * cost(1) / cost(3), rel=0.01)

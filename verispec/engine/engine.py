@@ -350,9 +350,10 @@ class LLMEngine:
         step = sample_step(reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify)
         if planner is not None:
             # step.num_accepted is on the host: the step's work is done
-            planner.step_cost.observe(
-                sum(len(row.token_ids) for row in rows), time.perf_counter() - t, drafted=any(drafts)
-            )
+            n_rows = sum(len(row.token_ids) for row in rows)
+            planner.step_cost.observe(n_rows, time.perf_counter() - t, drafted=any(drafts))
+            longest = max(ask, default=0) if spec else 0
+            planner.observe_step(len(reqs) + sum(step.num_accepted), n_rows, longest, len(reqs))
         stats = SpecDecodingStats(self.opts.num_speculative_tokens) if self.proposer else None
         for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
             # roll back the rejected drafts: O(1)

@@ -47,6 +47,7 @@ def plan_lengths(
     max_rows: int | None = None,
     base_rows: int | None = None,
     discount: float = 1.0,
+    speedup: float | None = None,
 ) -> list[int]:
     """Per-request draft lengths maximising expected tokens per second.
 
@@ -56,6 +57,12 @@ def plan_lengths(
     the step may score. base_rows: the step's rows without drafts (default B; more when requests that do not
     speculate share the step). discount: the share of the expected gains counted. Returns k_b in
     [0, len(gains[b])]; all zero when speculating does not pay.
+
+    speedup: the engine's recent tokens per second relative to plain decoding's (DraftPlanner.speedup). Without
+    it the step's own tokens per second is maximised. With it, tokens - R * seconds is, R being this step's plain
+    rate times the speedup (the long-run rate's criterion: a draft is worth its extra seconds when it adds tokens
+    faster than the engine commits them on average, so a step with good drafts takes more of them than its own
+    ratio would when other steps have none). A speedup under 1 counts as 1: plain decoding is always within reach.
     """
     b = len(gains)
     base = b if base_rows is None else base_rows
@@ -64,15 +71,21 @@ def plan_lengths(
         room = min(room, max(0, max_rows - base))
     # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
     order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])[:room]
-    best_n, best_rate = 0, base / (step_cost(base) + draft_cost(0))
+    plain = step_cost(base) + draft_cost(0)
+    r = None if speedup is None else max(speedup, 1.0) * base / plain
+
+    def value(tokens: float, seconds: float) -> float:
+        return tokens / seconds if r is None else tokens - r * seconds
+
+    best_n, best = 0, value(base, plain)
     tokens, longest, taken = float(base), 0, [0] * b
     for n, (g, i) in enumerate(order, start=1):
         tokens += g * discount
         taken[i] += 1
         longest = max(longest, taken[i])
-        rate = tokens / (step_cost(base + n) + draft_cost(longest))
-        if rate > best_rate:
-            best_n, best_rate = n, rate
+        v = value(tokens, step_cost(base + n) + draft_cost(longest))
+        if v > best:
+            best_n, best = n, v
     lengths = [0] * b
     for _, i in order[:best_n]:
         lengths[i] += 1
@@ -268,6 +281,10 @@ _ASK_DEPTH = 4
 # their estimates are optimistic on average, and a step that only seems to pay loses. Where rows are free any gain
 # still pays
 GAIN_DISCOUNT = 0.9
+# the engine's recent speedup (`DraftPlanner.speedup`): per-step decay of its sums (about the last 50 steps), and the
+# steps seen before it is used (until then a step maximises its own tokens per second)
+_RATE_DECAY = 0.98
+_RATE_AFTER = 8
 
 
 @dataclass
@@ -326,6 +343,10 @@ class DraftPlanner:
         self.asked = 0
         self.shadow_credit = 0.0
         self.turns = 0
+        # decayed sums of the decode steps' committed tokens per row and seconds per plain step: the recent speedup
+        self.step_tokens = 0.0
+        self.step_seconds = 0.0
+        self.steps_seen = 0
 
     def draft_cost(self, k: int) -> float:
         """Estimated drafting seconds when the longest draft is k: measured, or scaled from the nearest measured k
@@ -478,8 +499,25 @@ class DraftPlanner:
         self.acceptance.observe_tree(parents, depths, confidence, on_path)
 
     def _plan(self, gains, cost: Callable[[int], float], draft_cost: Callable[[int], float], batch_rows: int):
-        """plan_lengths with this planner's row limit and GAIN_DISCOUNT."""
-        return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT)
+        """plan_lengths with this planner's row limit, GAIN_DISCOUNT and the engine's recent speedup."""
+        return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, self.speedup())
+
+    def observe_step(self, tokens: int, rows: int, longest_draft: int, plain_rows: int) -> None:
+        """A decode step that committed `tokens`, scoring `rows` rows (plain_rows without drafts) after drafting up
+        to longest_draft tokens. Its seconds are the cost models' (the ones the plan weighs them against)."""
+        cost = self._cost(plain_rows)
+        seconds = cost(rows) + self.draft_cost(longest_draft)
+        # in units of the plain step at this batch size: tokens per row, seconds per plain step
+        self.step_tokens = self.step_tokens * _RATE_DECAY + tokens / plain_rows
+        self.step_seconds = self.step_seconds * _RATE_DECAY + seconds / cost(plain_rows)
+        self.steps_seen += 1
+
+    def speedup(self) -> float | None:
+        """Tokens per second over the recent decode steps relative to plain decoding's at the same batch sizes
+        (decaying weights), None before _RATE_AFTER steps."""
+        if self.steps_seen < _RATE_AFTER or self.step_seconds <= 0:
+            return None
+        return self.step_tokens / self.step_seconds
 
     def _turn(self) -> int:
         self.turns += 1
