@@ -300,6 +300,8 @@ class LLMEngine:
         draft_probs = confidence = None
         spec = [r for r in reqs if r.speculate]
         planner = self.planner
+        # drafts asked of each speculating request (none where nothing is drafted)
+        ask: list[int] = []
         if spec and self.proposer is not None:
             k_step = schedule_cap(self.opts.spec_schedule, len(reqs), self.opts.num_speculative_tokens)
             caps = [self._draft_cap(r, k_step) for r in spec]
@@ -352,8 +354,7 @@ class LLMEngine:
             # step.num_accepted is on the host: the step's work is done
             n_rows = sum(len(row.token_ids) for row in rows)
             planner.step_cost.observe(n_rows, time.perf_counter() - t, drafted=any(drafts))
-            longest = max(ask, default=0) if spec else 0
-            planner.observe_step(len(reqs) + sum(step.num_accepted), n_rows, longest, len(reqs))
+            planner.observe_step(len(reqs) + sum(step.num_accepted), n_rows, max(ask, default=0), len(reqs))
         stats = SpecDecodingStats(self.opts.num_speculative_tokens) if self.proposer else None
         for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
             # roll back the rejected drafts: O(1)

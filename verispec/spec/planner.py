@@ -283,8 +283,8 @@ _ASK_DEPTH = 4
 GAIN_DISCOUNT = 0.9
 # the engine's recent speedup (`DraftPlanner.speedup`): per-step decay of its sums (about the last 50 steps), and the
 # steps seen before it is used (until then a step maximises its own tokens per second)
-_RATE_DECAY = 0.98
-_RATE_AFTER = 8
+_SPEEDUP_DECAY = 0.98
+_SPEEDUP_AFTER = 8
 
 
 @dataclass
@@ -508,14 +508,14 @@ class DraftPlanner:
         cost = self._cost(plain_rows)
         seconds = cost(rows) + self.draft_cost(longest_draft)
         # in units of the plain step at this batch size: tokens per row, seconds per plain step
-        self.step_tokens = self.step_tokens * _RATE_DECAY + tokens / plain_rows
-        self.step_seconds = self.step_seconds * _RATE_DECAY + seconds / cost(plain_rows)
+        self.step_tokens = self.step_tokens * _SPEEDUP_DECAY + tokens / plain_rows
+        self.step_seconds = self.step_seconds * _SPEEDUP_DECAY + seconds / cost(plain_rows)
         self.steps_seen += 1
 
     def speedup(self) -> float | None:
         """Tokens per second over the recent decode steps relative to plain decoding's at the same batch sizes
-        (decaying weights), None before _RATE_AFTER steps."""
-        if self.steps_seen < _RATE_AFTER or self.step_seconds <= 0:
+        (decaying weights), None before _SPEEDUP_AFTER steps."""
+        if self.steps_seen < _SPEEDUP_AFTER or self.step_seconds <= 0:
             return None
         return self.step_tokens / self.step_seconds
 
