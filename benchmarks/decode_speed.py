@@ -13,7 +13,10 @@ Two rooflines (measured read bandwidth / bytes streamed per token, embedding tab
 model as transformers holds it) and the one for the bytes verispec actually streams.
 With llama-cpp-python installed (benchmarks/llama_cpp_peer.py), llama.cpp on the same GGUF at batch 1 too.
     .venv/bin/python benchmarks/decode_speed.py [--model smollm2-135m-instruct] [--new-tokens 128] [--repeats 3]
-        [--no-transformers] [--no-llama-cpp] [--no-int8]
+        [--no-transformers] [--no-llama-cpp] [--no-int8] [--device auto|cpu|cuda]
+On CUDA (`--device cuda`, or auto where a GPU is present) verispec and transformers both run in bfloat16 on the GPU
+and the bandwidth is the GPU's; int8 activations and llama.cpp are CPU-only (skip them with --no-int8
+--no-llama-cpp).
 """
 
 from __future__ import annotations
