@@ -31,6 +31,8 @@ from pathlib import Path
 import llama_cpp_peer
 import torch
 
+from verispec.engine.step_cost import sync
+
 PROMPTS = [
     "Write a haiku about CPUs.",
     "Explain speculative decoding in two sentences.",
@@ -41,12 +43,6 @@ PROMPTS = [
     "What is a hash table?",
     "Describe the water cycle.",
 ]
-
-
-def sync(device: torch.device) -> None:
-    """Wait for the device's queued work, so that a host clock read after it times that work (a no-op on the CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure_bandwidth_gbs(device: torch.device, mb: int = 1024, reps: int = 5) -> float:

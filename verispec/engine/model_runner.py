@@ -79,8 +79,10 @@ class ModelRunner:
         start_t = torch.tensor(start, device=dev)[:, None]
         # [1, Q]
         j = torch.arange(q, device=dev)[None]
+        # [S] real rows per sequence
+        qlen_t = torch.tensor(qlen, device=dev)
         # [S, Q]
-        valid = j < torch.tensor(qlen, device=dev)[:, None]
+        valid = j < qlen_t[:, None]
         # [S, Q]
         cache_pos = torch.where(valid, start_t + j, self.cache.scratch)
         # [S, Q]
@@ -118,8 +120,8 @@ class ModelRunner:
             # [S*Q] padding reads row 0 (masked)
             unpack = torch.zeros(s * q, dtype=torch.long, device=dev)
             unpack[pack] = torch.arange(len(pad_pos), device=dev)
-            # [S] real rows per sequence (the kernels skip the padding)
-            lengths = torch.tensor(qlen, device=dev)
+            # the kernels skip the padding
+            lengths = qlen_t
         ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack, lengths)
         return ids_t, positions, ctx, flat
 

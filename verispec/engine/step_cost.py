@@ -166,7 +166,7 @@ def profile_step_cost(
         for rows in points:
             t = time.perf_counter()
             runner.run([RowInput(slot, context, [0] * rows)])
-            _sync(runner.device)
+            sync(runner.device)
             best[rows] = min(best[rows], time.perf_counter() - t)
     return monotone_profile(best)
 
@@ -228,6 +228,7 @@ def _cache_dir() -> Path:
     return cache_dir().parent / "step_cost"
 
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so that a host clock read next times it (a no-op on the CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
