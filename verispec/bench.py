@@ -75,6 +75,16 @@ def _opt(v: float, fmt: str, width: int) -> str:
     return f"{v:>{width}{fmt}}" if v else f"{'-':>{width}}"
 
 
+def prompt_ceiling(baseline: BenchResult) -> tuple[float, float] | None:
+    """(share of the plain run spent in prompt processing, the end-to-end speedup speculation could reach if decoding
+    took no time at all): speculation only shortens decode steps, so 1 / share bounds every method on this workload.
+    None when the run has no timed prompt steps."""
+    if baseline.prefill_seconds <= 0 or baseline.seconds <= 0:
+        return None
+    share = min(1.0, baseline.prefill_seconds / baseline.seconds)
+    return share, 1.0 / share
+
+
 def print_table(rows: list[BenchResult], baseline: BenchResult) -> None:
     head = f"{'run':<28}{'out tok':>8}{'tok/s':>9}{'speedup':>9}{'prefill s':>10}{'decode tok/s':>13}{'speedup':>9}{'drafts':>8}{'drafted':>9}{'accepted':>9}{'mean AL':>8}  per-position"
     print(head)
@@ -87,6 +97,12 @@ def print_table(rows: list[BenchResult], baseline: BenchResult) -> None:
             f"{'x' if r.decode_tok_per_s and baseline.decode_tok_per_s else ' '}"
             f"{r.num_drafts:>8}{r.num_draft_tokens:>9}{r.num_accepted_tokens:>9}{r.mean_acceptance_length:>8.2f}  "
             f"{', '.join(f'{x:.2f}' for x in r.per_position)}"
+        )
+    bound = prompt_ceiling(baseline)
+    if bound is not None:
+        print(
+            f"prompt processing is {bound[0]:.0%} of the plain run: no method can exceed {bound[1]:.2f}x end to end "
+            "on this workload (speculation shortens decode steps only)"
         )
 
 
