@@ -10,7 +10,8 @@ temperature) and speculative config, plain decoding, the planner (the default) a
 `--repeats N` runs every variant of a cell N rounds in turn (a fresh engine each time; each round starts at
 another variant) and reports each one's median round, so that the machine's drift and a place in the round fall
 on every variant alike; the ratios to plain are medians over rounds of the ratio within a round. Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K /
-plain, planner / best fixed K); writes JSON to bench_results/adaptive_k.json. Every run also counts its outputs
+plain, planner / best fixed K, and the ceiling that plain's share of prompt processing puts on any method end to
+end); writes JSON to bench_results/adaptive_k.json. Every run also counts its outputs
 identical to plain's (sampled runs too: under strict verification, the default, a seeded request's sampled
 text does not change).
 """
@@ -23,12 +24,12 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
 
-from verispec.bench import time_llm
+from verispec.bench import BenchResult, prompt_ceiling, time_llm
 from verispec.sampling_params import SamplingParams
 from verispec.workloads import WORKLOADS, build_workload
 
@@ -141,6 +142,9 @@ def summarize(cell: dict, specs: list[dict]) -> list[str]:
     """One line per config: planner / plain and best fixed K / plain (medians over rounds of the ratio within a
     round), and planner / best fixed K (the median over rounds of the two runs' ratio)."""
     runs = {r["label"]: r for r in cell["runs"]}
+    plain = runs["plain"]
+    bound = prompt_ceiling(BenchResult(**{f.name: plain[f.name] for f in fields(BenchResult)}))
+    ceiling = f"{bound[1]:>9.2f}x" if bound else f"{'-':>10}"
     lines = []
     for spec in specs:
         name = spec.get("method", str(spec.get("model")))
@@ -156,7 +160,7 @@ def summarize(cell: dict, specs: list[dict]) -> list[str]:
                 a / b for a, b in zip(planner["rounds_tok_per_s"], best["rounds_tok_per_s"])
             )
             text += f"{best['ratio_to_plain']:>9.2f}x {best['label'].split('=')[-1]:>3}{vs_best:>11.2f}x"
-        lines.append(text + f"{planner.get('mean_chosen_k') or 0:>9.2f}")
+        lines.append(text + f"{planner.get('mean_chosen_k') or 0:>9.2f}{ceiling}")
     return lines
 
 
@@ -208,7 +212,7 @@ def main() -> None:
     print(f"\nCPU: {cpu_model()}, threads={torch.get_num_threads()}, {device_name(args.device)}, {setup}")
     head = (
         f"{'workload':<12}{'batch':>6}{'T':>6}  {'method':<12}{'planner':>10}{'best K':>10}{'K':>4}"
-        f"{'plan/best':>12}{'mean K':>9}"
+        f"{'plan/best':>12}{'mean K':>9}{'ceiling':>10}"
     )
     print(head + "\n" + "-" * len(head))
     for cell in cells:
