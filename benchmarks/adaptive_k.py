@@ -140,7 +140,8 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
 
 def summarize(cell: dict, specs: list[dict]) -> list[str]:
     """One line per config: planner / plain and best fixed K / plain (medians over rounds of the ratio within a
-    round), and planner / best fixed K (the median over rounds of the two runs' ratio)."""
+    round), planner / best fixed K (the median over rounds of the two runs' ratio), the planner's mean K and the
+    cell's ceiling (1 / plain's share of prompt processing: no speculative method beats it end to end)."""
     runs = {r["label"]: r for r in cell["runs"]}
     plain = runs["plain"]
     bound = prompt_ceiling(BenchResult(**{f.name: plain[f.name] for f in fields(BenchResult)}))
