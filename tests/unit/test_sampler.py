@@ -354,3 +354,17 @@ def test_position_uniforms_are_uniform_and_keyed_by_position():
     assert abs(float(torch.corrcoef(torch.stack([u[:, :-1].flatten(), u[:, 1:].flatten()]))[0, 1])) < 0.02
     assert abs(float(torch.corrcoef(torch.stack([u[:-1].flatten(), u[1:].flatten()]))[0, 1])) < 0.02
     assert len(set(keys)) == 64 and sample_key(-1) != sample_key(1)
+
+
+def test_a_steps_few_uniforms_hashed_on_the_host_are_the_tensor_hash():
+    """Up to 64 values are hashed in Python integers (cheaper than a dozen tensor ops); the bits must be the tensor
+    path's, for any key (negative ones included) and position."""
+    gen = torch.Generator().manual_seed(0)
+    for b, n in [(1, 1), (1, 9), (4, 5), (16, 4), (8, 8)]:
+        keys = torch.randint(-(1 << 63), (1 << 63) - 1, (b,), generator=gen).tolist()
+        positions = torch.randint(0, 1 << 31, (b, n), generator=gen)
+        host = position_uniforms(keys, positions)
+        # the same rows inside a call too large for the host path
+        wide = position_uniforms(keys * 70, positions.repeat(70, 1))[:b]
+        assert positions.numel() <= 64 < positions.numel() * 70
+        assert torch.equal(host, wide)

@@ -70,17 +70,18 @@ class SamplingTensors:
         frequency = [p.frequency_penalty for p in params]
         repetition = [p.repetition_penalty for p in params]
 
-        def f32(xs: list[float]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.float32, device=device)
-
+        # [6, N]: one tensor for the float fields (a sampled step builds these every step)
+        floats = torch.tensor(
+            [temperature, top_p, min_p, presence, frequency, repetition], dtype=torch.float32, device=device
+        )
         return cls(
-            temperature=f32(temperature),
+            temperature=floats[0],
             top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            top_p=f32(top_p),
-            min_p=f32(min_p),
-            presence_penalty=f32(presence),
-            frequency_penalty=f32(frequency),
-            repetition_penalty=f32(repetition),
+            top_p=floats[1],
+            min_p=floats[2],
+            presence_penalty=floats[3],
+            frequency_penalty=floats[4],
+            repetition_penalty=floats[5],
             is_greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
             all_greedy=all(greedy),
             any_penalties=any(p.has_penalties for p in params),
@@ -271,12 +272,29 @@ def sample_key(seed: int) -> int:
     return int(_splitmix(torch.tensor(_signed64(seed + 1), dtype=torch.int64) * _GOLDEN))
 
 
+_M64 = (1 << 64) - 1
+# a step's few uniforms are hashed on the host: a dozen torch ops on a handful of values cost more than the hash
+_HOST_UNIFORMS = 64
+
+
+def _uniform(key: int, pos: int) -> float:
+    """position_uniforms for one (key, position) in Python integers: the same bits, so the same float."""
+    z = (key + pos * _GOLDEN) & _M64
+    z = ((z ^ (z >> 30)) * _MIX1) & _M64
+    z = ((z ^ (z >> 27)) * _MIX2) & _M64
+    return ((z ^ (z >> 31)) >> 40) * (1.0 / (1 << 24))
+
+
 # [B, n] float32 U[0, 1)
 def position_uniforms(keys: Sequence[int], positions: torch.Tensor) -> torch.Tensor:
     """The uniform of each request's output positions ([B, n] int64): a hash (splitmix64) of the request's key and
     the position, in 24 bits, like torch.rand's float32. A position's categorical sample reads the same uniform
     whichever step scores it, so strict verification emits exactly the tokens plain decoding samples: speculation
     does not change a seeded request's sampled text."""
+    if positions.dim() == 2 and positions.shape[0] == len(keys) and positions.numel() <= _HOST_UNIFORMS:
+        # k / 2^24 with k < 2^24: exact in float32
+        rows = [[_uniform(k, p) for p in row] for k, row in zip(keys, positions.tolist())]
+        return torch.tensor(rows, dtype=torch.float32, device=positions.device).view(positions.shape)
     # [B, n] int64, wrapping arithmetic
     z = torch.tensor(keys, dtype=torch.int64, device=positions.device)[:, None] + positions.long() * _GOLDEN
     return _shr(_splitmix(z), 40).to(torch.float32) * (1.0 / (1 << 24))
