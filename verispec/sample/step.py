@@ -89,15 +89,18 @@ def sample_step(
     b, v, dev = len(reqs), logits.shape[-1], logits.device
     k = spec.max_drafts
     stride = k + 1
-    n_rows = [len(d) + 1 for d in drafts]
-    # [B, K+1]
-    rows = _row_map(n_rows, stride, dev)
     params = [r.params for r in reqs]
     all_greedy = all(p.is_greedy for p in params)
     any_greedy = any(p.is_greedy for p in params)
     any_penalties = any(p.has_penalties for p in params)
     want_logprobs = any(p.logprobs is not None for p in params)
     processed = any_penalties or any(has_constraints(r) or r.params.min_tokens > 0 for r in reqs)
+    if all_greedy and k == 0 and not processed and not want_logprobs:
+        # plain greedy decoding: each row's argmax, one host sync
+        return StepTokens([[t] for t in S.greedy(logits).tolist()], [0] * b, None, 1)
+    n_rows = [len(d) + 1 for d in drafts]
+    # [B, K+1]
+    rows = _row_map(n_rows, stride, dev)
     entropy = rule.entropy is not None and not all_greedy and k > 0
     # [B, K+1, V] the raw rows padded per request, only where something reads them in that shape
     raw = _pad_rows(logits, rows) if processed or want_logprobs or entropy else None
