@@ -77,20 +77,31 @@ class ModelRunner:
         ids_t = torch.tensor(packed_ids, dtype=torch.long, device=dev)
         # [S, 1]
         start_t = torch.tensor(start, device=dev)[:, None]
-        # [1, Q]
-        j = torch.arange(q, device=dev)[None]
-        # [S] real rows per sequence
-        qlen_t = torch.tensor(qlen, device=dev)
-        # [S, Q]
-        valid = j < qlen_t[:, None]
-        # [S, Q]
-        cache_pos = torch.where(valid, start_t + j, self.cache.scratch)
-        # [S, Q]
-        positions = torch.where(valid, start_t + torch.tensor(depth, device=dev), 0)
         kv_len = max(st + ql for st, ql in zip(start, qlen))
         trees = any(r.tree_mask is not None for r in rows)
+        # plain decoding of every slot in range: one token each, at its sequence's next position (no padding)
+        one_each = q == 1 and all(qlen) and not trees and all(d[0] == 0 for d in depth)
+        # [S] real rows per sequence
+        qlen_t = None if one_each else torch.tensor(qlen, device=dev)
+        valid = None
+        if one_each:
+            # [S, 1]
+            cache_pos = positions = start_t
+        else:
+            # [1, Q]
+            j = torch.arange(q, device=dev)[None]
+            # [S, Q]
+            valid = j < qlen_t[:, None]
+            # [S, Q]
+            cache_pos = torch.where(valid, start_t + j, self.cache.scratch)
+            # [S, Q]
+            positions = torch.where(valid, start_t + torch.tensor(depth, device=dev), 0)
         if s == 1 and q == 1:
             mask = sliding = None
+        elif one_each:
+            # [S, 1, 1, T]: each query sees its sequence's keys up to its own
+            mask = (torch.arange(kv_len, device=dev)[None, None] <= start_t[:, :, None])[:, None]
+            sliding = None
         else:
             mask = self._mask(start_t, valid, positions, kv_len, rows, lo, q) if trees else None
             if mask is None:
@@ -110,7 +121,9 @@ class ModelRunner:
             near = key > positions[:, None, :, None] - self.window
             base = mask if mask is not None else torch.ones_like(near)
             sliding = base & near
-            sliding[..., 0] |= ~valid[:, None]
+            if valid is not None:
+                # padded queries look at one key
+                sliding[..., 0] |= ~valid[:, None]
         rows_idx = torch.arange(s, device=dev)[:, None]
         identity = pad_pos == list(range(s * q))
         unpack = pack = lengths = None
