@@ -273,7 +273,7 @@ def sample_key(seed: int) -> int:
 
 
 _M64 = (1 << 64) - 1
-# a step's few uniforms are hashed on the host: a dozen torch ops on a handful of values cost more than the hash
+# a CPU step's few uniforms are hashed in Python: a dozen torch ops on a handful of values cost more than the hash
 _HOST_UNIFORMS = 64
 
 
@@ -291,7 +291,9 @@ def position_uniforms(keys: Sequence[int], positions: torch.Tensor) -> torch.Ten
     the position, in 24 bits, like torch.rand's float32. A position's categorical sample reads the same uniform
     whichever step scores it, so strict verification emits exactly the tokens plain decoding samples: speculation
     does not change a seeded request's sampled text."""
-    if positions.dim() == 2 and positions.shape[0] == len(keys) and positions.numel() <= _HOST_UNIFORMS:
+    small = positions.dim() == 2 and positions.shape[0] == len(keys) and positions.numel() <= _HOST_UNIFORMS
+    # (on a GPU the positions would have to come to the host first)
+    if small and positions.device.type == "cpu":
         # k / 2^24 with k < 2^24: exact in float32
         rows = [[_uniform(k, p) for p in row] for k, row in zip(keys, positions.tolist())]
         return torch.tensor(rows, dtype=torch.float32, device=positions.device).view(positions.shape)
