@@ -247,6 +247,7 @@ def make_generator(seed: int, device: torch.device | str) -> torch.Generator:
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 _MIX1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX2 = 0x94D049BB133111EB - (1 << 64)
+_M64 = (1 << 64) - 1
 
 
 def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
@@ -263,26 +264,30 @@ def _splitmix(z: torch.Tensor) -> torch.Tensor:
 
 def _signed64(x: int) -> int:
     """x mod 2^64 as a signed int64."""
-    x &= (1 << 64) - 1
+    x &= _M64
     return x - (1 << 64) if x >> 63 else x
+
+
+def _splitmix_int(z: int) -> int:
+    """_splitmix on one Python integer, taken mod 2^64: the same bits as the int64 lanes (as an unsigned value)."""
+    z &= _M64
+    z = ((z ^ (z >> 30)) * _MIX1) & _M64
+    z = ((z ^ (z >> 27)) * _MIX2) & _M64
+    return z ^ (z >> 31)
 
 
 def sample_key(seed: int) -> int:
     """A request's sampling key from its seed (splitmix64 of the seed): nearby seeds give unrelated streams."""
-    return int(_splitmix(torch.tensor(_signed64(seed + 1), dtype=torch.int64) * _GOLDEN))
+    return _signed64(_splitmix_int((seed + 1) * _GOLDEN))
 
 
-_M64 = (1 << 64) - 1
 # a CPU step's few uniforms are hashed in Python: a dozen torch ops on a handful of values cost more than the hash
 _HOST_UNIFORMS = 64
 
 
 def _uniform(key: int, pos: int) -> float:
     """position_uniforms for one (key, position) in Python integers: the same bits, so the same float."""
-    z = (key + pos * _GOLDEN) & _M64
-    z = ((z ^ (z >> 30)) * _MIX1) & _M64
-    z = ((z ^ (z >> 27)) * _MIX2) & _M64
-    return ((z ^ (z >> 31)) >> 40) * (1.0 / (1 << 24))
+    return (_splitmix_int(key + pos * _GOLDEN) >> 40) * (1.0 / (1 << 24))
 
 
 # [B, n] float32 U[0, 1)

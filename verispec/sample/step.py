@@ -188,9 +188,6 @@ def _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u
     out = ops.verify_sampled(src, src_rows, draft_t, scale, u_accept, sample_u)
     if out is None:
         return None
-    if k == 0:
-        # plain sampling: the sampled token alone
-        return out[0][:, None], out[1]
     return assemble_at(draft_t, out[1], out[0][:, None])
 
 

@@ -102,6 +102,9 @@ def assemble_at(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drafts [0, num_accepted), then ``next_tokens[num_accepted]``, then -1 padding. -> ([B, K+1], [B])."""
     B, K = draft_token_ids.shape
+    if K == 0:
+        # nothing drafted: the next token alone
+        return next_tokens.to(draft_token_ids.dtype).expand(B, 1), num_accepted
     # [K+1]
     pos = torch.arange(K + 1, device=draft_token_ids.device)
     pad = torch.full((B, 1), -1, dtype=draft_token_ids.dtype, device=draft_token_ids.device)
