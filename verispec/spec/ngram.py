@@ -1,60 +1,75 @@
-"""Prompt-lookup (n-gram) drafting as pure numpy functions.
+"""Prompt-lookup (n-gram) drafting as pure functions over token lists.
 
-Find the longest n in [min_n, max_n] such that the last n tokens of the context also occur
-earlier in it (ending before the last position), take the EARLIEST such occurrence and
-propose up to k tokens that followed it.
+Find the longest n in [min_n, max_n] such that the last n tokens of the context also occur earlier in it (ending
+before the last position), take the EARLIEST such occurrence and propose up to k tokens that followed it.
 
-Vectorised: one O(L) comparison of the whole context against its last token yields the
-candidate end positions; each longer n only re-checks the surviving candidates (a loop over
-n, never over the context).
+`NgramIndex` keeps, for every n in [min_n, max_n], the first end position of each n-gram of a growing context, so
+that a step's lookup is one dict probe per n and a committed token costs one insert per n: a request's drafting
+time does not grow with its context.
 """
 
-import numpy as np
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
 
 # the longest match `match_length` measures: past it a draft is as good as certain to be copied
 MATCH_CAP = 64
 
 
-def ngram_lookup(context: np.ndarray, min_n: int, max_n: int) -> int:
+class NgramIndex:
+    """The earliest end index of every n-gram (min_n <= n <= max_n) of a token sequence that grows at its end.
+
+    An n-gram is indexed once the token after it arrives, so a lookup never finds the context's own suffix."""
+
+    def __init__(self, min_n: int, max_n: int):
+        if min_n < 1 or max_n < min_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+        self.tokens: list[int] = []
+        # first[n - min_n]: n-gram -> end index of its earliest occurrence
+        self.first: list[dict[tuple[int, ...], int]] = [{} for _ in range(min_n, max_n + 1)]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        toks = self.tokens
+        for t in tokens:
+            # the n-grams ending at the current last token are followed by t now
+            end = len(toks) - 1
+            for n, first in enumerate(self.first, start=self.min_n):
+                if end + 1 < n:
+                    break
+                first.setdefault(tuple(toks[end + 1 - n : end + 1]), end)
+            toks.append(int(t))
+
+    def lookup(self) -> int:
+        """End index of the earliest earlier occurrence of the context's longest matching suffix, -1 if none."""
+        toks, size = self.tokens, len(self.tokens)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            end = self.first[n - self.min_n].get(tuple(toks[size - n :]))
+            if end is not None:
+                return end
+        return -1
+
+
+def ngram_lookup(context: Sequence[int], min_n: int, max_n: int) -> int:
     """End index of the earliest earlier occurrence of the context's longest matching suffix (n in [min_n, max_n]),
     -1 if there is none."""
-    if min_n < 1 or max_n < min_n:
-        raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
-    context = np.asarray(context)
-    L = context.shape[0]
-    if L < min_n + 1:
-        return -1
-    # candidate end indices e <= L-2 (never the suffix itself), ascending = earliest first
-    # [M]
-    ends = np.flatnonzero(context[:-1] == context[-1])
-    # end index of the earliest occurrence of the longest matching n >= min_n
-    best = -1
-    # ends currently match the last t tokens
-    for t in range(1, max_n + 1):
-        if ends.size == 0:
-            break
-        if t >= min_n:
-            # earliest; longer n overwrite
-            best = int(ends[0])
-        if t == max_n:
-            break
-        # room for one more token before the occurrence
-        ends = ends[ends >= t]
-        ends = ends[context[ends - t] == context[L - 1 - t]]
-    return best
+    index = NgramIndex(min_n, max_n)
+    index.extend(context)
+    return index.lookup()
 
 
-def match_length(context: np.ndarray, end: int, cap: int = MATCH_CAP) -> int:
+def match_length(context: Sequence[int], end: int, cap: int = MATCH_CAP) -> int:
     """How many tokens the context's suffix and the tokens ending at index `end` share, counted backwards (at most
     cap): at least the n the lookup matched, more when the match runs on past max_n (a span being copied)."""
-    context = np.asarray(context)
+    last = len(context) - 1
     n = min(cap, end + 1)
-    L = context.shape[0]
-    # [n] both spans, newest token first
-    earlier = context[end - n + 1 : end + 1][::-1]
-    latest = context[L - n :][::-1]
-    differ = np.flatnonzero(earlier != latest)
-    return int(differ[0]) if differ.size else n
+    for i in range(n):
+        if context[end - i] != context[last - i]:
+            return i
+    return n
 
 
 def match_confidence(length: int, k: int) -> list[float]:
@@ -63,10 +78,10 @@ def match_confidence(length: int, k: int) -> list[float]:
     return [(length + i) / (length + i + 2) for i in range(k)]
 
 
-def ngram_propose(context: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
-    """Return up to ``k`` proposed tokens (1-D, context dtype; empty if no match)."""
-    context = np.asarray(context)
+def ngram_propose(context: Sequence[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """Up to ``k`` proposed tokens (empty if no match)."""
+    context = [int(t) for t in context]
     best = ngram_lookup(context, min_n, max_n)
     if k <= 0 or best < 0:
-        return context[:0].copy()
-    return context[best + 1 : best + 1 + k].copy()
+        return []
+    return context[best + 1 : best + 1 + k]
