@@ -78,9 +78,12 @@ class StepCostModel:
     def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
         """One measured step over `rows` rows; drafted: it verified drafts."""
         x = self.profiled(rows)
-        self._sums = [[s * _DECAY for s in sums] for sums in self._sums]
+        for sums in self._sums:
+            for i in range(5):
+                sums[i] *= _DECAY
         kind = self._sums[int(drafted)]
-        kind[:] = [s + d for s, d in zip(kind, (1.0, x, seconds, x * x, x * seconds))]
+        for i, d in enumerate((1.0, x, seconds, x * x, x * seconds)):
+            kind[i] += d
         if min(self._sums[0][0], self._sums[1][0]) >= _MIN_GROUP:
             self._fit_both()
         else:

@@ -163,7 +163,8 @@ class AcceptanceModel:
     # [_CONF_DEPTHS][_CONF_BINS]
     confidence: list[list[_Rate]] = field(default_factory=list)
     requests: dict[str, _RequestHistory] = field(default_factory=dict)
-    # _position_values() until a rate observes (the planner reads them for every request of every step)
+    # the shared estimates of the first positions (_position_value) until a rate observes: the planner reads them
+    # for every request of every step
     _values: list[float] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -178,22 +179,24 @@ class AcceptanceModel:
             return self.confidence[min(pos, _CONF_DEPTHS - 1)][_bin(conf)]
         return self.positions[min(pos, self.num_positions - 1)]
 
-    def _position_values(self) -> list[float]:
-        """The shared estimate of every draft position. A position's prior is the estimate of the position before
-        it: a draft position the planner has seldom verified is assumed as good as the last one it knows (n-gram
-        drafts deep in a match are accepted as often as shallow ones), so the planner tries it and learns, instead
-        of keeping a fixed prior forever."""
-        if self._values is None:
-            out = [self.positions[0].value()]
-            for rate in self.positions[1:]:
-                out.append(rate.value(prior=out[-1]))
-            self._values = out
-        return self._values
+    def _position_value(self, pos: int) -> float:
+        """The shared estimate of draft position pos (clamped to the last). A position's prior is the estimate of the
+        position before it: a draft position the planner has seldom verified is assumed as good as the last one it
+        knows (n-gram drafts deep in a match are accepted as often as shallow ones), so the planner tries it and
+        learns, instead of keeping a fixed prior forever. Computed as far as asked and cached until a rate
+        observes."""
+        pos = min(pos, self.num_positions - 1)
+        values = self._values
+        if values is None:
+            values = self._values = [self.positions[0].value()]
+        while len(values) <= pos:
+            values.append(self.positions[len(values)].value(prior=values[-1]))
+        return values[pos]
 
     def _base(self, pos: int, conf: float | None) -> float:
         if conf is not None:
             return self._rate(pos, conf).value()
-        return self._position_values()[min(pos, self.num_positions - 1)]
+        return self._position_value(pos)
 
     def _history(self, request_id: str) -> _RequestHistory:
         h = self.requests.get(request_id)
@@ -202,21 +205,18 @@ class AcceptanceModel:
             h = self.requests[request_id] = _RequestHistory([0.0] * n, [0.0] * n)
         return h
 
-    def factor(self, request_id: str, pos: int) -> float:
-        """The request's correction at draft position `pos` (1.0 without history)."""
-        h = self.requests.get(request_id)
-        if h is None or not h.accepted:
-            return 1.0
-        i, m = min(pos, self.num_positions - 1), self.request_strength
-        return (h.accepted[i] + m) / (h.predicted[i] + m)
-
     def conditional(self, request_id: str, k: int, confidence: Sequence[float] | None = None) -> list[float]:
         """Estimated P(draft i accepted | drafts before it accepted) for i = 1..k."""
-        conf = list(confidence or ())
+        conf = confidence or ()
+        h = self.requests.get(request_id)
+        last, m = self.num_positions - 1, self.request_strength
         out = []
         for i in range(k):
             base = self._base(i, conf[i] if i < len(conf) else None)
-            out.append(min(_CEILING, max(_FLOOR, base * self.factor(request_id, i))))
+            if h is not None:
+                j = min(i, last)
+                base *= (h.accepted[j] + m) / (h.predicted[j] + m)
+            out.append(min(_CEILING, max(_FLOOR, base)))
         return out
 
     def observe(
@@ -434,6 +434,12 @@ class DraftPlanner:
     ) -> list[int]:
         """How many of each request's drafts to verify this step (drafting is paid already: draft_seconds).
         one_hot: the drafts are one-hot (no draft distribution), so the ones not verified can be judged as shadows."""
+        shadows = self.shadow_drafts and one_hot
+        if shadows and not any(drafts):
+            # nothing was drafted (the ask found that no drafting pays): nothing to weigh
+            self.next_draft.clear()
+            self.planned_drafts += len(drafts)
+            return [0] * len(drafts)
         conf = confidence or [None] * len(drafts)
         gains = [
             expected_gains(self.acceptance.conditional(rid, len(d), c))
@@ -442,7 +448,7 @@ class DraftPlanner:
         cost = self._cost(batch_rows)
         lengths = self._plan(gains, cost, lambda k: draft_seconds, batch_rows)
         self.next_draft.clear()
-        if self.shadow_drafts and one_hot:
+        if shadows:
             for rid, d, c, k in zip(request_ids, drafts, conf, lengths):
                 if k:
                     # verified drafts teach the model themselves
