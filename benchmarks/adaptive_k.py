@@ -9,11 +9,15 @@ temperature) and speculative config, plain decoding, the planner (the default) a
 
 `--repeats N` runs every variant of a cell N rounds in turn (a fresh engine each time; each round starts at
 another variant) and reports each one's median round, so that the machine's drift and a place in the round fall
-on every variant alike; the ratios to plain are medians over rounds of the ratio within a round. Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K /
-plain, planner / best fixed K, and the ceiling that plain's share of prompt processing puts on any method end to
-end); writes JSON to bench_results/adaptive_k.json. Every run also counts its outputs
-identical to plain's (sampled runs too: under strict verification, the default, a seeded request's sampled
-text does not change).
+on every variant alike; the ratios to plain are medians over rounds of the ratio within a round. `--interleave`
+pairs the variants closer still: a round builds every variant's engine first, then runs the prompts a batch at a
+time on each engine in turn, so that a slow spell of the machine (seconds long on a shared VM) falls on all of
+them instead of on one whole run.
+
+Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K / plain, planner / best
+fixed K, and the ceiling that plain's share of prompt processing puts on any method end to end); writes JSON to
+bench_results/adaptive_k.json. Every run also counts its outputs identical to plain's (sampled runs too: under
+strict verification, the default, a seeded request's sampled text does not change).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.bench import BenchResult, prompt_ceiling, time_llm
+from verispec.bench import BenchResult, interleaved_round, prompt_ceiling, time_llm
 from verispec.sampling_params import SamplingParams
 from verispec.workloads import WORKLOADS, build_workload
 
@@ -100,23 +104,41 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
     rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
     texts: dict[str, list] = {}
+
+    def record(label: str, llm, res: BenchResult, outs: list) -> None:
+        ids = [o.outputs[0].token_ids for o in outs]
+        texts.setdefault(label, ids)
+        rounds[label].append(asdict(res) | {"ids": ids, "mean_chosen_k": llm.engine.counters.mean_chosen_k})
+
+    def build(config: dict | None):
+        # every run on a fresh engine, plain too: a fresh engine's first run is slower (see time_llm), and
+        # reusing plain's would favour it from the second round on
+        nonlocal plain
+        if config is None:
+            # the tokenizer's engine serves plain's first run
+            llm, plain = plain or LLM(args.model, **kw), None
+            return llm
+        return LLM(args.model, speculative_config=config, **kw)
+
     for i in range(args.repeats):
         # each round starts at a different variant, so that a place in the round (after a slow run, late in a
         # long one) falls on every variant alike
         shift = i * len(configs) // args.repeats
-        for label, config in configs[shift:] + configs[:shift]:
-            # every run on a fresh engine, plain too: a fresh engine's first run is slower (see time_llm), and
-            # reusing plain's would favour it from the second round on
-            if config is None:
-                # the tokenizer's engine serves plain's first run
-                llm, plain = plain or LLM(args.model, **kw), None
-            else:
-                llm = LLM(args.model, speculative_config=config, **kw)
+        order = configs[shift:] + configs[:shift]
+        if args.interleave:
+            timers = interleaved_round(
+                [(label, build(config)) for label, config in order], prompts, sp, batch
+            )
+            for label, timer in timers.items():
+                record(label, timer.llm, timer.result(), timer.outs)
+            # the round's engines' memory back before the next round builds its own
+            del timers, timer
+            gc.collect()
+            continue
+        for label, config in order:
+            llm = build(config)
             res, outs = time_llm(llm, prompts, sp, label, batch=batch)
-            ids = [o.outputs[0].token_ids for o in outs]
-            texts.setdefault(label, ids)
-            counters = llm.engine.counters
-            rounds[label].append(asdict(res) | {"ids": ids, "mean_chosen_k": counters.mean_chosen_k})
+            record(label, llm, res, outs)
             # the old engine's memory back before the next one is built
             del llm, outs
             gc.collect()
@@ -175,6 +197,12 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=8, help="per cell (at least the batch size)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=1, help="rounds per cell; each row is the median round")
+    ap.add_argument(
+        "--interleave",
+        action="store_true",
+        help="keep a round's engines alive together and run the prompts batch by batch on each in turn (memory: "
+        "one engine per variant)",
+    )
     ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs")
     ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")

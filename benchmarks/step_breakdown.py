@@ -4,8 +4,10 @@ parts timed per call (the target forward, sampling and verification, the propose
     .venv/bin/python benchmarks/step_breakdown.py --workload chat --batch-size 16 --temperature 1 \
         -sc '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}'
 
-Prints the CPU, one row per run (milliseconds per decode step for each part; the forward row counts prompt chunks
-too) and writes JSON to bench_results/step_breakdown.json. The timers add a few microseconds per call.
+Prints the CPU, one row per run (milliseconds per decode step for each part; "forward" counts prompt chunks too,
+"decode forward" only the decode steps' own; "other host" is what a decode step spends outside its forward,
+sampling, proposer and planner calls) and writes JSON to bench_results/step_breakdown.json. The timers add a few
+microseconds per call.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from adaptive_k import cpu_model
 
 import verispec.engine.engine as engine_module
-from verispec.bench import time_llm
+from verispec.bench import BenchResult, interleaved_round
 from verispec.sampling_params import SamplingParams
 from verispec.workloads import WORKLOADS, build_workload
 
@@ -49,41 +51,66 @@ def _timed(obj, name: str, totals: dict, key: str) -> None:
     setattr(obj, name, wrapper)
 
 
-def run(args, label: str, spec: dict | None, prompts: list[list[int]], sp: SamplingParams) -> dict:
-    from verispec import LLM
+# the totals of the engine whose decode step is running, if one is (sample_step is one module function for every
+# engine; prefill's sampling is not counted)
+_current: list[dict[str, float] | None] = [None]
 
-    llm = LLM(
-        args.model,
-        max_num_seqs=args.batch_size,
-        max_model_len=2048,
-        speculative_config=spec,
-        activation_dtype=args.activation_dtype,
-    )
+
+def instrument(llm) -> tuple[dict[str, float], dict[str, int]]:
+    """Wrap the engine's parts in timers. -> (seconds per part, counts: decode steps)."""
     eng = llm.engine
     totals: dict[str, float] = defaultdict(float)
     for key, path, name in PARTS:
         obj = getattr(eng, path) if path else eng
         if obj is not None:
             _timed(obj, name, totals, key)
-    counts = defaultdict(int)
-    inner_decode = eng._decode
+    counts: dict[str, int] = defaultdict(int)
+    inner_decode, inner_forward = eng._decode, eng._forward
 
     def counted(reqs):
         counts["steps"] += 1
-        return inner_decode(reqs)
+        counts["decoding"] = 1
+        _current[0] = totals
+        try:
+            return inner_decode(reqs)
+        finally:
+            counts["decoding"] = 0
+            _current[0] = None
 
-    eng._decode = counted
-    sample_step = engine_module.sample_step
-    _timed(engine_module, "sample_step", totals, "sampling")
-    try:
-        res, _ = time_llm(llm, prompts, sp, label, batch=args.batch_size)
-    finally:
-        engine_module.sample_step = sample_step
+    def forward(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return inner_forward(*args, **kwargs)
+        finally:
+            if counts["decoding"]:
+                totals["decode forward"] += time.perf_counter() - t
+
+    eng._decode, eng._forward = counted, forward
+    return totals, counts
+
+
+def timed_sample_step(inner):
+    """sample_step timed into the decoding engine's totals."""
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            if _current[0] is not None:
+                _current[0]["sampling"] += time.perf_counter() - t
+
+    return wrapper
+
+
+def row(res: BenchResult, totals: dict[str, float], counts: dict[str, int]) -> dict:
     steps = max(1, counts["steps"])
     ms = {
         key: totals[key] * 1e3 / steps
-        for key in ("decode step", "forward", "sampling", *[p[0] for p in PARTS[2:]])
+        for key in ("decode step", "forward", "decode forward", "sampling", *[p[0] for p in PARTS[2:]])
     }
+    # the engine's own host work in a decode step: what its forward, sampling, proposer and planner calls leave
+    ms["other host"] = ms["decode step"] - sum(ms[k] for k in ms if k not in ("decode step", "forward"))
     return asdict(res) | {"decode_steps": counts["steps"], "ms_per_step": ms}
 
 
@@ -108,8 +135,17 @@ def main() -> None:
         temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None
     )
     specs = [json.loads(s) for s in args.speculative_config or []]
-    rows = [run(args, "plain", None, prompts, sp)]
-    rows += [run(args, s.get("method", str(s.get("model"))), s, prompts, sp) for s in specs]
+    runs = [("plain", None)] + [(s.get("method", str(s.get("model"))), s) for s in specs]
+    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
+    engines = [(label, LLM(args.model, speculative_config=spec, **kw)) for label, spec in runs]
+    timers_of = {label: instrument(llm) for label, llm in engines}
+    sample_step = engine_module.sample_step
+    engine_module.sample_step = timed_sample_step(sample_step)
+    try:
+        timers = interleaved_round(engines, prompts, sp, args.batch_size)
+    finally:
+        engine_module.sample_step = sample_step
+    rows = [row(timers[label].result(), *timers_of[label]) for label, _ in engines]
     print(f"CPU: {cpu_model()}, threads={torch.get_num_threads()}")
     print(
         f"model={args.model} workload={args.workload} batch={args.batch_size} prompts={len(prompts)} "

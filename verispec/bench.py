@@ -29,45 +29,79 @@ class BenchResult:
     decode_tok_per_s: float = 0.0
 
 
+class RunTimer:
+    """One engine's timed generate calls summed into one BenchResult (wall time of the calls, the engine's counters
+    across them), so that runs of several engines can take turns prompt by prompt."""
+
+    def __init__(self, llm, label: str):
+        self.llm, self.label = llm, label
+        self.seconds = 0.0
+        self.outs: list = []
+        c = llm.engine.counters
+        self._c0 = (c.prefill_seconds, c.decode_seconds, c.decode_tokens)
+        s = c.spec
+        self._s0 = (
+            (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.num_accepted_tokens_per_pos))
+            if s
+            else None
+        )
+
+    def generate(self, prompts: list[list[int]], sp: SamplingParams, progress: bool = False) -> list:
+        t = time.perf_counter()
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=progress)
+        self.seconds += time.perf_counter() - t
+        self.outs += outs
+        return outs
+
+    def result(self) -> BenchResult:
+        dt, c = self.seconds, self.llm.engine.counters
+        n = sum(len(o.outputs[0].token_ids) for o in self.outs)
+        res = BenchResult(self.label, dt, n, n / dt)
+        res.prefill_seconds = c.prefill_seconds - self._c0[0]
+        res.decode_tok_per_s = (c.decode_tokens - self._c0[2]) / max(1e-9, c.decode_seconds - self._c0[1])
+        s, base = c.spec, self._s0
+        if s is not None:
+            res.num_drafts = s.num_drafts - base[0]
+            res.num_draft_tokens = s.num_draft_tokens - base[1]
+            res.num_accepted_tokens = s.num_accepted_tokens - base[2]
+            per = [a - b for a, b in zip(s.num_accepted_tokens_per_pos, base[3])]
+            res.mean_acceptance_length = 1 + res.num_accepted_tokens / max(1, res.num_drafts)
+            res.per_position = [round(x / max(1, res.num_drafts), 3) for x in per]
+        return res
+
+
+def warm_up(llm, prompt: list[int], batch: int = 1) -> None:
+    """`batch` copies of a prompt for a few tokens: a fresh engine's first run at a batch size it has not seen is
+    5-8% slower (measured at batch 16), which would fall on whichever engine was built last."""
+    llm.generate([{"prompt_token_ids": prompt}] * max(1, batch), SamplingParams(max_tokens=4), use_tqdm=False)
+
+
 def time_llm(
     llm, prompts: list[list[int]], sp: SamplingParams, label: str, progress: bool = False, batch: int = 1
 ) -> tuple[BenchResult, list]:
-    """One timed run of every prompt; `progress` draws a tqdm bar on stderr (one update per finished prompt).
+    """One timed run of every prompt after a warm-up; `progress` draws a tqdm bar on stderr (one update per
+    finished prompt)."""
+    warm_up(llm, prompts[0], min(batch, len(prompts)))
+    timer = RunTimer(llm, label)
+    outs = timer.generate(prompts, sp, progress)
+    return timer.result(), outs
 
-    The warm-up runs `batch` copies of the first prompt for a few tokens: a fresh engine's first run at a batch
-    size it has not seen is 5-8% slower (measured at batch 16), which would fall on whichever engine was built
-    last."""
-    warm = [{"prompt_token_ids": prompts[0]}] * max(1, min(batch, len(prompts)))
-    llm.generate(warm, SamplingParams(max_tokens=4), use_tqdm=False)
-    before = llm.engine.counters.spec
-    base = (
-        (
-            before.num_drafts,
-            before.num_draft_tokens,
-            before.num_accepted_tokens,
-            list(before.num_accepted_tokens_per_pos),
-        )
-        if before
-        else None
-    )
-    c = llm.engine.counters
-    c0 = (c.prefill_seconds, c.decode_seconds, c.decode_tokens)
-    t = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=progress)
-    dt = time.perf_counter() - t
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
-    res = BenchResult(label, dt, n, n / dt)
-    res.prefill_seconds = c.prefill_seconds - c0[0]
-    res.decode_tok_per_s = (c.decode_tokens - c0[2]) / max(1e-9, c.decode_seconds - c0[1])
-    s = llm.engine.counters.spec
-    if s is not None:
-        res.num_drafts = s.num_drafts - base[0]
-        res.num_draft_tokens = s.num_draft_tokens - base[1]
-        res.num_accepted_tokens = s.num_accepted_tokens - base[2]
-        per = [a - b for a, b in zip(s.num_accepted_tokens_per_pos, base[3])]
-        res.mean_acceptance_length = 1 + res.num_accepted_tokens / max(1, res.num_drafts)
-        res.per_position = [round(x / max(1, res.num_drafts), 3) for x in per]
-    return res, outs
+
+def interleaved_round(
+    engines: list[tuple[str, object]], prompts: list[list[int]], sp: SamplingParams, batch: int
+) -> dict[str, RunTimer]:
+    """One round with every variant's engine alive: the prompts `batch` at a time, each chunk run by every engine
+    in turn (the order rotating from chunk to chunk), so that a slow spell of the machine falls on every variant of
+    the round alike instead of on whichever whole run it met. -> {label: RunTimer}"""
+    for _, llm in engines:
+        warm_up(llm, prompts[0], min(batch, len(prompts)))
+    timers = {label: RunTimer(llm, label) for label, llm in engines}
+    chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    for j, chunk in enumerate(chunks):
+        turn = j % len(engines)
+        for label, _ in engines[turn:] + engines[:turn]:
+            timers[label].generate(chunk, sp)
+    return timers
 
 
 def _opt(v: float, fmt: str, width: int) -> str:
