@@ -69,21 +69,23 @@ def plan_lengths(
     room = sum(len(g) for g in gains)
     if max_rows is not None:
         room = min(room, max(0, max_rows - base))
-    # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
-    order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])[:room]
+    # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first (one
+    # request's gains are in that order already)
+    if b == 1:
+        order = [(g, 0) for g in gains[0][:room]]
+    else:
+        order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])[:room]
     plain = step_cost(base) + draft_cost(0)
     r = None if speedup is None else max(speedup, 1.0) * base / plain
-
-    def value(tokens: float, seconds: float) -> float:
-        return tokens / seconds if r is None else tokens - r * seconds
-
-    best_n, best = 0, value(base, plain)
+    # tokens per second, or tokens - r * seconds
+    best_n, best = 0, base / plain if r is None else base - r * plain
     tokens, longest, taken = float(base), 0, [0] * b
     for n, (g, i) in enumerate(order, start=1):
         tokens += g * discount
-        taken[i] += 1
-        longest = max(longest, taken[i])
-        v = value(tokens, step_cost(base + n) + draft_cost(longest))
+        depth = taken[i] = taken[i] + 1
+        longest = depth if depth > longest else longest
+        seconds = step_cost(base + n) + draft_cost(longest)
+        v = tokens / seconds if r is None else tokens - r * seconds
         if v > best:
             best_n, best = n, v
     lengths = [0] * b
@@ -212,7 +214,11 @@ class AcceptanceModel:
         last, m = self.num_positions - 1, self.request_strength
         out = []
         for i in range(k):
-            base = self._base(i, conf[i] if i < len(conf) else None)
+            c = conf[i] if i < len(conf) else None
+            if c is None:
+                base = self._position_value(i)
+            else:
+                base = self.confidence[min(i, _CONF_DEPTHS - 1)][_bin(c)].value()
             if h is not None:
                 j = min(i, last)
                 base *= (h.accepted[j] + m) / (h.predicted[j] + m)
