@@ -355,7 +355,8 @@ class LLMEngine:
             n_rows = sum(len(row.token_ids) for row in rows)
             planner.step_cost.observe(n_rows, time.perf_counter() - t, drafted=any(drafts))
             planner.observe_step(len(reqs) + sum(step.num_accepted), n_rows, max(ask, default=0), len(reqs))
-        stats = SpecDecodingStats(self.opts.num_speculative_tokens) if self.proposer else None
+        # the step's spec-decode counts, only when it verified drafts (a step without any adds nothing)
+        stats = None
         for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
             # roll back the rejected drafts: O(1)
             r.num_computed += 1 + n
@@ -363,8 +364,8 @@ class LLMEngine:
                 r.num_draft_tokens += len(d)
                 r.num_accepted_tokens += n
                 r.spec_steps.append((len(d), n))
-                if stats is not None:
-                    stats.observe_draft(len(d), n)
+                stats = stats or SpecDecodingStats(self.opts.num_speculative_tokens)
+                stats.observe_draft(len(d), n)
                 if planner is not None:
                     planner.observe(
                         r.request_id, len(d), n, confidence[b] if confidence else None, step.tokens[b]
