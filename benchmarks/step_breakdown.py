@@ -136,6 +136,12 @@ def main() -> None:
     )
     specs = [json.loads(s) for s in args.speculative_config or []]
     runs = [("plain", None)] + [(s.get("method", str(s.get("model"))), s) for s in specs]
+    # the same method twice (two settings): numbered from its second run
+    seen: dict[str, int] = defaultdict(int)
+    for i, (label, spec) in enumerate(runs):
+        seen[label] += 1
+        if seen[label] > 1:
+            runs[i] = (f"{label} #{seen[label]}", spec)
     kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
     engines = [(label, LLM(args.model, speculative_config=spec, **kw)) for label, spec in runs]
     timers_of = {label: instrument(llm) for label, llm in engines}

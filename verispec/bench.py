@@ -93,6 +93,9 @@ def interleaved_round(
     """One round with every variant's engine alive: the prompts `batch` at a time, each chunk run by every engine
     in turn (the order rotating from chunk to chunk), so that a slow spell of the machine falls on every variant of
     the round alike instead of on whichever whole run it met. -> {label: RunTimer}"""
+    labels = [label for label, _ in engines]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"interleaved_round needs a distinct label per engine, got {labels}")
     for _, llm in engines:
         warm_up(llm, prompts[0], min(batch, len(prompts)))
     timers = {label: RunTimer(llm, label) for label, llm in engines}

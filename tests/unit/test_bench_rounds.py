@@ -68,3 +68,9 @@ def test_each_engine_sums_its_own_calls(engines):
         assert [o.outputs[0].token_ids for o in timers[name].outs] == prompts
     assert timers["a"].result().num_drafts == 4 and timers["a"].result().mean_acceptance_length == 2.0
     assert timers["plain"].result().num_drafts == 0
+
+
+def test_engines_need_distinct_labels(log):
+    twins = [("ngram", FakeLLM("a", log, True)), ("ngram", FakeLLM("b", log, True))]
+    with pytest.raises(ValueError, match="distinct label"):
+        interleaved_round(twins, [[1]], SamplingParams(max_tokens=8), batch=1)
