@@ -69,12 +69,10 @@ def instrument(llm) -> tuple[dict[str, float], dict[str, int]]:
 
     def counted(reqs):
         counts["steps"] += 1
-        counts["decoding"] = 1
         _current[0] = totals
         try:
             return inner_decode(reqs)
         finally:
-            counts["decoding"] = 0
             _current[0] = None
 
     def forward(*args, **kwargs):
@@ -82,7 +80,7 @@ def instrument(llm) -> tuple[dict[str, float], dict[str, int]]:
         try:
             return inner_forward(*args, **kwargs)
         finally:
-            if counts["decoding"]:
+            if _current[0] is totals:
                 totals["decode forward"] += time.perf_counter() - t
 
     eng._decode, eng._forward = counted, forward

@@ -69,12 +69,8 @@ def plan_lengths(
     room = sum(len(g) for g in gains)
     if max_rows is not None:
         room = min(room, max(0, max_rows - base))
-    # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first (one
-    # request's gains are in that order already)
-    if b == 1:
-        order = [(g, 0) for g in gains[0][:room]]
-    else:
-        order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])[:room]
+    # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
+    order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])[:room]
     plain = step_cost(base) + draft_cost(0)
     r = None if speedup is None else max(speedup, 1.0) * base / plain
     # tokens per second, or tokens - r * seconds
@@ -214,11 +210,7 @@ class AcceptanceModel:
         last, m = self.num_positions - 1, self.request_strength
         out = []
         for i in range(k):
-            c = conf[i] if i < len(conf) else None
-            if c is None:
-                base = self._position_value(i)
-            else:
-                base = self.confidence[min(i, _CONF_DEPTHS - 1)][_bin(c)].value()
+            base = self._base(i, conf[i] if i < len(conf) else None)
             if h is not None:
                 j = min(i, last)
                 base *= (h.accepted[j] + m) / (h.predicted[j] + m)
