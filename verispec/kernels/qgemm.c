@@ -45,9 +45,15 @@ static inline int64_t load_i64(const uint8_t *p) {
 #if defined(__AVX512F__)
 #define VL 16
 #define MID_COLS 4   // 3-4 row tiles: up to 4 x 4 accumulators + 8 expanded weight vectors (32 registers)
-#define ONE_TILE_ROWS 5  // up to 5 rows (verifying 4 drafts) in one tile: 5 x 3 accumulators
-#define ROW_TILES_WIDE(X, T) X(T, 5, 3)
-#define GROUP_ROWS 4     // more rows in groups of 4 (a 4 x 4 tile runs ~1.1x faster than an 8 x 2 one)
+// up to 6 rows (verifying 5 drafts) in one tile of 4 columns: 24 accumulators; the weights of 4 columns, one
+// block at a time, stay in registers too
+#define ONE_TILE_ROWS 6
+#define ROW_TILES_WIDE(X, T) X(T, 5, 4) X(T, 6, 4)
+// more rows are split evenly into as few tiles as fit (7: 4 + 3, 9: 5 + 4, 32: 6 + 6 + 5 + 5 + 5 + 5)
+static inline int64_t row_group(int64_t m) {
+    const int64_t tiles = (m + ONE_TILE_ROWS - 1) / ONE_TILE_ROWS;
+    return (m + tiles - 1) / tiles;
+}
 typedef __m512 vf;
 #define vzero _mm512_setzero_ps
 #define vload _mm512_loadu_ps
@@ -114,7 +120,8 @@ static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
 // as 4 + 1, and a 6-row tile is the fastest per row: more rows go in groups of 6)
 #define ONE_TILE_ROWS 8
 #define ROW_TILES_WIDE(X, T) X(T, 5, 1) X(T, 6, 1) X(T, 7, 1) X(T, 8, 1)
-#define GROUP_ROWS 6
+// more rows in groups of 6
+static inline int64_t row_group(int64_t m) { return m <= ONE_TILE_ROWS ? m : 6; }
 typedef __m256 vf;
 #define vzero _mm256_setzero_ps
 #define vload _mm256_loadu_ps
@@ -158,8 +165,8 @@ static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
 static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) {
 #ifdef HAVE_VSUM_N
     if (R * C > 4) {
-        float s[16];
-        vsum_n(acc, R * C, s);
+        float s[32];
+        for (int i = 0; i < R * C; i += 16) vsum_n(acc + i, R * C - i < 16 ? R * C - i : 16, s + i);
         for (int r = 0; r < R; r++)
             for (int c = 0; c < C; c++) y[r * N + c] = s[r * C + c];
         return;
@@ -225,10 +232,9 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
                 const int64_t m1 = M < m0 + TILE_M ? M : m0 + TILE_M;                                       \
                 _Pragma("omp for schedule(static) nowait") for (int64_t it = 0; it < nitems; it++) {        \
                     const int64_t n0 = it * NCOLS, n1 = n0 + NCOLS < N ? n0 + NCOLS : N;                    \
-                    /* row groups over the same columns (the item's weights stay in L1): up to ONE_TILE_ROWS */   \
-                    /* in one tile, more in groups of GROUP_ROWS */                                                \
+                    /* row groups over the same columns (the item's weights stay in L1): row_group's sizes */ \
                     for (int64_t r = m0, g; r < m1; r += g) {                                               \
-                        g = m1 - r <= ONE_TILE_ROWS ? m1 - r : GROUP_ROWS;                                         \
+                        g = row_group(m1 - r);                                                              \
                         reg_rows_##T(x + r * K, g, K, w, row_bytes, n0, n1, y + r * N, N);                  \
                     }                                                                                       \
                 }                                                                                           \
