@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from verispec.config import ModelConfig, model_config_from_hf
+from verispec.kernels.arena import move_weights_to_huge_pages
 from verispec.kernels.qweight import kernels_available
 from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json
 from verispec.loader.weights import load_decoder_weights
@@ -146,6 +147,7 @@ def load_checkpoint(
     load_decoder_weights(net, tensors, str(path))
     if activation_dtype == "int8":
         use_int8_activations(net, str(path))
+    move_weights_to_huge_pages(net)
     if net.embed_tokens.weight.is_cpu and os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0":
         net.fuse_layers()
     net.eval()
