@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from verispec.engine import step_cost
 from verispec.engine.step_cost import StepCostModel, load_or_profile, monotone_profile, profile_points
 
 
@@ -144,3 +145,22 @@ def test_profiles_once_per_key_then_reads_the_cache(tmp_path, monkeypatch):
     assert cached and runner.calls - full < full
     _, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-b",))
     assert not cached
+
+
+def test_a_long_first_round_leaves_the_cheap_points_their_repeats(monkeypatch):
+    """A large batch's profile runs up to 256 rows, and one round of it can take the whole budget: the points the
+    planner decides at (a few rows) are still timed every round, the dearest only once."""
+    monkeypatch.setattr(step_cost, "_PROFILE_BUDGET_S", 0.02)
+    counts: dict[int, int] = {}
+
+    class CountingRunner(FakeRunner):
+        def run(self, rows):
+            n = sum(len(r.token_ids) for r in rows)
+            counts[n] = counts.get(n, 0) + 1
+            time.sleep(0.0002 * n)
+
+    points = [1, 2, 3, 200]
+    profile = step_cost.profile_step_cost(CountingRunner(), 0, points, repeats=4)
+    assert profile[1] <= profile[2] <= profile[3] <= profile[200]
+    # 1-3 rows four rounds each; 200 rows once after its warm-up forward
+    assert [counts[r] for r in (1, 2, 3)] == [4, 4, 4] and counts[200] == 2

@@ -25,12 +25,12 @@ _DECAY = 0.995
 # the fixed cost of verifying is fitted while both kinds of step (with and without drafts) have this much weight
 _MIN_GROUP = 2.0
 _PROFILE_CONTEXT = 256
-_PROFILE_REPEATS = 4
+_PROFILE_REPEATS = 6
 # after the first round, no more rounds once this much time has gone (a slow or busy machine)
 _PROFILE_BUDGET_S = 1.5
 _MAX_PROFILE_ROWS = 256
 # bumped when the way a profile is measured or smoothed changes: older cached profiles are not read
-_FORMAT = 2
+_FORMAT = 3
 
 
 class StepCostModel:
@@ -161,12 +161,20 @@ def profile_step_cost(
         runner.run([RowInput(slot, 0, [0] * context, logits_from=context - 1)])
     best = dict.fromkeys(points, float("inf"))
     runner.run([RowInput(slot, context, [0] * max(points))])
-    # rounds over every point (not repeats of one point), so a burst of load elsewhere spreads over all of them
+    # rounds over the points (not repeats of one point), so a burst of load elsewhere spreads over all of them
     start = time.perf_counter()
+    budget = _PROFILE_BUDGET_S
     for i in range(repeats):
-        if i and time.perf_counter() - start > _PROFILE_BUDGET_S:
+        elapsed = time.perf_counter() - start
+        if i == 1:
+            # a first round that took most of the budget (a large batch's ladder up to 256 rows) would leave every
+            # point one timing: its cheap points, where the planner decides, still get their repeats
+            budget = max(budget, 2 * elapsed)
+        if i and elapsed > budget:
             break
-        for rows in points:
+        # after the first round, the points whose step fits an equal share of the budget (not the ladder's dearest)
+        due = points if i == 0 else [r for r in points if best[r] <= budget / len(points)]
+        for rows in due:
             t = time.perf_counter()
             runner.run([RowInput(slot, context, [0] * rows)])
             sync(runner.device)
