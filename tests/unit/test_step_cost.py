@@ -21,10 +21,20 @@ def test_interpolates_between_and_beyond_profile_points():
 
 def test_online_fit_learns_scale_then_overhead():
     m = StepCostModel({1: 1.0, 8: 2.0})
-    # one row count only: a pure scale
+    # one row count only: what the steps add to the profile is a per-step overhead (attention over every request's
+    # context, sampling), which an extra row does not grow
     for _ in range(20):
         m.observe(1, 2.0)
-    assert m.cost(1) == pytest.approx(2.0) and m.cost(8) == pytest.approx(4.0)
+    assert m.a == 1.0 and m.cost(1) == pytest.approx(2.0) and m.cost(8) == pytest.approx(3.0)
+    # steps faster than the profile: a scale down, never a negative overhead
+    fast = StepCostModel({1: 1.0, 8: 2.0})
+    for _ in range(20):
+        fast.observe(1, 0.8)
+    assert (
+        fast.b == pytest.approx(0.0, abs=1e-12)
+        and fast.cost(1) == pytest.approx(0.8)
+        and fast.cost(8) == pytest.approx(1.6)
+    )
     # steps of both sizes: measured = profile + 1.5 s of per-step overhead
     for _ in range(400):
         m.observe(1, 2.5)
@@ -75,7 +85,7 @@ def test_no_fixed_cost_until_both_kinds_of_step_are_seen():
     for _ in range(50):
         m.observe(1, 1.0)
         m.observe(4, 0.9 * m.profiled(4), drafted=True)
-    assert m.v == 0.0
+    assert m.v == pytest.approx(0.0, abs=1e-12)
 
 
 def test_noise_never_makes_more_rows_cheaper():
