@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from verispec.kernels.arena import huge_page_buffer, move_weights_to_huge_pages
+from verispec.kernels.arena import anonymous_buffer, move_weights_to_huge_pages
 from verispec.kernels.qweight import kernels_available
 from verispec.layers.linear import Dense
 
@@ -24,7 +24,7 @@ def layers() -> nn.Sequential:
 
 
 def test_buffer_starts_on_a_huge_page_boundary():
-    buf = huge_page_buffer(5000)
+    buf = anonymous_buffer(5000, huge_pages=True)
     assert buf.nbytes == 5000 and buf.ctypes.data % (2 << 20) == 0 and not buf.any()
 
 

@@ -9,13 +9,13 @@ The last column (T_alloc - 1) is a scratch column that padded query rows write i
 from __future__ import annotations
 
 import heapq
-import mmap
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from verispec.config import ModelConfig
+from verispec.kernels.arena import anonymous_buffer
 
 GiB = 1 << 30
 # when the user gives none: enough for chat/code, cheap to allocate on a CPU
@@ -71,13 +71,8 @@ def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
     tokens would touch (and the kernel zero) a 2 MiB page per head and layer, ~0.2 GB per new slot (numpy's own
     allocations ask for huge pages; that made first prompts spend half their time zeroing pages)."""
     if torch.device(device).type == "cpu" and dtype == torch.float32:
-        nbytes = max(4 * int(np.prod(shape)), 1)
-        buf = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_NOHUGEPAGE"):
-            buf.madvise(mmap.MADV_NOHUGEPAGE)
-        return torch.from_numpy(
-            np.frombuffer(buf, dtype=np.float32, count=int(np.prod(shape))).reshape(shape)
-        )
+        buf = anonymous_buffer(4 * int(np.prod(shape)), huge_pages=False)
+        return torch.from_numpy(buf.view(np.float32).reshape(shape))
     return torch.zeros(shape, device=device, dtype=dtype)
 
 

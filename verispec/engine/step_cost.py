@@ -44,9 +44,9 @@ class StepCostModel:
     unequal length, the verification's own tensors). Until the steps seen span different row counts, a keeps its last
     fitted value (1 at first) and b takes what the measured steps add to it: a full batch that seldom verifies pays
     for attention over every request's own context and for sampling every step, which the one-sequence profile does
-    not time and which an extra row does not grow (taken as a scale instead, it made a batch-16 row look 37% dearer
-    than it is). Steps faster than a * profile give a = measured / profiled and b = 0. Until both kinds of step (with
-    and without drafts) have been seen, v keeps its last value (0 at first).
+    not time and which an extra row does not grow (as a scale it would price every extra row too high). Steps faster
+    than a * profile give a = measured / profiled and b = 0. Until both kinds of step (with and without drafts) have
+    been seen, v keeps its last value (0 at first).
     """
 
     def __init__(self, profile: dict[int, float]):

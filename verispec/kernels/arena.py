@@ -1,4 +1,5 @@
-"""One huge-page-backed block of memory for a model's kept-quantized weights.
+"""Anonymous memory for the CPU's big buffers: one huge-page-backed block for a model's kept-quantized weights,
+small pages for the KV cache (engine/kv_cache.py).
 
 Every decode step streams all of a model's weights (about 110 MB for SmolLM2-135M in Q4_1). Each projection is a
 separate numpy array of well under 2 MiB, so the OS backs them with 4 KiB pages: a step touches ~28,000 pages,
@@ -17,23 +18,29 @@ import os
 import numpy as np
 from torch import nn
 
+from verispec.kernels.qweight import QuantWeight
+from verispec.layers.linear import Dense
+
 # huge page size on x86-64 Linux; the mapping is laid out from a 2 MiB boundary
 _HUGE = 2 << 20
 # each weight starts on a cache line
 _ALIGN = 64
 
 
-def huge_page_buffer(nbytes: int) -> np.ndarray:
-    """A zeroed uint8 array of nbytes whose start is 2 MiB aligned, in a mapping that asks for huge pages."""
-    buf = mmap.mmap(-1, nbytes + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+def anonymous_buffer(nbytes: int, huge_pages: bool) -> np.ndarray:
+    """A zeroed uint8 array of nbytes in a private anonymous mapping: the OS hands out zero pages lazily, so it
+    costs nothing until written. huge_pages: ask for 2 MiB pages (and start on a 2 MiB boundary), else refuse them.
+    A kernel without transparent huge pages gives small pages either way."""
+    pad = _HUGE if huge_pages else 0
+    buf = mmap.mmap(-1, max(nbytes + pad, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advice = getattr(mmap, "MADV_HUGEPAGE" if huge_pages else "MADV_NOHUGEPAGE", None)
+    if advice is not None:
         try:
-            buf.madvise(mmap.MADV_HUGEPAGE)
+            buf.madvise(advice)
         except OSError:
-            # THP not built into this kernel: small pages
             pass
     whole = np.frombuffer(buf, dtype=np.uint8)
-    start = -whole.ctypes.data % _HUGE
+    start = -whole.ctypes.data % _HUGE if huge_pages else 0
     return whole[start : start + nbytes]
 
 
@@ -42,9 +49,6 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
     buffer, in module order (the order a forward reads them), and point the layers at it. Call it once the layouts
     are final (after int8 conversion) and before anything records the weights' addresses (FusedLayers).
     VERISPEC_HUGE_PAGES=0 turns it off. -> bytes moved."""
-    from verispec.kernels.qweight import QuantWeight
-    from verispec.layers.linear import Dense
-
     if os.environ.get("VERISPEC_HUGE_PAGES", "1") == "0":
         return 0
     layers = [m for m in module.modules() if isinstance(m, Dense) and m.qweight is not None]
@@ -54,7 +58,7 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
         total += -(-m.qweight.blocks.nbytes // _ALIGN) * _ALIGN
     if not total:
         return 0
-    arena = huge_page_buffer(total)
+    arena = anonymous_buffer(total, huge_pages=True)
     for m, off in zip(layers, offsets):
         q = m.qweight
         dst = arena[off : off + q.blocks.nbytes].view(q.blocks.dtype).reshape(q.blocks.shape)
