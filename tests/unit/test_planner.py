@@ -73,6 +73,41 @@ def test_the_plan_matches_brute_force_on_random_batches():
             assert b + sum(got) <= max_rows
 
 
+def test_the_early_stop_keeps_the_plan_exact_with_stepped_costs_and_the_speedup():
+    """The scan stops once the gains left cannot pay for the next row; against every prefix of the greedy order
+    (what the scan without the stop would try) the plan is the same, with tile-like jumps in the step cost, a
+    drafting cost that is not monotone in the draft length, and the long-run criterion (speedup)."""
+    import random
+
+    rng = random.Random(1)
+    for _ in range(300):
+        b = rng.randint(1, 4)
+        gains = [expected_gains([rng.random() for _ in range(rng.randint(0, 5))]) for _ in range(b)]
+        tile, jump, per_row = rng.choice([2, 3, 16]), rng.uniform(0.0, 0.8), rng.uniform(0.0, 0.3)
+
+        def cost(rows, tile=tile, jump=jump, per_row=per_row):
+            return 1.0 + per_row * rows + jump * ((rows - 1) // tile)
+
+        table = [0.0] + [rng.uniform(0.0, 0.2) for _ in range(6)]
+        draft = table.__getitem__
+        speedup = rng.choice([None, 0.8, 1.0, 1.5, 3.0])
+        got = plan_lengths(gains, cost, draft, discount=0.9, speedup=speedup)
+        # every prefix of the greedy order, scored as the plan scores it
+        order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])
+        r = None if speedup is None else max(speedup, 1.0) * b / cost(b)
+        best_ks, best = [0] * b, b / cost(b) if r is None else b - r * cost(b)
+        for n in range(1, len(order) + 1):
+            ks = [0] * b
+            for _, i in order[:n]:
+                ks[i] += 1
+            tokens = b + 0.9 * sum(g for g, _ in order[:n])
+            seconds = cost(b + n) + draft(max(ks))
+            v = tokens / seconds if r is None else tokens - r * seconds
+            if v > best + 1e-12:
+                best_ks, best = ks, v
+        assert got == best_ks
+
+
 def test_draft_cost_can_make_drafting_not_pay():
     gains = [expected_gains([0.7] * 4)]
     cheap = plan_lengths(gains, linear_cost(1.0, 0.05))
@@ -127,6 +162,28 @@ def test_acceptance_learns_a_requests_history():
     # a new request starts from the shared (method) estimate
     c = model.conditional("c", 4)
     assert b[0] < c[0] < a[0] or c[0] == pytest.approx(model.positions[0].value(), rel=1e-9)
+
+
+def test_memoised_estimates_follow_every_observation():
+    """conditional() is memoised per request; any observation (its own, another request's, a tree's) gives the
+    estimates a fresh model would."""
+    model = AcceptanceModel(num_positions=4)
+    first = model.conditional("a", 4)
+    model.observe("a", 2, 1)
+    assert model.conditional("a", 4) != first
+    for step in range(20):
+        before = model.conditional("a", 3)
+        model.observe("b", 4, step % 3)
+        after = model.conditional("a", 3)
+        # b's outcomes move the shared estimates that a's are built on
+        assert after != before
+        model._values = None
+        model.requests["a"].memo = None
+        assert model.conditional("a", 3) == after
+    model.observe_tree([0, 0, 1], [0, 1, 2], [0.9, 0.3], [True, True, False])
+    fresh = model.conditional("a", 4)
+    model.requests["a"].memo = None
+    assert model.conditional("a", 4) == fresh
 
 
 def test_positions_past_the_first_rejection_teach_nothing():

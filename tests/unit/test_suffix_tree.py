@@ -234,9 +234,11 @@ def test_incremental_equals_scratch(seed):
     b.start_request("r", seq[:20])
     for t in seq[20:]:
         b.add_active_response("r", t)
-    assert dump(a._requests["r"].tree) == dump(b._requests["r"].tree)
+    # response tokens wait until the request speculates
+    assert b._requests["r"].tree.num_tokens == 20
     for n in range(1, 30):
         assert a.speculate("r", seq[:n], 8) == b.speculate("r", seq[:n], 8)
+    assert dump(a._requests["r"].tree) == dump(b._requests["r"].tree)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -257,6 +259,38 @@ def test_bulk_build_equals_appends(seed):
     inc.extend(0, more)
     assert dump(bulk) == dump(inc)
     check_tree(bulk)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_insert_equals_extend_and_seal(seed):
+    """A sealed sequence merged in sorted order (insert) gives the tree that appending it token by token and sealing
+    gives, into trees that hold other sequences and have had some removed (private label copies, stale best
+    children), and leaves every invariant in place."""
+    rng = random.Random(seed)
+    depth, vocab = rng.choice([1, 2, 3, 5, 24]), rng.choice([2, 3, 50])
+    merged, appended = SuffixTree(depth), SuffixTree(depth)
+    alive: dict[int, list[int]] = {}
+    for sid in range(12):
+        if alive and rng.random() < 0.3:
+            gone = rng.choice(list(alive))
+            merged.remove(gone)
+            appended.remove(gone)
+            del alive[gone]
+        else:
+            seq = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
+            merged.insert(sid, seq)
+            appended.extend(sid, seq)
+            appended.seal(sid)
+            alive[sid] = seq
+        check_tree(merged)
+        assert dump(merged) == dump(appended)
+        assert merged.substring_counts() == brute_counts(list(alive.values()), depth)
+        pattern = [rng.randrange(vocab) for _ in range(rng.randrange(1, 8))]
+        args = (rng.choice([1, 5, 30]), rng.choice([0.5, 1.0, 3.0]), rng.choice([0.0, 0.2]))
+        assert merged.speculate(pattern, *args) == appended.speculate(pattern, *args)
+    merged.insert(100, [1])
+    with pytest.raises(ValueError, match="already"):
+        merged.insert(100, [2])
 
 
 def test_tokens_outside_bulk_range_fall_back_to_appends():

@@ -63,6 +63,9 @@ def plan_lengths(
     rate times the speedup (the long-run rate's criterion: a draft is worth its extra seconds when it adds tokens
     faster than the engine commits them on average, so a step with good drafts takes more of them than its own
     ratio would when other steps have none). A speedup under 1 counts as 1: plain decoding is always within reach.
+
+    step_cost must not decrease with rows and draft_cost must not be negative: the scan stops once the gains left
+    could not beat the best so far even at the next row count's step cost (most steps stop after a few rows).
     """
     b = len(gains)
     base = b if base_rows is None else base_rows
@@ -76,11 +79,19 @@ def plan_lengths(
     # tokens per second, or tokens - r * seconds
     best_n, best = 0, base / plain if r is None else base - r * plain
     tokens, longest, taken = float(base), 0, [0] * b
+    # the discounted gains not yet taken
+    left = discount * sum(g for g, _ in order)
     for n, (g, i) in enumerate(order, start=1):
+        # no later n can do better than every gain left at this step's cost without drafting
+        floor = step_cost(base + n)
+        bound = tokens + left
+        if (bound / floor if r is None else bound - r * floor) <= best:
+            break
         tokens += g * discount
+        left -= g * discount
         depth = taken[i] = taken[i] + 1
         longest = depth if depth > longest else longest
-        seconds = step_cost(base + n) + draft_cost(longest)
+        seconds = floor + draft_cost(longest)
         v = tokens / seconds if r is None else tokens - r * seconds
         if v > best:
             best_n, best = n, v
@@ -142,6 +153,8 @@ class _RequestHistory:
     # when the request last drafted, in the planner's count of drafting turns (shadow drafts go to the longest
     # waiting first; -1: never)
     drafted_turn: int = -1
+    # its conditional estimates without confidence, and the model's version they were computed at
+    memo: tuple[int, list[float]] | None = None
 
 
 @dataclass
@@ -164,6 +177,8 @@ class AcceptanceModel:
     # the shared estimates of the first positions (_position_value) until a rate observes: the planner reads them
     # for every request of every step
     _values: list[float] | None = field(default=None, repr=False)
+    # bumped whenever an estimate changes (per-request memos of `conditional` are kept until then)
+    _version: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.positions = [_Rate(self.prior) for _ in range(self.num_positions)]
@@ -207,6 +222,10 @@ class AcceptanceModel:
         """Estimated P(draft i accepted | drafts before it accepted) for i = 1..k."""
         conf = confidence or ()
         h = self.requests.get(request_id)
+        # the usual call (no confidence) is memoised per request until an estimate changes
+        memo = h.memo if h is not None and not conf else None
+        if memo is not None and memo[0] == self._version and len(memo[1]) >= k:
+            return memo[1][:k]
         last, m = self.num_positions - 1, self.request_strength
         out = []
         for i in range(k):
@@ -215,6 +234,8 @@ class AcceptanceModel:
                 j = min(i, last)
                 base *= (h.accepted[j] + m) / (h.predicted[j] + m)
             out.append(min(_CEILING, max(_FLOOR, base)))
+        if h is not None and not conf:
+            h.memo = (self._version, out[:])
         return out
 
     def observe(
@@ -233,7 +254,11 @@ class AcceptanceModel:
         h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
         h.predicted[j] = h.predicted[j] * self.request_decay + self._base(pos, confidence)
         self._rate(pos, confidence).observe(hit, self.shared_decay)
+        self._changed()
+
+    def _changed(self) -> None:
         self._values = None
+        self._version += 1
 
     def node_gains(
         self, parents: Sequence[int], depths: Sequence[int], confidence: Sequence[float]
@@ -263,7 +288,7 @@ class AcceptanceModel:
         for j in range(1, len(parents)):
             if on_path[parents[j]]:
                 self._rate(depths[j] - 1, confidence[j - 1]).observe(bool(on_path[j]), self.shared_decay)
-        self._values = None
+        self._changed()
 
     def remove(self, request_id: str) -> None:
         self.requests.pop(request_id, None)

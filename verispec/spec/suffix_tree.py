@@ -113,21 +113,30 @@ class SuffixTree:
         The first sequence of an empty tree is built in bulk (sorted suffixes), which is
         several times faster than appending token by token and gives the same tree."""
         if not self._seqs and len(tokens) > 0:
-            arr = np.asarray(tokens)
-            if arr.ndim == 1 and arr.dtype.kind in "iu" and 0 <= arr.min() and arr.max() < 2**32 - 1:
-                gc_was_on = gc.isenabled()
-                # ~1 node per token: cyclic-GC passes would cost ~40% extra
-                gc.disable()
-                try:
-                    self._build(seq_id, arr.tolist())
-                finally:
-                    if gc_was_on:
-                        gc.enable()
+            seq = _token_list(tokens)
+            if seq is not None:
+                self._seqs[seq_id] = seq
+                self._active[seq_id] = self._merge(seq, want_active=True)
                 return
         seq = self._seqs.setdefault(seq_id, [])
         active = self._active.setdefault(seq_id, [])
         for token in tokens:
             self._append(seq, active, int(token))
+
+    def insert(self, seq_id: int, tokens: Sequence[int]) -> None:
+        """Add a whole new sequence that will not grow (``extend`` + ``seal``): its suffixes
+        are merged into the tree in sorted order, several times faster than appending token
+        by token; the same tree."""
+        if seq_id in self._seqs:
+            raise ValueError(f"sequence {seq_id} is already in the tree")
+        seq = _token_list(tokens)
+        if seq is None:
+            self.extend(seq_id, tokens)
+            self.seal(seq_id)
+            return
+        self._seqs[seq_id] = seq
+        if seq:
+            self._merge(seq, want_active=False)
 
     def seal(self, seq_id: int) -> None:
         """No more appends to ``seq_id``: free its active-suffix list."""
@@ -151,38 +160,68 @@ class SuffixTree:
             else:
                 active[i] = self._step(node, token, seq, end)
 
-    def _build(self, seq_id: int, seq: list[int]) -> None:
-        """Build the tree of one sequence in an empty tree from its truncated suffixes in
-        sorted order and the longest common prefixes (lcp) of neighbours. ``path`` is the
-        open path of the last suffix; ``ends[k]`` is the depth where ``path[k]`` ends."""
+    def _merge(self, seq: list[int], want_active: bool) -> list[_Node] | None:
+        """Insert every depth-truncated suffix of ``seq`` (already stored) in sorted order.
+        Neighbours in that order share their longest common prefix (lcp), so each suffix
+        starts from the open path of the one before, cut back to the lcp, and walks the
+        existing tree from there: O(nodes it passes), not O(max_depth), per suffix.
+
+        ``path`` is the open path, ``ends[k]`` the depth where ``path[k]`` ends and
+        ``adds[k]`` the new suffixes through ``path[k]`` not yet in its count (added when it
+        closes). Returns the end nodes of the last max_depth suffixes (want_active)."""
         order, lens, lcps = _sorted_suffixes(seq, self.max_depth)
-        root, n, first_active = self._root, len(seq), max(0, len(seq) - self.max_depth)
-        path, ends = [root], [0]
+        root, n = self._root, len(seq)
+        first_active = max(0, n - self.max_depth)
         active: list[_Node] = [root] * (n - first_active)
-        for i, length, lcp in zip(order, lens, lcps):
-            # nodes below the lcp are complete
-            while len(path) > 1 and ends[-2] >= lcp:
-                done = path.pop()
-                ends.pop()
-                path[-1].count += done.count
-            # the lcp falls inside the top node: split it there
-            if ends[-1] > lcp:
-                path[-1] = _split(path[-1], lcp - ends[-2])
-                ends[-1] = lcp
-            top = path[-1]
-            if length > lcp:
-                top = _add_child(top, _Node(1, top, seq, i + lcp, length - lcp), seq[i + lcp])
-                path.append(top)
-                ends.append(length)
-            else:
-                top.count += 1
-            if i >= first_active:
-                active[i - first_active] = top
-        while len(path) > 1:
-            done = path.pop()
-            path[-1].count += done.count
-        self._seqs[seq_id] = seq
-        self._active[seq_id] = active
+        path, ends, adds = [root], [0], [0]
+        gc_was_on = gc.isenabled()
+        # ~1 node per token: cyclic-GC passes would cost ~40% extra
+        gc.disable()
+        try:
+            for i, length, lcp in zip(order, lens, lcps):
+                # nodes below the lcp are complete
+                while len(path) > 1 and ends[-2] >= lcp:
+                    _close(path, ends, adds)
+                # the previous suffix left the top node's label at the lcp: split it there (the
+                # lower part is complete, its new suffixes count in both parts)
+                if ends[-1] > lcp:
+                    lower = path[-1]
+                    path[-1] = _split(lower, lcp - ends[-2], seq, i + ends[-2])
+                    lower.count += adds[-1]
+                    ends[-1] = lcp
+                depth = lcp
+                while depth < length:
+                    node = path[-1]
+                    token = seq[i + depth]
+                    child = node.children.get(token) if node.children else None
+                    if child is None:
+                        # a new leaf to the suffix's end
+                        child = _Node(0, node, seq, i + depth, length - depth)
+                        if node.children is None:
+                            node.children = {}
+                        node.children[token] = child
+                        path.append(child)
+                        ends.append(length)
+                        adds.append(0)
+                        break
+                    k = _common(child.seq, child.start, seq, i + depth, min(child.length, length - depth))
+                    if k < child.length:
+                        # the suffix ends or turns inside the label
+                        child = _split(child, k, seq, i + depth)
+                    path.append(child)
+                    ends.append(depth + k)
+                    adds.append(0)
+                    depth += k
+                adds[-1] += 1
+                if want_active and i >= first_active:
+                    active[i - first_active] = path[-1]
+            while len(path) > 1:
+                _close(path, ends, adds)
+            root.count += adds[0]
+        finally:
+            if gc_was_on:
+                gc.enable()
+        return active if want_active else None
 
     def _step(self, v: _Node, token: int, seq: list[int], end: int) -> _Node:
         """Extend the suffix that ends at node ``v`` by ``token`` (= seq[end - 1])."""
@@ -428,24 +467,49 @@ def _sorted_suffixes(seq: list[int], depth: int) -> tuple[list[int], list[int], 
     return order.tolist(), lens.tolist(), [0] + lcp.tolist()
 
 
-def _add_child(parent: _Node, child: _Node, key: int) -> _Node:
-    """Bulk build: attach ``child``; ``parent.best`` is computed on first read."""
-    if parent.children is None:
-        parent.children = {}
-    parent.children[key] = child
-    parent.stale = True
-    return child
+def _token_list(tokens: Sequence[int]) -> list[int] | None:
+    """Tokens as a list of ints for the sorted-suffix merge, None where it cannot sort them
+    (not a flat integer sequence in [0, 2**32 - 1))."""
+    arr = np.asarray(tokens)
+    if len(arr) and (arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= 2**32 - 1):
+        return None
+    return arr.tolist() if len(arr) else []
 
 
-def _split(node: _Node, k: int) -> _Node:
-    """Bulk build: cut a finished node after ``k`` label tokens; return the upper part."""
-    upper = _Node(node.count, node.parent, node.seq, node.start, k)
+def _common(a: list[int], i: int, b: list[int], j: int, m: int) -> int:
+    """Length of the common prefix of a[i:i + m] and b[j:j + m]."""
+    if a[i : i + m] == b[j : j + m]:
+        return m
+    k = 0
+    while a[i + k] == b[j + k]:
+        k += 1
+    return k
+
+
+def _close(path: list[_Node], ends: list[int], adds: list[int]) -> None:
+    """Merge: the top of the open path is complete; its new suffixes join its count and its
+    parent's, which may now prefer it."""
+    node, added = path.pop(), adds.pop()
+    ends.pop()
+    node.count += added
+    adds[-1] += added
+    _promote(path[-1], node)
+
+
+def _split(node: _Node, k: int, seq: list[int], start: int) -> _Node:
+    """Cut ``node`` after ``k`` label tokens; return the new upper part (``node`` keeps the
+    lower part and its end). The upper label is ``seq[start:start + k]``, the sequence being
+    merged (the lower one may point into a private copy of its own path)."""
+    upper = _Node(node.count, node.parent, seq, start, k)
     node.start += k
     node.length -= k
     node.parent = upper
     upper.children = {node.seq[node.start]: node}
     upper.best = node
-    upper.parent.children[upper.seq[upper.start]] = upper
+    parent = upper.parent
+    parent.children[upper.seq[upper.start]] = upper
+    if parent.best is node:
+        parent.best = upper
     return upper
 
 
@@ -481,6 +545,9 @@ class _Request:
     # prompt + response so far, sequence 0
     tree: SuffixTree
     prompt_len: int
+    # response tokens not yet in the tree: they join it when the request speculates next (a finished request's
+    # tree is dropped, so tokens it never drafted from are never appended)
+    pending: list[int] = field(default_factory=list)
 
 
 class SuffixDecodingCache:
@@ -526,7 +593,7 @@ class SuffixDecodingCache:
 
     def add_active_response(self, req_id: Hashable, token_ids: int | Sequence[int]) -> None:
         tokens = [token_ids] if isinstance(token_ids, Integral) else token_ids
-        self._get(req_id).tree.extend(0, tokens)
+        self._get(req_id).pending.extend(int(t) for t in tokens)
 
     def stop_request(self, req_id: Hashable) -> None:
         """Finish a request: cache its response globally, drop its prompt tree."""
@@ -535,13 +602,12 @@ class SuffixDecodingCache:
         # a reused id: the new response replaces the old one
         if req_id in self._cached:
             self.evict_cached_response(req_id)
-        response = req.tree.sequence(0)[req.prompt_len :]
+        response = req.tree.sequence(0)[req.prompt_len :] + req.pending
         if self.max_cached_requests == 0 or not response:
             return
         seq_id = self._next_seq_id
         self._next_seq_id += 1
-        self._global.extend(seq_id, response)
-        self._global.seal(seq_id)
+        self._global.insert(seq_id, response)
         self._cached[req_id] = seq_id
         while len(self._cached) > self.max_cached_requests:
             self.evict_cached_response(next(iter(self._cached)))
@@ -559,7 +625,11 @@ class SuffixDecodingCache:
     def speculate(self, req_id: Hashable, context_tail: Sequence[int], max_spec_tokens: int) -> Draft:
         """Best draft for the request from its own tree and the global tree. ``context_tail``
         is the request's context (only its last max_tree_depth tokens are used)."""
-        tree = self._get(req_id).tree
+        req = self._get(req_id)
+        tree = req.tree
+        if req.pending:
+            tree.extend(0, req.pending)
+            req.pending = []
         pattern = [int(t) for t in context_tail[-self.max_tree_depth :]]
         args = (max_spec_tokens, self.max_spec_factor, self.min_token_prob)
         seq = tree.sequence(0)
