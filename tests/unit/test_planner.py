@@ -184,6 +184,11 @@ def test_memoised_estimates_follow_every_observation():
     fresh = model.conditional("a", 4)
     model.requests["a"].memo = None
     assert model.conditional("a", 4) == fresh
+    # the expected gains follow the same way, at any length
+    for k in (2, 4, 1, 3):
+        assert model.gains("a", k) == expected_gains(model.conditional("a", k))
+        model.observe("a", 3, k % 3)
+        assert model.gains("a", k) == expected_gains(model.conditional("a", k))
 
 
 def test_positions_past_the_first_rejection_teach_nothing():

@@ -19,6 +19,19 @@ def test_interpolates_between_and_beyond_profile_points():
     assert m.cost(13) == pytest.approx(6.0)
 
 
+def test_the_cost_table_is_cost_at_every_row_count():
+    """table() gives what cost() gives for every row count, the fixed cost of verifying above the plain rows, as
+    the fit moves and as larger tables are asked for."""
+    model = StepCostModel({1: 1.0, 16: 2.0, 17: 2.6, 64: 5.0})
+    for step in range(6):
+        plain, most = (1, 8, 16, 16, 40, 3)[step], (9, 24, 20, 80, 64, 3)[step]
+        table = model.table(plain, most)
+        assert len(table) == most + 1
+        assert table == [model.cost(r, drafted=r > plain) for r in range(most + 1)]
+        model.observe(plain, 0.9 + 0.1 * step)
+        model.observe(plain + 4, 1.6 + 0.2 * step, drafted=True)
+
+
 def test_online_fit_learns_scale_then_overhead():
     m = StepCostModel({1: 1.0, 8: 2.0})
     # one row count only: what the steps add to the profile is a per-step overhead (attention over every request's

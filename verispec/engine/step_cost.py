@@ -57,6 +57,8 @@ class StepCostModel:
         self.a, self.b, self.v = 1.0, 0.0, 0.0
         # profiled(rows) by rows: the planner asks for the same few row counts every step
         self._memo: dict[int, float] = {}
+        # profiled(r) for r = 0, 1, ... as far as a table was asked for
+        self._profiled: list[float] = []
         # per kind of step (without drafts, with), decayed sums of: weight, x = profile(rows), y = seconds, x^2, x*y
         self._sums = [[0.0] * 5, [0.0] * 5]
 
@@ -77,6 +79,16 @@ class StepCostModel:
     def cost(self, rows: int, drafted: bool = False) -> float:
         """drafted: the step verifies drafts (it pays v too)."""
         return self.a * self.profiled(rows) + self.b + (self.v if drafted else 0.0)
+
+    def table(self, plain_rows: int, most_rows: int) -> list[float]:
+        """cost(r, drafted=r > plain_rows) for r = 0 .. most_rows in one pass: the planner weighs every row count
+        of a step, every step."""
+        p = self._profiled
+        if len(p) <= most_rows:
+            p.extend(self.profiled(r) for r in range(len(p), most_rows + 1))
+        a, b, v = self.a, self.b, self.v
+        cut = min(plain_rows, most_rows) + 1
+        return [a * x + b for x in p[:cut]] + [a * x + b + v for x in p[cut : most_rows + 1]]
 
     def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
         """One measured step over `rows` rows; drafted: it verified drafts."""

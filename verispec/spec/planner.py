@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 # conditional acceptance estimates stay inside (floor, ceiling): a draft is never certain, nor hopeless
 _FLOOR, _CEILING = 0.01, 0.98
@@ -73,7 +74,9 @@ def plan_lengths(
     if max_rows is not None:
         room = min(room, max(0, max_rows - base))
     # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
-    order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=lambda t: -t[0])[:room]
+    order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=itemgetter(0), reverse=True)[
+        :room
+    ]
     plain = step_cost(base) + draft_cost(0)
     r = None if speedup is None else max(speedup, 1.0) * base / plain
     # tokens per second, or tokens - r * seconds
@@ -153,8 +156,9 @@ class _RequestHistory:
     # when the request last drafted, in the planner's count of drafting turns (shadow drafts go to the longest
     # waiting first; -1: never)
     drafted_turn: int = -1
-    # its conditional estimates without confidence, and the model's version they were computed at
+    # its conditional estimates and expected gains without confidence, and the model's version they were computed at
     memo: tuple[int, list[float]] | None = None
+    gains_memo: tuple[int, list[float]] | None = None
 
 
 @dataclass
@@ -255,6 +259,17 @@ class AcceptanceModel:
         h.predicted[j] = h.predicted[j] * self.request_decay + self._base(pos, confidence)
         self._rate(pos, confidence).observe(hit, self.shared_decay)
         self._changed()
+
+    def gains(self, request_id: str, k: int) -> list[float]:
+        """expected_gains of the request's first k drafts (no confidence), memoised with the estimates."""
+        h = self.requests.get(request_id)
+        memo = h.gains_memo if h is not None else None
+        if memo is not None and memo[0] == self._version and len(memo[1]) >= k:
+            return memo[1][:k]
+        out = expected_gains(self.conditional(request_id, k))
+        if h is not None:
+            h.gains_memo = (self._version, out[:])
+        return out
 
     def _changed(self) -> None:
         self._values = None
@@ -402,16 +417,16 @@ class DraftPlanner:
         self.known.update(request_ids)
         self.caps = dict(zip(request_ids, caps))
         if self.runs_forward:
-            gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, caps)]
-            cost = self._cost(batch_rows)
+            gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
+            cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
             lengths = self._plan(gains, cost, self.draft_cost, batch_rows)
             return self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
         # pay decides it
         drafting = self.draft_cost(max(caps, default=0))
         head = [min(c, _ASK_DEPTH) for c in caps]
-        gains = [expected_gains(self.acceptance.conditional(rid, c)) for rid, c in zip(request_ids, head)]
-        cost = self._cost(batch_rows)
+        gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, head)]
+        cost = self._cost(batch_rows, self._most_rows(batch_rows, head))
         lengths = self._plan(gains, cost, lambda k: drafting if k else 0.0, batch_rows)
         if self.shadow_drafts:
             lengths = self._shadow_asks(request_ids, lengths, caps, cost(batch_rows))
@@ -468,7 +483,7 @@ class DraftPlanner:
             expected_gains(self.acceptance.conditional(rid, len(d), c))
             for rid, d, c in zip(request_ids, drafts, conf)
         ]
-        cost = self._cost(batch_rows)
+        cost = self._cost(batch_rows, self._most_rows(batch_rows, [len(d) for d in drafts]))
         lengths = self._plan(gains, cost, lambda k: draft_seconds, batch_rows)
         self.next_draft.clear()
         if shadows:
@@ -504,7 +519,7 @@ class DraftPlanner:
         drafter orders by path confidence so that every prefix is a tree): the node budget. Trees in one step
         share a node count, so it is the largest of the requests' own choices; 0 verifies no draft."""
         gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
-        cost = self._cost(batch_rows)
+        cost = self._cost(batch_rows, self._most_rows(batch_rows, [len(g) for g in gains]))
         lengths = self._plan(gains, cost, lambda k: draft_seconds, batch_rows)
         n = max(lengths, default=0)
         # trees share a node count: with none chosen, any probe makes every tree verify one node
@@ -526,6 +541,10 @@ class DraftPlanner:
         self, parents: list[int], depths: list[int], confidence: list[float], on_path: list[bool]
     ) -> None:
         self.acceptance.observe_tree(parents, depths, confidence, on_path)
+
+    def _most_rows(self, batch_rows: int, lengths: list[int]) -> int:
+        """The most rows a plan over drafts of these lengths may weigh."""
+        return min(self.max_rows, batch_rows + sum(lengths))
 
     def _plan(self, gains, cost: Callable[[int], float], draft_cost: Callable[[int], float], batch_rows: int):
         """plan_lengths with this planner's row limit, GAIN_DISCOUNT and the engine's recent speedup."""
@@ -598,10 +617,13 @@ class DraftPlanner:
             self.probe_credit = min(credit - extra(n), extra(len(request_ids)))
         return out
 
-    def _cost(self, plain_rows: int) -> Callable[[int], float]:
+    def _cost(self, plain_rows: int, most_rows: int = 0) -> Callable[[int], float]:
         """The target step's seconds by its rows, with the fixed cost of verifying once it scores more rows than
-        its plain step (plain_rows)."""
-        return lambda rows: self.step_cost.cost(rows, drafted=rows > plain_rows)
+        its plain step (plain_rows); read from a table up to most_rows (a plan's row counts), computed beyond."""
+        model = self.step_cost
+        table = model.table(plain_rows, most_rows) if most_rows else []
+        n = len(table)
+        return lambda rows: table[rows] if rows < n else model.cost(rows, drafted=rows > plain_rows)
 
     def observe(
         self, request_id: str, num_drafts: int, num_accepted: int, confidence=None, tokens: Sequence[int] = ()
