@@ -8,6 +8,7 @@ import pytest
 
 from verispec.engine.step_cost import StepCostModel
 from verispec.spec.planner import (
+    IDLE_SKIP_MAX,
     PROBE_AFTER,
     PROBE_BUDGET,
     SHADOW_BUDGET,
@@ -442,7 +443,8 @@ def test_a_skipped_request_that_turns_predictable_is_verified_again_within_a_few
         if planner.choose(["a"], drafts, None, 1, 0.0)[0]:
             break
         planner.committed("a", [tok])
-    assert step < PROBE_AFTER // 2
+    # (the idle planner plans every few steps: IDLE_SKIP_MAX at most between its plans)
+    assert step < PROBE_AFTER // 2 + IDLE_SKIP_MAX
 
 
 def test_the_ask_drafts_for_requests_without_a_shadow_only():
@@ -452,8 +454,11 @@ def test_the_ask_drafts_for_requests_without_a_shadow_only():
     hopeless(planner, "ab")
     assert planner.ask(["a", "b"], [4, 4], 2) == [4, 4]
     planner.choose(["a", "b"], [[1, 2, 3, 4], []], None, 2, 0.0)
+    # (every step planned here: the idle planner's skipped steps are tested on their own)
+    planner.skip_left = 0
     assert planner.ask(["a", "b"], [4, 4], 2) == [0, 4]
     planner.committed("a", [7])
+    planner.skip_left = 0
     assert planner.ask(["a", "b"], [4, 4], 2) == [4, 4]
     # a request that is removed forgets its shadow
     planner.choose(["a", "b"], [[1, 2, 3, 4], []], None, 2, 0.0)
@@ -486,7 +491,47 @@ def test_shadow_drafts_spend_at_most_their_budget_and_take_turns():
         spent += seconds
         total += cost.cost(16)
     assert spent <= SHADOW_BUDGET * total + 3 * 16 * per_request
-    assert min(turns.values()) >= 20 and max(turns.values()) - min(turns.values()) <= 3
+    # (shadows are drafted on planned steps only: about one step in IDLE_SKIP_MAX + 1 here)
+    assert min(turns.values()) >= 10 and max(turns.values()) - min(turns.values()) <= 3
+
+
+def test_an_idle_planner_plans_every_few_steps():
+    """While nothing is verified, planned steps grow apart by one step each time, up to IDLE_SKIP_MAX skipped
+    steps; a skipped step asks for no drafts (no shadows either) and counts as K = 0. A request new to the planner
+    makes it plan at once, and a verified draft makes it plan every step again."""
+    planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    hopeless(planner, "ab")
+    planned = []
+    for _ in range(40):
+        ask = planner.ask(["a", "b"], [4, 4], 2)
+        planned.append(not planner.skipping)
+        if planner.skipping:
+            assert ask == [0, 0]
+        planner.choose(["a", "b"], [[1, 2, 3, 4][:k] for k in ask], None, 2, 0.0)
+        # the requests write something else: shadows are judged at once
+        planner.committed("a", [9])
+        planner.committed("b", [9])
+    gaps = [j - i - 1 for i, j in itertools.pairwise([s for s, p in enumerate(planned) if p])]
+    assert gaps[:5] == [1, 2, 3, 4, 4] and set(gaps[5:]) == {IDLE_SKIP_MAX}
+    assert planner.mean_chosen_k == 0.0 and planner.planned_drafts == 80
+    # a new request: planned at once
+    while not planner.skip_left:
+        planner.ask(["a", "b"], [4, 4], 2)
+        planner.choose(["a", "b"], [[], []], None, 2, 0.0)
+    planner.ask(["a", "b", "c"], [4, 4, 4], 3)
+    assert not planner.skipping
+    # a verified draft: every step planned again
+    cheap = DraftPlanner(4, FixedCost(0.0), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
+    for _ in range(5):
+        ask = cheap.ask(["a"], [4], 1)
+        assert not cheap.skipping and cheap.choose(["a"], [[1, 2, 3, 4][: ask[0]]], None, 1, 0.0) == [4]
+    # planners that probe plan every step
+    probing = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=True, max_rows=64)
+    hopeless(probing, "a")
+    for _ in range(10):
+        probing.ask(["a"], [4], 1)
+        assert not probing.skipping
+        probing.choose(["a"], [[]], None, 1, 0.0)
 
 
 def test_drafts_with_a_distribution_are_not_shadowed():

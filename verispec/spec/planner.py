@@ -143,6 +143,11 @@ PROBE_BUDGET = 0.02
 # a cheap drafter's shadow drafts (drafts judged against the tokens committed instead of verified) spend at most
 # this share of the target's step time on drafting: skipped requests take turns, longest waiting first
 SHADOW_BUDGET = 0.01
+# while no draft pays, planning itself is most of what speculation costs a cheap drafter's step (the ask, shadow
+# drafts, the choice): after n planned steps in a row that verified nothing, the next min(n, IDLE_SKIP_MAX) steps
+# ask for no drafts, shadows included, without planning. A verified draft or a new request ends it. (Planners that
+# probe instead of shadowing plan every step: their probes count steps)
+IDLE_SKIP_MAX = 4
 
 
 @dataclass
@@ -381,6 +386,10 @@ class DraftPlanner:
         self.asked = 0
         self.shadow_credit = 0.0
         self.turns = 0
+        # planned steps in a row that verified nothing, steps left to skip planning, and whether this step skipped it
+        self.idle_plans = 0
+        self.skip_left = 0
+        self.skipping = False
         # decayed sums of the decode steps' committed tokens per row and seconds per plain step: the recent speedup
         self.step_tokens = 0.0
         self.step_seconds = 0.0
@@ -416,6 +425,11 @@ class DraftPlanner:
         self.fresh = not self.known.issuperset(request_ids)
         self.known.update(request_ids)
         self.caps = dict(zip(request_ids, caps))
+        self.skipping = self.skip_left > 0 and not self.fresh
+        if self.skipping:
+            self.skip_left -= 1
+            self.asked = 0
+            return [0] * len(caps)
         if self.runs_forward:
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
@@ -473,10 +487,11 @@ class DraftPlanner:
         """How many of each request's drafts to verify this step (drafting is paid already: draft_seconds).
         one_hot: the drafts are one-hot (no draft distribution), so the ones not verified can be judged as shadows."""
         shadows = self.shadow_drafts and one_hot
-        if shadows and not any(drafts):
-            # nothing was drafted (the ask found that no drafting pays): nothing to weigh
+        if self.skipping or (shadows and not any(drafts)):
+            # nothing was drafted (the ask skipped planning, or found that no drafting pays): nothing to weigh
             self.next_draft.clear()
             self.planned_drafts += len(drafts)
+            self._planned(0)
             return [0] * len(drafts)
         conf = confidence or [None] * len(drafts)
         gains = [
@@ -504,6 +519,7 @@ class DraftPlanner:
             )
         self.planned_tokens += sum(lengths)
         self.planned_drafts += len(lengths)
+        self._planned(sum(lengths))
         return lengths
 
     def choose_nodes(
@@ -518,6 +534,10 @@ class DraftPlanner:
         """How many nodes of each request's token tree to verify this step (a prefix of its nodes, which the
         drafter orders by path confidence so that every prefix is a tree): the node budget. Trees in one step
         share a node count, so it is the largest of the requests' own choices; 0 verifies no draft."""
+        if self.skipping:
+            self.planned_drafts += len(request_ids)
+            self._planned(0)
+            return 0
         gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
         cost = self._cost(batch_rows, self._most_rows(batch_rows, [len(g) for g in gains]))
         lengths = self._plan(gains, cost, lambda k: draft_seconds, batch_rows)
@@ -535,7 +555,19 @@ class DraftPlanner:
         n = max(lengths, default=0)
         self.planned_tokens += n * len(lengths)
         self.planned_drafts += len(lengths)
+        self._planned(n)
         return n
+
+    def _planned(self, drafts: int) -> None:
+        """A step's choice verified this many drafts: planned steps that verify nothing make the planner skip
+        planning for a few steps (IDLE_SKIP_MAX); a skipped step changes nothing."""
+        if self.skipping or not self.shadow_drafts:
+            return
+        if drafts:
+            self.idle_plans = 0
+        else:
+            self.idle_plans += 1
+            self.skip_left = min(self.idle_plans, IDLE_SKIP_MAX)
 
     def observe_tree(
         self, parents: list[int], depths: list[int], confidence: list[float], on_path: list[bool]
