@@ -12,7 +12,10 @@ another variant) and reports each one's median round, so that the machine's drif
 on every variant alike; the ratios to plain are medians over rounds of the ratio within a round. `--interleave`
 pairs the variants closer still: a round builds every variant's engine first, then runs the prompts a batch at a
 time on each engine in turn, so that a slow spell of the machine (seconds long on a shared VM) falls on all of
-them instead of on one whole run.
+them instead of on one whole run. A batch run alone goes in lockstep to its longest request (sampled runs ignore
+EOS: every request to max_tokens), so drafts that speed up only some of its requests cannot shorten it;
+`--prompts-per-turn N` (N > batch) gives each engine N prompts per turn and keeps its slots refilled as requests
+finish, as a server at that concurrency runs.
 
 Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K / plain, planner / best
 fixed K, and the ceiling that plain's share of prompt processing puts on any method end to end); writes JSON to
@@ -127,7 +130,7 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
         order = configs[shift:] + configs[:shift]
         if args.interleave:
             timers = interleaved_round(
-                [(label, build(config)) for label, config in order], prompts, sp, batch
+                [(label, build(config)) for label, config in order], prompts, sp, batch, args.prompts_per_turn
             )
             for label, timer in timers.items():
                 record(label, timer.llm, timer.result(), timer.outs)
@@ -203,6 +206,14 @@ def main() -> None:
         help="keep a round's engines alive together and run the prompts batch by batch on each in turn (memory: "
         "one engine per variant)",
     )
+    ap.add_argument(
+        "--prompts-per-turn",
+        type=int,
+        default=None,
+        help="with --interleave: prompts each engine runs per turn (default: the batch size, one batch in lockstep "
+        "to its longest request); more keeps the batch's slots refilled as requests finish, as a server at that "
+        "concurrency runs",
+    )
     ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs")
     ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")
@@ -238,6 +249,8 @@ def main() -> None:
         f"model={args.model}, max_tokens={args.max_tokens}, activation_dtype={args.activation_dtype}, "
         f"repeats={args.repeats} (median)"
     )
+    if args.interleave and args.prompts_per_turn:
+        setup += f", prompts per turn {args.prompts_per_turn}"
     print(f"\nCPU: {cpu_model()}, threads={torch.get_num_threads()}, {device_name(args.device)}, {setup}")
     head = (
         f"{'workload':<12}{'batch':>6}{'T':>6}  {'method':<12}{'planner':>10}{'best K':>10}{'K':>4}"

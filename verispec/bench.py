@@ -88,18 +88,25 @@ def time_llm(
 
 
 def interleaved_round(
-    engines: list[tuple[str, object]], prompts: list[list[int]], sp: SamplingParams, batch: int
+    engines: list[tuple[str, object]],
+    prompts: list[list[int]],
+    sp: SamplingParams,
+    batch: int,
+    per_turn: int | None = None,
 ) -> dict[str, RunTimer]:
-    """One round with every variant's engine alive: the prompts `batch` at a time, each chunk run by every engine
-    in turn (the order rotating from chunk to chunk), so that a slow spell of the machine falls on every variant of
-    the round alike instead of on whichever whole run it met. -> {label: RunTimer}"""
+    """One round with every variant's engine alive: the prompts `per_turn` (default `batch`) at a time, each chunk
+    run by every engine in turn (the order rotating from chunk to chunk), so that a slow spell of the machine falls
+    on every variant of the round alike instead of on whichever whole run it met. A chunk larger than the engines'
+    batch keeps their slots refilled as requests finish (continuous batching, as a server at that concurrency
+    runs); a chunk of one batch runs it in lockstep to its longest request. -> {label: RunTimer}"""
     labels = [label for label, _ in engines]
     if len(set(labels)) != len(labels):
         raise ValueError(f"interleaved_round needs a distinct label per engine, got {labels}")
     for _, llm in engines:
         warm_up(llm, prompts[0], min(batch, len(prompts)))
     timers = {label: RunTimer(llm, label) for label, llm in engines}
-    chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    step = per_turn or batch
+    chunks = [prompts[i : i + step] for i in range(0, len(prompts), step)]
     for j, chunk in enumerate(chunks):
         turn = j % len(engines)
         for label, _ in engines[turn:] + engines[:turn]:

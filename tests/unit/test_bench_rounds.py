@@ -57,6 +57,15 @@ def test_every_engine_runs_every_batch_once_in_rotating_order(engines, log):
         assert all(ids == prompts[2 * j : 2 * j + 2] for _, ids in turn)
 
 
+def test_a_turn_can_hold_more_prompts_than_a_batch(engines, log):
+    prompts = [[i] for i in range(6)]
+    interleaved_round(engines, prompts, SamplingParams(max_tokens=8), batch=2, per_turn=3)
+    assert len(log) == 6
+    assert [ids for _, ids in log[:3]] == [prompts[:3]] * 3 and [ids for _, ids in log[3:]] == [
+        prompts[3:]
+    ] * 3
+
+
 def test_each_engine_sums_its_own_calls(engines):
     prompts = [[i] for i in range(4)]
     timers = interleaved_round(engines, prompts, SamplingParams(max_tokens=8), batch=1)
