@@ -8,6 +8,7 @@ import pytest
 
 from verispec.engine.step_cost import StepCostModel
 from verispec.spec.planner import (
+    IDLE_AFTER,
     IDLE_SKIP_MAX,
     PROBE_AFTER,
     PROBE_BUDGET,
@@ -496,9 +497,10 @@ def test_shadow_drafts_spend_at_most_their_budget_and_take_turns():
 
 
 def test_an_idle_planner_plans_every_few_steps():
-    """While nothing is verified, planned steps grow apart by one step each time, up to IDLE_SKIP_MAX skipped
-    steps; a skipped step asks for no drafts (no shadows either) and counts as K = 0. A request new to the planner
-    makes it plan at once, and a verified draft makes it plan every step again."""
+    """While nothing is verified, the first IDLE_AFTER steps are planned, then planned steps grow apart by one
+    step each time, up to IDLE_SKIP_MAX skipped steps; a skipped step asks for no drafts (no shadows either) and
+    counts as K = 0. A request new to the planner makes it plan at once, and a verified draft makes it plan every
+    step again."""
     planner = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
     hopeless(planner, "ab")
     planned = []
@@ -512,7 +514,9 @@ def test_an_idle_planner_plans_every_few_steps():
         planner.committed("a", [9])
         planner.committed("b", [9])
     gaps = [j - i - 1 for i, j in itertools.pairwise([s for s, p in enumerate(planned) if p])]
-    assert gaps[:5] == [1, 2, 3, 4, 4] and set(gaps[5:]) == {IDLE_SKIP_MAX}
+    first = IDLE_AFTER - 1
+    assert gaps[:first] == [0] * first and gaps[first : first + 5] == [1, 2, 3, 4, 4]
+    assert set(gaps[first + 5 :]) == {IDLE_SKIP_MAX}
     assert planner.mean_chosen_k == 0.0 and planner.planned_drafts == 80
     # a new request: planned at once
     while not planner.skip_left:

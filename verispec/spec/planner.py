@@ -144,9 +144,12 @@ PROBE_BUDGET = 0.02
 # this share of the target's step time on drafting: skipped requests take turns, longest waiting first
 SHADOW_BUDGET = 0.01
 # while no draft pays, planning itself is most of what speculation costs a cheap drafter's step (the ask, shadow
-# drafts, the choice): after n planned steps in a row that verified nothing, the next min(n, IDLE_SKIP_MAX) steps
-# ask for no drafts, shadows included, without planning. A verified draft or a new request ends it. (Planners that
-# probe instead of shadowing plan every step: their probes count steps)
+# drafts, the choice): after n >= IDLE_AFTER planned steps in a row that verified nothing, the next
+# min(n - IDLE_AFTER + 1, IDLE_SKIP_MAX) steps ask for no drafts, shadows included, without planning. A verified
+# draft or a new request ends it. Short idle stretches (between the copied spans of an edit) plan every step, so
+# the next span is drafted from its start. (Planners that probe instead of shadowing plan every step: their probes
+# count steps)
+IDLE_AFTER = 8
 IDLE_SKIP_MAX = 4
 
 
@@ -567,7 +570,7 @@ class DraftPlanner:
             self.idle_plans = 0
         else:
             self.idle_plans += 1
-            self.skip_left = min(self.idle_plans, IDLE_SKIP_MAX)
+            self.skip_left = max(0, min(self.idle_plans - IDLE_AFTER + 1, IDLE_SKIP_MAX))
 
     def observe_tree(
         self, parents: list[int], depths: list[int], confidence: list[float], on_path: list[bool]
