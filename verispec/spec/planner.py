@@ -74,9 +74,8 @@ def plan_lengths(
     if max_rows is not None:
         room = min(room, max(0, max_rows - base))
     # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
-    order = sorted(((g, i) for i, row in enumerate(gains) for g in row), key=itemgetter(0), reverse=True)[
-        :room
-    ]
+    pairs = [(g, i) for i, row in enumerate(gains) for g in row]
+    order = sorted(pairs, key=itemgetter(0), reverse=True)[:room]
     plain = step_cost(base) + draft_cost(0)
     r = None if speedup is None else max(speedup, 1.0) * base / plain
     # tokens per second, or tokens - r * seconds
