@@ -230,6 +230,8 @@ def main() -> None:
     ]
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.prompts_per_turn is not None and args.prompts_per_turn < 1:
+        ap.error(f"--prompts-per-turn must be >= 1, got {args.prompts_per_turn}")
     started = time.time()
     cells = []
     for w in workloads:

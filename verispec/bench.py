@@ -106,6 +106,8 @@ def interleaved_round(
         warm_up(llm, prompts[0], min(batch, len(prompts)))
     timers = {label: RunTimer(llm, label) for label, llm in engines}
     step = per_turn or batch
+    if step < 1:
+        raise ValueError(f"interleaved_round: per_turn and batch must be >= 1, got {per_turn} and {batch}")
     chunks = [prompts[i : i + step] for i in range(0, len(prompts), step)]
     for j, chunk in enumerate(chunks):
         turn = j % len(engines)

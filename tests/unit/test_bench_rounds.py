@@ -66,6 +66,11 @@ def test_a_turn_can_hold_more_prompts_than_a_batch(engines, log):
     ] * 3
 
 
+def test_a_turn_needs_a_prompt(engines):
+    with pytest.raises(ValueError, match="per_turn"):
+        interleaved_round(engines, [[1]], SamplingParams(max_tokens=8), batch=2, per_turn=-1)
+
+
 def test_each_engine_sums_its_own_calls(engines):
     prompts = [[i] for i in range(4)]
     timers = interleaved_round(engines, prompts, SamplingParams(max_tokens=8), batch=1)

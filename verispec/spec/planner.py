@@ -163,9 +163,9 @@ class _RequestHistory:
     # when the request last drafted, in the planner's count of drafting turns (shadow drafts go to the longest
     # waiting first; -1: never)
     drafted_turn: int = -1
-    # its conditional estimates and expected gains without confidence, and the model's version they were computed at
-    memo: tuple[int, list[float]] | None = None
-    gains_memo: tuple[int, list[float]] | None = None
+    # (the model's version, its conditional estimates without confidence, their expected gains): kept until an
+    # estimate changes
+    memo: tuple[int, list[float], list[float]] | None = None
 
 
 @dataclass
@@ -234,8 +234,7 @@ class AcceptanceModel:
         conf = confidence or ()
         h = self.requests.get(request_id)
         # the usual call (no confidence) is memoised per request until an estimate changes
-        memo = h.memo if h is not None and not conf else None
-        if memo is not None and memo[0] == self._version and len(memo[1]) >= k:
+        if not conf and (memo := self._memo(h, k)) is not None:
             return memo[1][:k]
         last, m = self.num_positions - 1, self.request_strength
         out = []
@@ -246,7 +245,7 @@ class AcceptanceModel:
                 base *= (h.accepted[j] + m) / (h.predicted[j] + m)
             out.append(min(_CEILING, max(_FLOOR, base)))
         if h is not None and not conf:
-            h.memo = (self._version, out[:])
+            h.memo = (self._version, out[:], expected_gains(out))
         return out
 
     def observe(
@@ -269,14 +268,15 @@ class AcceptanceModel:
 
     def gains(self, request_id: str, k: int) -> list[float]:
         """expected_gains of the request's first k drafts (no confidence), memoised with the estimates."""
-        h = self.requests.get(request_id)
-        memo = h.gains_memo if h is not None else None
-        if memo is not None and memo[0] == self._version and len(memo[1]) >= k:
-            return memo[1][:k]
-        out = expected_gains(self.conditional(request_id, k))
-        if h is not None:
-            h.gains_memo = (self._version, out[:])
-        return out
+        memo = self._memo(self.requests.get(request_id), k)
+        if memo is not None:
+            return memo[2][:k]
+        return expected_gains(self.conditional(request_id, k))
+
+    def _memo(self, h: _RequestHistory | None, k: int) -> tuple[int, list[float], list[float]] | None:
+        """The request's memo if it is current and covers k drafts."""
+        memo = h.memo if h is not None else None
+        return memo if memo is not None and memo[0] == self._version and len(memo[1]) >= k else None
 
     def _changed(self) -> None:
         self._values = None

@@ -112,12 +112,8 @@ class SuffixTree:
 
         The first sequence of an empty tree is built in bulk (sorted suffixes), which is
         several times faster than appending token by token and gives the same tree."""
-        if not self._seqs and len(tokens) > 0:
-            seq = _token_list(tokens)
-            if seq is not None:
-                self._seqs[seq_id] = seq
-                self._active[seq_id] = self._merge(seq, want_active=True)
-                return
+        if not self._seqs and len(tokens) > 0 and self._add_sorted(seq_id, tokens, want_active=True):
+            return
         seq = self._seqs.setdefault(seq_id, [])
         active = self._active.setdefault(seq_id, [])
         for token in tokens:
@@ -129,14 +125,21 @@ class SuffixTree:
         and faster where suffixes share paths (text; random tokens seldom do)."""
         if seq_id in self._seqs:
             raise ValueError(f"sequence {seq_id} is already in the tree")
-        seq = _token_list(tokens)
-        if seq is None:
+        if not self._add_sorted(seq_id, tokens, want_active=False):
             self.extend(seq_id, tokens)
             self.seal(seq_id)
-            return
+
+    def _add_sorted(self, seq_id: int, tokens: Sequence[int], want_active: bool) -> bool:
+        """Store a new sequence and merge its suffixes (want_active: it may grow, keep its
+        active suffixes). False, storing nothing, where the tokens cannot be sorted."""
+        seq = _token_list(tokens)
+        if seq is None:
+            return False
         self._seqs[seq_id] = seq
-        if seq:
-            self._merge(seq, want_active=False)
+        active = self._merge(seq, want_active) if seq else []
+        if want_active:
+            self._active[seq_id] = active
+        return True
 
     def seal(self, seq_id: int) -> None:
         """No more appends to ``seq_id``: free its active-suffix list."""
@@ -471,9 +474,11 @@ def _token_list(tokens: Sequence[int]) -> list[int] | None:
     """Tokens as a list of ints for the sorted-suffix merge, None where it cannot sort them
     (not a flat integer sequence in [0, 2**32 - 1))."""
     arr = np.asarray(tokens)
-    if len(arr) and (arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= 2**32 - 1):
+    if arr.size == 0:
+        return []
+    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.min() < 0 or arr.max() >= 2**32 - 1:
         return None
-    return arr.tolist() if len(arr) else []
+    return arr.tolist()
 
 
 def _common(a: list[int], i: int, b: list[int], j: int, m: int) -> int:
