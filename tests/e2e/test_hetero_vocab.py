@@ -96,8 +96,8 @@ def test_the_same_model_under_other_ids_is_always_right(renamed_pair):
     target's ids and almost never right, and the output is unchanged either way."""
     target, draft = renamed_pair
     prompts = _prompts(4, seed=4)
-    # every draft accepted needs a draft step and a verify step that round alike: float32 on the CPU is
-    # batch-invariant, bfloat16 kernels on CUDA may round a 4-row verification unlike a 1-row draft step
+    # every draft accepted needs a draft step and a verify step that round alike (batch-invariant kernels, CPU
+    # and CUDA); the reference pins the CPU, so the runs it is compared with do too
     kw = dict(max_model_len=256, max_num_seqs=4, device="cpu")
     reference = _greedy(LLM(target, **kw), prompts)
     llm = LLM(target, speculative_config=hetero(draft), **kw)
@@ -105,7 +105,7 @@ def test_the_same_model_under_other_ids_is_always_right(renamed_pair):
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens > 0 and spec.num_accepted_tokens == spec.num_draft_tokens
     same_vocab = {"method": "draft_model", "model": draft, "num_speculative_tokens": 3}
-    llm = LLM(target, max_model_len=256, max_num_seqs=4, speculative_config=same_vocab)
+    llm = LLM(target, speculative_config=same_vocab, **kw)
     assert _greedy(llm, prompts) == reference
     spec = llm.engine.counters.spec
     assert spec.num_accepted_tokens < 0.5 * spec.num_draft_tokens

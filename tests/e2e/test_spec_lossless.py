@@ -676,7 +676,8 @@ def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_throu
         "num_speculative_tokens": 2,
         "speculative_token_tree": TREE,
     }
-    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=spec)
+    # the CPU's default step budget, on any device
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=spec, spec_token_budget=32)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = _prompts(batch, seed=batch + 40)

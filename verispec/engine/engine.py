@@ -477,7 +477,7 @@ class LLMEngine:
                 target.view(b, n, v),
                 prop.draft_probs,
                 sampled,
-                tree.children(),
+                tree.children().to(dev),
                 tree.max_depth,
                 uniform,
                 sample_u,
@@ -486,7 +486,7 @@ class LLMEngine:
         else:
             if probs is not None:
                 # a node's pick reads the uniform of its position (depth), as plain decoding there would
-                sample_u = position_uniforms_of(reqs, tree.depth).view(-1)
+                sample_u = position_uniforms_of(reqs, depth).view(-1)
             # [B, 1 + N] the target's own pick at every node
             picks = S.greedy_or_sample(argmax, probs, sample_u, greedy).view(b, n)
             deepest, on_path = tree_accept(tok, picks, parent, anc, depth)

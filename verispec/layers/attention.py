@@ -6,12 +6,12 @@ The cache for one layer is [num_slots, 2*H_kv, T_alloc, D] (K heads then V heads
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
-from verispec.kernels import ops
+from verispec.kernels import cuda_ops, ops
 
 
 @dataclass
@@ -38,6 +38,16 @@ class AttnContext:
     pack: torch.Tensor | None = None
     # [S] int64 real rows of each sequence, 0 .. qlen[s] - 1 (None: no padding); the kernels skip the rest
     qlen: torch.Tensor | None = None
+    # cuda_ops.visible_keys of mask / sliding_mask, made on first use (CUDA only)
+    _visible: dict[bool, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def visible(self, sliding: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's visible keys, compacted once per forward for the batch-invariant CUDA attention."""
+        if sliding not in self._visible:
+            mask = self.sliding_mask if sliding else self.mask
+            device = self.rows.device
+            self._visible[sliding] = cuda_ops.visible_keys(mask, self.kv_len, device)
+        return self._visible[sliding]
 
     def to_padded(self, x: torch.Tensor) -> torch.Tensor:
         """[N, F] packed tokens -> [S, Q, F]."""

@@ -6,7 +6,8 @@ or, after `use_int8_activations`, activations quantized to int8 per row and 32-b
 Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
 uses): for the 1-40 row products of decoding and verification it runs 1.2-2x faster than nn.Linear, and
 its result for a row does not depend on how many rows are in the batch (bitwise), which keeps plain
-decoding and speculative verification numerically identical. Elsewhere (CUDA, no MKL) it is x @ W^T.
+decoding and speculative verification numerically identical. On CUDA it runs cuBLAS products of a fixed row
+count (cuda_ops.linear), batch-invariant as well; elsewhere (no MKL) it is x @ W^T.
 
 A fused layer (qkv, gate_up) declares its shards and loads each checkpoint weight into its rows
 (`weight_loader`, called by verispec/loader/weights.py:load_weights).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from verispec.kernels import cuda_ops
 from verispec.kernels.qweight import GROUP, QK, QuantWeight, kernels_available
 
 PACK_ROWS_HINT = 16
@@ -156,6 +158,9 @@ class Dense(nn.Module):
                 y += self.bias
             return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
         if self._packed is None:
+            if cuda_ops.applies(x):
+                # batch-invariant products on CUDA
+                return cuda_ops.linear(x, self.weight, self.bias)
             return nn.functional.linear(x, self.weight, self.bias)
         # the decoder's packed [N, hidden] activations: no reshapes on the hot path
         if x.dim() == 2:

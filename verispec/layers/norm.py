@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.kernels import ops
+from verispec.kernels import cuda_ops, ops
 
 
 class RMSNorm(nn.Module):
@@ -16,11 +16,15 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fused = ops.add_rmsnorm(x, None, self.weight, self.eps)
+        if fused is None and cuda_ops.applies(x):
+            fused = cuda_ops.add_rmsnorm(x, None, self.weight, self.eps)
         return fused[1] if fused is not None else self.reference(x)
 
     def add_forward(self, h: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(h + a, norm(h + a)) in one pass where the fused kernel applies."""
         fused = ops.add_rmsnorm(h, a, self.weight, self.eps)
+        if fused is None and cuda_ops.applies(h):
+            fused = cuda_ops.add_rmsnorm(h, a, self.weight, self.eps)
         if fused is not None:
             return fused
         h = h + a

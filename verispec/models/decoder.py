@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
-from verispec.kernels import ops
+from verispec.kernels import cuda_ops, ops
 from verispec.layers.attention import AttnContext, attention, write_kv
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
@@ -67,6 +67,8 @@ class Attention(nn.Module):
         args = (qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping)
         # [S, Q, Hq*D], or None where the fused kernel does not apply
         o = ops.attention(*args, ctx.qlen)
+        if o is None and cuda_ops.applies(x):
+            o = cuda_ops.attention(*args[:3], *args[4:], ctx.visible(self.sliding))
         if o is None:
             o = attention(*args).transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))

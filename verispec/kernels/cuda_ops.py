@@ -1,0 +1,156 @@
+"""Batch-invariant CUDA ops: a row's result never depends on which other rows share its forward.
+
+Speculative verification scores K+1 rows of a request in one forward where plain decoding scores one; greedy
+output stays token for token the same only if each row's logits are bitwise the same either way. The CPU kernels
+(ops.c, qgemm*.c) are built that way; cuBLAS, PyTorch's CUDA reductions and scaled_dot_product_attention are not
+(their kernels and reduction trees change with the number of rows). On CUDA the decoder runs these instead:
+
+- `linear`: x W^T as cuBLAS products of exactly CHUNK rows each (the last one padded), so every row goes through
+  the same kernel with the same reduction order whatever the batch.
+- `add_rmsnorm`: one Triton program per row, float32 inside, a fixed block and warp count.
+- `attention`: one Triton program per (query row, head) over that query's visible keys in cache order (the
+  mask compacted once per forward by `visible_keys`), in blocks of a fixed size counted from its first visible key;
+  a query sees the same key sequence whether it is decoded alone, verified as a draft, or a node of a token tree,
+  so its output is bitwise the same.
+
+The layers call them where `applies` (a CUDA tensor, Triton installed, no autograd) and run their PyTorch versions
+elsewhere. The Triton kernels (cuda_kernels.py) are imported on first use; with TRITON_INTERPRET=1 set before
+Triton is imported they also run on CPU tensors (the tests).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
+
+import torch
+
+# rows per cuBLAS product in `linear`
+CHUNK = 64
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+_kernels: ModuleType | None = None
+
+
+def kernels() -> ModuleType:
+    """verispec.kernels.cuda_kernels, imported on first use."""
+    global _kernels
+    if _kernels is None:
+        from verispec.kernels import cuda_kernels
+
+        _kernels = cuda_kernels
+    return _kernels
+
+
+def applies(x: torch.Tensor) -> bool:
+    """Whether the decoder runs these ops on x: a CUDA tensor, Triton installed, no autograd (training a draft
+    keeps PyTorch's differentiable ops)."""
+    return x.is_cuda and HAVE_TRITON and not torch.is_grad_enabled()
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., K] @ weight [N, K]^T (+ bias) in products of CHUNK rows each: a row's result does not depend on
+    how many rows come with it."""
+    k, n = weight.shape[1], weight.shape[0]
+    # [M, K]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    rows = -(-m // CHUNK) * CHUNK
+    if rows != m or not x2.is_contiguous() or x2.data_ptr() % 16:
+        padded = x2.new_zeros(rows, k)
+        padded[:m] = x2
+        x2 = padded
+    # [rows, N]
+    out = x2.new_empty(rows, n)
+    wt = weight.t()
+    for i in range(0, rows, CHUNK):
+        torch.mm(x2[i : i + CHUNK], wt, out=out[i : i + CHUNK])
+    out = out[:m]
+    if bias is not None:
+        out = out + bias
+    return out.view(*x.shape[:-1], n)
+
+
+def add_rmsnorm(
+    h: torch.Tensor, a: torch.Tensor | None, w: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """h, a [..., D] -> (h + a, rmsnorm(h + a) * w) (a None: (h, rmsnorm(h) * w)), row by row."""
+    d = h.shape[-1]
+    # [R, D]
+    h2 = h.reshape(-1, d).contiguous()
+    rows = h2.shape[0]
+    s = h2 if a is None else torch.empty_like(h2)
+    a2 = h2 if a is None else a.reshape(-1, d).contiguous()
+    out = torch.empty_like(h2)
+    if rows:
+        kernels().rmsnorm[(rows,)](
+            h2, a2, w, s, out, d, eps, HAS_A=a is not None, BLOCK=_next_pow2(d), num_warps=4
+        )
+    return s.view(h.shape), out.view(h.shape)
+
+
+def visible_keys(
+    mask: torch.Tensor | None, t: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """mask [S, 1, Q, T] bool (None: one query that sees all t keys) -> (idx [S, Q, T] int32: each query's
+    visible keys in increasing order first, cnt [S, Q] int32: how many). One kernel variant serves every case."""
+    if mask is None:
+        mask = torch.ones(1, 1, 1, t, dtype=torch.bool, device=device)
+    m = mask[:, 0]
+    key = torch.arange(t, device=m.device, dtype=torch.int32).expand(m.shape)
+    # masked keys sort after every visible one
+    idx = torch.where(m, key, t).sort(dim=-1).values
+    return idx.contiguous(), m.sum(-1, dtype=torch.int32)
+
+
+def attention(
+    # [S, Hq, Q, D] (D contiguous)
+    q: torch.Tensor,
+    # [S, Hkv, T, D] cache view (D contiguous)
+    k: torch.Tensor,
+    # [S, Hkv, T, D], same strides as k
+    v: torch.Tensor,
+    scale: float,
+    softcap: float | None,
+    # visible_keys(mask, T)
+    visible: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor | None:
+    """-> [S, Q, Hq * D] (the layout o_proj reads), or None where the kernel does not take the strides."""
+    s, hq, nq, d = q.shape
+    hkv = k.shape[1]
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride():
+        return None
+    out = torch.empty(s, nq, hq * d, dtype=q.dtype, device=q.device)
+    idx, cnt = visible
+    if idx.shape[0] != s:
+        # one mask for every sequence
+        idx, cnt = idx.expand(s, *idx.shape[1:]).contiguous(), cnt.expand(s, *cnt.shape[1:]).contiguous()
+    block_d = _next_pow2(d)
+    kernels().attention[(s * nq, hq)](
+        q,
+        k,
+        v,
+        idx,
+        cnt,
+        out,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        nq,
+        idx.shape[-1],
+        hq // hkv,
+        scale,
+        float(softcap or 1.0),
+        D=d,
+        BLOCK_D=block_d,
+        BLOCK_T=max(16, 4096 // block_d),
+        SOFTCAP=softcap is not None,
+        num_warps=4,
+    )
+    return out
