@@ -9,6 +9,7 @@ its result in a batch.
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -188,3 +189,17 @@ def test_cuda_attention_is_batch_invariant():
         tree = cuda_ops.attention(q, k, v, 0.25, None, cuda_ops.visible_keys(mask, k.shape[2], q.device))
         chain = cuda_ops.attention(qc, kc, vc, 0.25, None, cuda_ops.visible_keys(None, n, q.device))
         assert torch.equal(tree, chain)
+
+
+def test_cuda_without_triton_warns(monkeypatch):
+    """Without Triton the CUDA layers are PyTorch's, not batch-invariant: the engine says so."""
+    from verispec.engine import builder
+
+    monkeypatch.setattr(cuda_ops, "HAVE_TRITON", False)
+    with pytest.warns(UserWarning, match="Triton is not installed.*not batch-invariant"):
+        builder.warn_without_triton(torch.device("cuda"))
+    monkeypatch.setattr(cuda_ops, "HAVE_TRITON", True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        builder.warn_without_triton(torch.device("cuda"))
+        builder.warn_without_triton(torch.device("cpu"))

@@ -4,6 +4,7 @@ model runner, proposer). The one place that assembles an engine; `LLM`, the CLI 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -12,6 +13,7 @@ from verispec.engine.engine import EngineOptions, LLMEngine
 from verispec.engine.kv_cache import KVCache, plan_cache
 from verispec.engine.model_runner import ModelRunner
 from verispec.engine.step_cost import load_or_profile, model_fingerprint, profile_points
+from verispec.kernels import cuda_ops
 from verispec.loader.checkpoint import load_checkpoint
 from verispec.sample.metadata import VerifyRule
 from verispec.spec import (
@@ -34,6 +36,17 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def warn_without_triton(device: torch.device) -> None:
+    """On CUDA the batch-invariant ops need Triton; without it the layers fall back to PyTorch's kernels."""
+    if device.type == "cuda" and not cuda_ops.HAVE_TRITON:
+        warnings.warn(
+            "verispec: Triton is not installed, so on CUDA the model runs PyTorch's kernels, which are not "
+            "batch-invariant: speculative greedy output may differ from plain decoding's at near ties "
+            "(pip install triton)",
+            stacklevel=3,
+        )
+
+
 def default_kv_budget(device: torch.device) -> int:
     """Bytes the KV cache may take when kv_cache_memory_bytes is not given: half the free GPU memory, or 30% of the
     free RAM up to 4 GiB."""
@@ -50,6 +63,7 @@ def default_kv_budget(device: torch.device) -> int:
 def build_engine(args: EngineArgs) -> LLMEngine:
     """Load the model and everything speculation needs; ValueError naming the setting for a bad one."""
     device = pick_device(args.device)
+    warn_without_triton(device)
     ckpt = load_checkpoint(
         args.model,
         device,
