@@ -186,6 +186,16 @@ def test_memoised_estimates_follow_every_observation():
     fresh = model.conditional("a", 4)
     model.requests["a"].memo = None
     assert model.conditional("a", 4) == fresh
+    # drafts with confidence teach its bins and their own request's history, never the shared position estimates:
+    # another request's keep a's memo, a's own replace it
+    for who in ("b", "a"):
+        memo = model.requests["a"].memo
+        model.observe(who, 3, 1, [0.9, 0.5, 0.2])
+        got = model.conditional("a", 4)
+        assert (model.requests["a"].memo is memo) == (who == "b")
+        model._values = None
+        model.requests["a"].memo = None
+        assert model.conditional("a", 4) == got
     # the expected gains follow the same way, at any length
     for k in (2, 4, 1, 3):
         assert model.gains("a", k) == expected_gains(model.conditional("a", k))

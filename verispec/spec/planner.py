@@ -163,8 +163,8 @@ class _RequestHistory:
     # when the request last drafted, in the planner's count of drafting turns (shadow drafts go to the longest
     # waiting first; -1: never)
     drafted_turn: int = -1
-    # (the model's version, its conditional estimates without confidence, their expected gains): kept until an
-    # estimate changes
+    # (the model's version, its conditional estimates without confidence, their expected gains): kept until the
+    # request's history or a shared position estimate changes
     memo: tuple[int, list[float], list[float]] | None = None
 
 
@@ -188,7 +188,7 @@ class AcceptanceModel:
     # the shared estimates of the first positions (_position_value) until a rate observes: the planner reads them
     # for every request of every step
     _values: list[float] | None = field(default=None, repr=False)
-    # bumped whenever an estimate changes (per-request memos of `conditional` are kept until then)
+    # bumped whenever a shared position estimate changes (per-request memos of `conditional` are kept until then)
     _version: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
@@ -264,7 +264,11 @@ class AcceptanceModel:
         h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
         h.predicted[j] = h.predicted[j] * self.request_decay + self._base(pos, confidence)
         self._rate(pos, confidence).observe(hit, self.shared_decay)
-        self._changed()
+        h.memo = None
+        if confidence is None:
+            # a shared position estimate moved: every request's memo is stale (a confidence bin moves none: the
+            # memos hold estimates without confidence)
+            self._changed()
 
     def gains(self, request_id: str, k: int) -> list[float]:
         """expected_gains of the request's first k drafts (no confidence), memoised with the estimates."""
@@ -310,7 +314,6 @@ class AcceptanceModel:
         for j in range(1, len(parents)):
             if on_path[parents[j]]:
                 self._rate(depths[j] - 1, confidence[j - 1]).observe(bool(on_path[j]), self.shared_decay)
-        self._changed()
 
     def remove(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
