@@ -58,20 +58,41 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> 
     # [M, K]
     x2 = x.reshape(-1, k)
     m = x2.shape[0]
-    rows = -(-m // CHUNK) * CHUNK
-    if rows != m or not x2.is_contiguous() or x2.data_ptr() % 16:
-        padded = x2.new_zeros(rows, k)
-        padded[:m] = x2
-        x2 = padded
-    # [rows, N]
-    out = x2.new_empty(rows, n)
     wt = weight.t()
-    for i in range(0, rows, CHUNK):
-        torch.mm(x2[i : i + CHUNK], wt, out=out[i : i + CHUNK])
-    out = out[:m]
+    if m <= CHUNK:
+        # decoding and most verification steps: one product, its rows past m whatever the buffer last held (a row's
+        # result never reads another row)
+        buf = _pad_buffer(k, x2)
+        buf[:m].copy_(x2)
+        out = torch.mm(buf, wt)[:m]
+    else:
+        rows = -(-m // CHUNK) * CHUNK
+        if rows != m or not x2.is_contiguous() or x2.data_ptr() % 16:
+            padded = x2.new_zeros(rows, k)
+            padded[:m] = x2
+            x2 = padded
+        # [rows, N]
+        out = x2.new_empty(rows, n)
+        for i in range(0, rows, CHUNK):
+            torch.mm(x2[i : i + CHUNK], wt, out=out[i : i + CHUNK])
+        out = out[:m]
     if bias is not None:
         out = out + bias
     return out.view(*x.shape[:-1], n)
+
+
+# (K, dtype, device) -> [CHUNK, K] input buffer of `linear`'s one-product calls; the stream orders its reuse
+_pads: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _pad_buffer(k: int, like: torch.Tensor) -> torch.Tensor:
+    key = (k, like.dtype, like.device)
+    buf = _pads.get(key)
+    if buf is None:
+        # a normal tensor (not an inference one), which any mode may write
+        with torch.inference_mode(False):
+            buf = _pads[key] = torch.zeros(CHUNK, k, dtype=like.dtype, device=like.device)
+    return buf
 
 
 def add_rmsnorm(
