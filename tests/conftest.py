@@ -187,3 +187,24 @@ def tiny_pard_draft(tiny_draft, tmp_path_factory) -> str:
     cfg = json.loads((Path(folder) / "config.json").read_text())
     (Path(folder) / "config.json").write_text(json.dumps({**cfg, "pard_token": 3}))
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def triton_interpreter():
+    """Triton's interpreter for cuda_ops' kernels on CPU tensors (skips on a GPU machine or without Triton)."""
+    from verispec.kernels import cuda_ops
+
+    if not cuda_ops.HAVE_TRITON or os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs Triton, run through its interpreter (no GPU)")
+    import triton.runtime.interpreter as interpreter
+
+    # the interpreter's scalars are 1-element arrays, which numpy 2 no longer turns into an int (a loop bound)
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+    yield
+    interpreter._patch_lang_tensor = patch

@@ -8,7 +8,6 @@ its result in a batch.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
@@ -36,22 +35,9 @@ def test_visible_keys_lists_each_querys_keys_in_order():
 
 
 @pytest.fixture(scope="module")
-def interp():
+def interp(triton_interpreter):
     """cuda_ops with its kernels under Triton's interpreter (CPU tensors)."""
-    if not cuda_ops.HAVE_TRITON or os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("needs Triton, run through its interpreter (no GPU)")
-    import triton.runtime.interpreter as interpreter
-
-    # the interpreter's scalars are 1-element arrays, which numpy 2 no longer turns into an int (a loop bound)
-    patch = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    yield cuda_ops
-    interpreter._patch_lang_tensor = patch
+    return cuda_ops
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -70,6 +56,15 @@ def test_add_rmsnorm_is_rmsnorm(interp, d):
     s, out = interp.add_rmsnorm(x, None, w, 1e-6)
     assert s.shape == x.shape and torch.equal(s, x)
     torch.testing.assert_close(out, _rmsnorm(x, w, 1e-6))
+    # bfloat16 storage (the CUDA models'): the sum rounded as h + a rounds it, the norm computed in float32
+    hb, ab, wb = h.bfloat16(), a.bfloat16(), w.bfloat16()
+    s, out = interp.add_rmsnorm(hb, ab, wb, 1e-6)
+    assert s.dtype == out.dtype == torch.bfloat16
+    # (the interpreter rounds to bfloat16 towards zero, a GPU to nearest as PyTorch does: one unit apart at most)
+    torch.testing.assert_close(s.float(), (hb + ab).float(), atol=0, rtol=2**-7)
+    torch.testing.assert_close(
+        out.float(), _rmsnorm((hb + ab).float(), wb.float(), 1e-6), atol=0.05, rtol=0.01
+    )
 
 
 def _reference_attention(q, k, v, mask, scale, softcap):

@@ -14,12 +14,12 @@ def rmsnorm(H, A, W, S, OUT, d, eps, HAS_A: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     live = cols < d
-    x = tl.load(H + row * d + cols, mask=live, other=0.0)
+    xf = tl.load(H + row * d + cols, mask=live, other=0.0).to(tl.float32)
     if HAS_A:
-        # the residual sum in the storage dtype, as h + a gives it
-        x = x + tl.load(A + row * d + cols, mask=live, other=0.0)
-        tl.store(S + row * d + cols, x, mask=live)
-    xf = x.to(tl.float32)
+        # the residual sum rounded to the storage dtype, as h + a gives it
+        xs = (xf + tl.load(A + row * d + cols, mask=live, other=0.0).to(tl.float32)).to(S.dtype.element_ty)
+        tl.store(S + row * d + cols, xs, mask=live)
+        xf = xs.to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / d + eps)
     w = tl.load(W + cols, mask=live, other=0.0).to(tl.float32)
     tl.store(OUT + row * d + cols, (xf * r * w).to(OUT.dtype.element_ty), mask=live)

@@ -1,0 +1,78 @@
+"""The CUDA path's wiring, run on the CPU: with `cuda_ops.applies` true for CPU tensors, a bfloat16 model runs every
+product, norm and attention through verispec/kernels/cuda_ops.py (its Triton kernels under Triton's interpreter),
+with the masks, padded layouts, sliding windows and token trees the engine builds. Speculative greedy output must
+equal plain output there as on the GPU (tests/unit/test_cuda_ops.py checks the kernels themselves there)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tiny_models import write_tiny_eagle
+from verispec import LLM, SamplingParams
+from verispec.kernels import cuda_ops
+
+TREE = "[(0,), (1,), (2,), (0, 0), (1, 0)]"
+PROMPTS = [
+    {"prompt_token_ids": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]},
+    {"prompt_token_ids": [11, 12, 13, 11, 12, 13, 11]},
+]
+
+
+@pytest.fixture
+def cuda_path(triton_interpreter, monkeypatch):
+    """The CUDA layers on CPU tensors; -> the number of attention calls they served."""
+    calls = {"attention": 0}
+    attention = cuda_ops.attention
+
+    def counted(*args):
+        calls["attention"] += 1
+        return attention(*args)
+
+    monkeypatch.setattr(cuda_ops, "applies", lambda x: not torch.is_grad_enabled())
+    monkeypatch.setattr(cuda_ops, "attention", counted)
+    with warnings.catch_warnings():
+        # numpy's overflow warnings on the interpreter's masked-out lanes
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield calls
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
+
+
+def _float32_greedy(model: str) -> list[list[int]]:
+    """The same prompts on the CPU's own float32 path."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cuda_ops, "applies", lambda x: False)
+        return _greedy(LLM(model, device="cpu", max_model_len=128, max_num_seqs=4))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_chain_drafts_on_the_cuda_path(tiny_checkpoints, cuda_path, arch):
+    """n-gram chains (Gemma 3: sliding-window layers and q / k norms on [S, H, Q, D] views)."""
+    kw = dict(dtype="bfloat16", device="cpu", max_model_len=128, max_num_seqs=4)
+    model = tiny_checkpoints[arch]
+    reference = _greedy(LLM(model, **kw))
+    # the path computes the model (these tiny models' float32 greedy tokens, far from ties)
+    assert reference == _float32_greedy(model)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    llm = LLM(model, speculative_config=spec, **kw)
+    assert _greedy(llm) == reference
+    assert llm.engine.counters.spec.num_draft_tokens > 0 and cuda_path["attention"] > 0
+
+
+def test_token_tree_on_the_cuda_path(tiny_llama, tmp_path, cuda_path):
+    """A tree whose accepted nodes sit apart in the cache: their attention sums as their chain's does."""
+    eagle = str(write_tiny_eagle(tmp_path / "e", Path(tiny_llama), copy_hidden=True))
+    kw = dict(dtype="bfloat16", device="cpu", max_model_len=128, max_num_seqs=4)
+    reference = _greedy(LLM(tiny_llama, **kw))
+    assert reference == _float32_greedy(tiny_llama)
+    spec = {"method": "eagle", "model": eagle, "num_speculative_tokens": 2, "speculative_token_tree": TREE}
+    llm = LLM(tiny_llama, speculative_config=spec, **kw)
+    assert _greedy(llm) == reference
+    assert llm.engine.counters.spec.num_accepted_tokens > 0 and cuda_path["attention"] > 0
