@@ -9,6 +9,10 @@ inline), prints a table and writes JSON.
 Metrics (vLLM's benchmark_serving definitions): output throughput = completion tokens / wall time; TTFT = request
 start to first content chunk; ITL = gaps between content chunks (a speculative step may deliver several tokens in
 one chunk); TPOT = (e2e - TTFT) / (completion tokens - 1).
+
+`--rounds N` keeps every mode's server up and measures the modes N times in turn (each round starting at another
+mode; an idle server sleeps), so the machine's drift falls on all alike; the summary gives each mode's median round
+and spec / plain as the median over rounds of the ratio within a round.
 """
 
 from __future__ import annotations
@@ -283,6 +287,24 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def print_rounds(rows: list[dict], levels: list[int]) -> None:
+    """Each mode's median round by tok/s, and spec / plain as the median over rounds of the ratio within a round."""
+    print()
+    for conc in levels:
+        by_mode: dict[str, list[float]] = {}
+        for r in rows:
+            if r["concurrency"] == conc:
+                by_mode.setdefault(r["mode"], []).append(r["output_tok_s"])
+        text = ", ".join(
+            f"{m} {statistics.median(v):.2f} tok/s (rounds {'/'.join(f'{x:.0f}' for x in v)})"
+            for m, v in by_mode.items()
+        )
+        if "plain" in by_mode and "spec" in by_mode:
+            ratio = statistics.median(s / p for s, p in zip(by_mode["spec"], by_mode["plain"]))
+            text += f"; spec / plain {ratio:.2f}x (median within-round ratio)"
+        print(f"concurrency {conc}: {text}")
+
+
 def offline_gain(args, spec: dict, n: int) -> dict:
     """The same workload through LLM.generate at batch 1, plain vs speculative: the gain the server should keep."""
     from verispec import LLM, SamplingParams
@@ -335,40 +357,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--offline", action="store_true", help="also run the workload offline at batch 1 for comparison"
     )
+    p.add_argument("--rounds", type=int, default=1, help="measure the modes this many times in turn (>= 1)")
     args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     spec = json.loads(args.speculative_config)
     offline = offline_gain(args, spec, args.num_requests or 16) if args.offline else None
     modes = ["url"] if args.url else args.modes
     name = args.served_model_name or args.model
     rows = []
-    for mode in modes:
-        server = None
-        url = args.url
-        if url is None:
-            log = ROOT / "bench_results" / f"serve_load_{mode}.log"
-            print(f"[{mode}] starting server for {args.model} (log: {log})", flush=True)
-            server = ManagedServer(
-                args.model, spec if mode == "spec" else None, args.max_model_len, args.max_num_seqs, log
-            )
-            server.wait_ready()
-            url = server.url
-        try:
+    servers: dict[str, ManagedServer] = {}
+    urls: dict[str, str] = {}
+    try:
+        for mode in modes:
+            urls[mode] = args.url
+            if args.url is None:
+                log = ROOT / "bench_results" / f"serve_load_{mode}.log"
+                print(f"[{mode}] starting server for {args.model} (log: {log})", flush=True)
+                servers[mode] = ManagedServer(
+                    args.model, spec if mode == "spec" else None, args.max_model_len, args.max_num_seqs, log
+                )
+                servers[mode].wait_ready()
+                urls[mode] = servers[mode].url
             warm = load_workload(args.workload, 1)
             asyncio.run(
-                run_level(url, name, warm, 1, min(8, args.max_tokens), args.temperature, args.api_key)
+                run_level(urls[mode], name, warm, 1, min(8, args.max_tokens), args.temperature, args.api_key)
             )
-            for conc in args.concurrency:
-                n = args.num_requests or max(4, 2 * conc)
-                items = load_workload(args.workload, n)
-                before = _scrape(url)
-                results, wall = asyncio.run(
-                    run_level(url, name, items, conc, args.max_tokens, args.temperature, args.api_key)
-                )
-                rows.append(summarize(mode, conc, results, wall, before, _scrape(url)))
-                print_table(rows[-1:])
-        finally:
-            if server is not None:
-                server.stop()
+        for r in range(args.rounds):
+            # each round starts at another mode
+            for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
+                url = urls[mode]
+                for conc in args.concurrency:
+                    n = args.num_requests or max(4, 2 * conc)
+                    items = load_workload(args.workload, n)
+                    before = _scrape(url)
+                    results, wall = asyncio.run(
+                        run_level(url, name, items, conc, args.max_tokens, args.temperature, args.api_key)
+                    )
+                    rows.append(summarize(mode, conc, results, wall, before, _scrape(url)) | {"round": r})
+                    print_table(rows[-1:])
+    finally:
+        for server in servers.values():
+            server.stop()
+    if args.rounds > 1:
+        print_rounds(rows, args.concurrency)
     print()
     print_table(rows)
     served = {(r["mode"], r["concurrency"]): r for r in rows}
