@@ -119,7 +119,9 @@ def visible_keys(
     """mask [S, 1, Q, T] bool (None: one query that sees all t keys) -> (idx [S, Q, T] int32: each query's
     visible keys in increasing order first, cnt [S, Q] int32: how many). One kernel variant serves every case."""
     if mask is None:
-        mask = torch.ones(1, 1, 1, t, dtype=torch.bool, device=device)
+        # every key, in order: nothing to sort
+        idx = torch.arange(t, dtype=torch.int32, device=device).view(1, 1, t)
+        return idx, torch.full((1, 1), t, dtype=torch.int32, device=device)
     m = mask[:, 0]
     key = torch.arange(t, device=m.device, dtype=torch.int32).expand(m.shape)
     # masked keys sort after every visible one
@@ -136,7 +138,7 @@ def attention(
     v: torch.Tensor,
     scale: float,
     softcap: float | None,
-    # visible_keys(mask, T)
+    # visible_keys(mask, T), one row per sequence
     visible: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor | None:
     """-> [S, Q, Hq * D] (the layout o_proj reads), or None where the kernel does not take the strides."""
@@ -146,9 +148,6 @@ def attention(
         return None
     out = torch.empty(s, nq, hq * d, dtype=q.dtype, device=q.device)
     idx, cnt = visible
-    if idx.shape[0] != s:
-        # one mask for every sequence
-        idx, cnt = idx.expand(s, *idx.shape[1:]).contiguous(), cnt.expand(s, *cnt.shape[1:]).contiguous()
     block_d = _next_pow2(d)
     kernels().attention[(s * nq, hq)](
         q,

@@ -64,13 +64,13 @@ class Attention(nn.Module):
         # one cache write for K and V: [S, 2Hkv, T, D]
         kv = write_kv(kv_cache, ctx, qkv[:, hq:])
         mask = ctx.sliding_mask if self.sliding else ctx.mask
-        args = (qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], mask, self.scale, self.cfg.attn_logit_softcapping)
+        q, k, v, cap = qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], self.cfg.attn_logit_softcapping
         # [S, Q, Hq*D], or None where the fused kernel does not apply
-        o = ops.attention(*args, ctx.qlen)
+        o = ops.attention(q, k, v, mask, self.scale, cap, ctx.qlen)
         if o is None and cuda_ops.applies(x):
-            o = cuda_ops.attention(*args[:3], *args[4:], ctx.visible(self.sliding))
+            o = cuda_ops.attention(q, k, v, self.scale, cap, ctx.visible(self.sliding))
         if o is None:
-            o = attention(*args).transpose(1, 2).reshape(s, nq, hq * self.d)
+            o = attention(q, k, v, mask, self.scale, cap).transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))
 
 
