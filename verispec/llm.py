@@ -113,6 +113,8 @@ class LLM:
         bar = tqdm(total=len(groups), desc="Processed prompts", disable=not use_tqdm or len(groups) < 2)
         pending = {rid for g in groups for rid in g}
         done: dict[str, RequestOutput] = {}
+        # every request was added before the first step: none joins the running batch
+        self.engine.closed = True
         try:
             while pending:
                 for out in self.engine.step():
@@ -129,6 +131,7 @@ class LLM:
                 self.engine.release(rid)
             raise
         finally:
+            self.engine.closed = False
             bar.close()
         if self.engine.spec_log is not None:
             self.engine.spec_log.maybe_log(force=True)

@@ -142,3 +142,31 @@ def test_dynamic_tree_node_budget_keeps_greedy_output(tiny_llama, tiny_eagle, ba
     # 7 nodes per request and step without the budget
     assert spec.num_draft_tokens < 7 * spec.num_drafts
     assert 0 < llm.engine.planner.mean_chosen_k < 7
+
+
+@pytest.mark.row_cost(0.03)
+def test_a_closed_batch_weighs_tokens_by_the_time_they_save(tiny_llama, plain_outputs):
+    """LLM.generate runs a closed batch: with every end known (ignore_eos, max_tokens) the planner weighs each
+    request's tokens (a request ahead of the others is worth less than 1); with EOS able to end a request it
+    plans as for an open batch. Output equals plain decoding either way, and the engine is open again after."""
+    cfg = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
+    planner = llm.engine.planner
+    seen: list[list[float] | None] = []
+    choose = planner.choose
+
+    def spy(*args, worth=None, **kw):
+        seen.append(worth)
+        return choose(*args, worth=worth, **kw)
+
+    planner.choose = spy
+    lengths = [8 + i for i in range(16)]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+    outs = llm.generate(_prompts(16), params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [p[:n] for p, n in zip(plain_outputs, lengths)]
+    worths = [w for w in seen if w is not None]
+    assert worths and min(min(w) for w in worths) < 1.0 and max(max(w) for w in worths) == 1.0
+    assert not llm.engine.closed
+    seen.clear()
+    llm.generate(_prompts(16), SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    assert seen and all(w is None for w in seen)

@@ -326,6 +326,8 @@ def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_d
         "num_speculative_tokens": k,
         "rejection_sample_method": "synthetic",
         "synthetic_acceptance_rate": r,
+        # k drafts every step (the planner would verify fewer)
+        "enable_adaptive_verification": False,
     }
     llm = LLM(
         tiny_llama, max_model_len=256, max_num_seqs=32, speculative_config=cfg, seed=7, spec_token_budget=1024

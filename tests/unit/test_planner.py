@@ -15,6 +15,7 @@ from verispec.spec.planner import (
     SHADOW_BUDGET,
     AcceptanceModel,
     DraftPlanner,
+    closed_batch_worth,
     expected_gains,
     plan_lengths,
     schedule_cap,
@@ -646,3 +647,35 @@ def test_the_planner_speedup_is_relative_to_plain_steps_of_the_same_batch():
     for _ in range(300):
         planner.observe_step(3, 3, 2, 1)
     assert planner.speedup() == pytest.approx(3 * cost(1) / cost(3), rel=0.01)
+
+
+def test_a_closed_batch_values_a_token_by_the_step_it_frees():
+    """Tokens left per request -> what a token committed now saves, in tokens of the plain step now (capped at 1)."""
+    cost = linear_cost(2.0, 0.5)
+    # a lockstep batch: every token ends the batch a step sooner, as in an open batch
+    assert closed_batch_worth([96] * 4, cost) == [1.0] * 4
+    # a request ahead of the others frees one row (0.5 s) of a later step; plain seconds per token now: 4 / 4
+    assert closed_batch_worth([90, 96, 96, 93], cost) == [0.5, 1.0, 1.0, 0.5]
+    # two requests ending together share the saving of their two rows
+    assert closed_batch_worth([90, 90, 96], cost) == pytest.approx([0.5 / (3.5 / 3)] * 2 + [1.0])
+    # the request the batch waits for would save a whole step (2.5 s), but is capped at 1
+    assert closed_batch_worth([90, 91, 92, 96], cost) == [0.5, 0.5, 0.5, 1.0]
+    assert closed_batch_worth([7], cost) == [1.0]
+    assert closed_batch_worth([], cost) == []
+
+
+def test_in_a_closed_batch_a_request_ahead_drafts_only_where_a_row_is_nearly_free():
+    """The same drafts at the same row price: verified for every request of an open batch; in a closed batch the
+    request ahead of the others gets none (its token only frees a row of a later step), the request the batch
+    waits for keeps its drafts."""
+    planner = DraftPlanner(4, FixedCost(0.05), drafter_runs_forward=False, max_rows=64)
+    for _ in range(40):
+        planner.observe("a", 4, 3)
+        planner.observe("b", 4, 3)
+    drafts = [[1, 2, 3, 4], [1, 2, 3, 4]]
+    assert planner.choose(["a", "b"], drafts, None, 2, 0.0) == [3, 3]
+    worth = planner.token_worth([10, 40])
+    assert worth[0] < 0.1 and worth[1] == 1.0
+    assert planner.choose(["a", "b"], drafts, None, 2, 0.0, worth=worth) == [0, 3]
+    # the ask drafts for the request the batch waits for only
+    assert planner.ask(["a", "b"], [4, 4], 2, worth=worth) == [0, 4]

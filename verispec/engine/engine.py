@@ -12,7 +12,7 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
-from verispec.engine.stop import commit_tokens, logprob_entry
+from verispec.engine.stop import commit_tokens, known_tokens_left, logprob_entry
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from verispec.sample import logits as S
@@ -89,6 +89,9 @@ class LLMEngine:
         self.generator = make_generator(seed, self.device)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        # requests join only between runs (LLM.generate sets it): once none wait, the running batch is all the work
+        # left, and the planner weighs a token by the time it saves that batch (DraftPlanner.token_worth)
+        self.closed = False
         self.requests: dict[str, Request] = {}
         k = opts.num_speculative_tokens if proposer is not None else 0
         self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
@@ -300,13 +303,14 @@ class LLMEngine:
         draft_probs = confidence = None
         spec = [r for r in reqs if r.speculate]
         planner = self.planner
+        worth = self._token_worth(reqs, spec)
         # drafts asked of each speculating request (none where nothing is drafted)
         ask: list[int] = []
         if spec and self.proposer is not None:
             k_step = schedule_cap(self.opts.spec_schedule, len(reqs), self.opts.num_speculative_tokens)
             caps = [self._draft_cap(r, k_step) for r in spec]
             ids = [r.request_id for r in spec]
-            ask = caps if planner is None else planner.ask(ids, caps, len(reqs))
+            ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth)
             t = time.perf_counter()
             prop = self.proposer.propose(spec, ask)
             draft_seconds = time.perf_counter() - t
@@ -315,7 +319,7 @@ class LLMEngine:
             # a dynamic tree's node budget: its most confident nodes that pay (none: this step drafts nothing)
             no_drafts = False
             if planner is not None and isinstance(prop.tree, TreeBatch) and prop.confidence is not None:
-                prop = self._node_budget(planner, spec, prop, len(reqs), draft_seconds)
+                prop = self._node_budget(planner, spec, prop, len(reqs), draft_seconds, worth)
                 no_drafts = prop.tree is None
             if prop.tree is not None:
                 if self._tree_step_ok(reqs, spec, caps, prop.tree):
@@ -336,7 +340,13 @@ class LLMEngine:
                 kept = asked
             else:
                 lengths = planner.choose(
-                    ids, asked, prop.confidence, len(reqs), draft_seconds, one_hot=prop.draft_probs is None
+                    ids,
+                    asked,
+                    prop.confidence,
+                    len(reqs),
+                    draft_seconds,
+                    one_hot=prop.draft_probs is None,
+                    worth=worth,
                 )
                 kept = [d[:n] for d, n in zip(asked, lengths)]
                 if prop.confidence is not None:
@@ -393,8 +403,25 @@ class LLMEngine:
             f", Planner: mean chosen K {p.mean_chosen_k:.2f}, verified row cost {p.verified_row_cost():.2f}"
         )
 
+    def _token_worth(self, reqs: list[Request], spec: list[Request]) -> list[float] | None:
+        """Per speculating request, what its tokens are worth to a closed batch whose every request has a known end
+        (DraftPlanner.token_worth); None where finished requests' slots may be refilled or an end is unknown."""
+        if self.planner is None or not spec or not self.closed or self.waiting:
+            return None
+        left = [known_tokens_left(r, self.opts.max_model_len) for r in reqs]
+        if None in left:
+            return None
+        by_id = dict(zip((r.request_id for r in reqs), self.planner.token_worth(left)))
+        return [by_id[r.request_id] for r in spec]
+
     def _node_budget(
-        self, planner: DraftPlanner, spec: list[Request], prop: Proposal, rows: int, draft_seconds: float
+        self,
+        planner: DraftPlanner,
+        spec: list[Request],
+        prop: Proposal,
+        rows: int,
+        draft_seconds: float,
+        worth: list[float] | None,
     ) -> Proposal:
         """A dynamic tree cut to the node count the planner finds pays this step (its most confident nodes), or no
         drafts at all (a Proposal without a tree) when none does."""
@@ -406,6 +433,7 @@ class LLMEngine:
             prop.confidence,
             rows,
             draft_seconds,
+            worth,
         )
         if n == 0:
             return Proposal([[] for _ in spec])
