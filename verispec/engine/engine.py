@@ -411,7 +411,11 @@ class LLMEngine:
         left = [known_tokens_left(r, self.opts.max_model_len) for r in reqs]
         if None in left:
             return None
-        by_id = dict(zip((r.request_id for r in reqs), self.planner.token_worth(left)))
+        worth = self.planner.token_worth(left)
+        # every token worth 1 (a lockstep start, a batch of one): the open batch's plan
+        if min(worth) == 1.0:
+            return None
+        by_id = dict(zip((r.request_id for r in reqs), worth))
         return [by_id[r.request_id] for r in spec]
 
     def _node_budget(
