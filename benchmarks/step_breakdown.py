@@ -5,7 +5,7 @@ parts timed per call (the target forward, sampling and verification, the propose
         -sc '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}'
 
 Prints the CPU, one row per run (milliseconds per decode step for each part; "forward" counts prompt chunks too,
-"decode forward" only the decode steps' own; "other host" is what a decode step spends outside its forward,
+"decode forward" only the decode steps' own; "prefill" is the prompt steps' time per decode step; "other host" is what a decode step spends outside its forward,
 sampling, proposer and planner calls) and writes JSON to bench_results/step_breakdown.json. The timers add a few
 microseconds per call.
 """
@@ -30,6 +30,7 @@ from verispec.workloads import WORKLOADS, build_workload
 # (part, object attribute path from the engine, method name)
 PARTS = (
     ("decode step", "", "_decode"),
+    ("prefill", "", "_prefill"),
     ("forward", "", "_forward"),
     ("propose", "proposer", "propose"),
     ("planner ask", "planner", "ask"),
@@ -105,10 +106,11 @@ def row(res: BenchResult, totals: dict[str, float], counts: dict[str, int]) -> d
     steps = max(1, counts["steps"])
     ms = {
         key: totals[key] * 1e3 / steps
-        for key in ("decode step", "forward", "decode forward", "sampling", *[p[0] for p in PARTS[2:]])
+        for key in ("decode step", "prefill", "forward", "decode forward", "sampling", *[p[0] for p in PARTS[3:]])
     }
     # the engine's own host work in a decode step: what its forward, sampling, proposer and planner calls leave
-    ms["other host"] = ms["decode step"] - sum(ms[k] for k in ms if k not in ("decode step", "forward"))
+    whole = ("decode step", "prefill", "forward")
+    ms["other host"] = ms["decode step"] - sum(ms[k] for k in ms if k not in whole)
     return asdict(res) | {"decode_steps": counts["steps"], "ms_per_step": ms}
 
 
@@ -122,6 +124,13 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=1.0, help="sampled runs are seeded; 0 = greedy")
     ap.add_argument("--speculative-config", "-sc", action="append", default=None, help="JSON; repeatable")
     ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
+    ap.add_argument(
+        "--prompts-per-turn",
+        type=int,
+        default=None,
+        help="prompts each engine runs per turn (default: the batch size, one batch in lockstep; more keeps the "
+        "slots refilled as requests finish, as a server runs)",
+    )
     ap.add_argument("--output", default="bench_results/step_breakdown.json")
     args = ap.parse_args()
     from verispec import LLM
@@ -129,8 +138,12 @@ def main() -> None:
     tok = LLM(args.model, max_num_seqs=1, max_model_len=2048).tokenizer
     convs = build_workload(args.workload, args.num_prompts or args.batch_size)
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    # as adaptive_k.py: sampled runs ignore EOS, so every run emits the same number of tokens
     sp = SamplingParams(
-        temperature=args.temperature, max_tokens=args.max_tokens, seed=0 if args.temperature else None
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        seed=0 if args.temperature else None,
+        ignore_eos=bool(args.temperature),
     )
     specs = [json.loads(s) for s in args.speculative_config or []]
     runs = [("plain", None)] + [(s.get("method", str(s.get("model"))), s) for s in specs]
@@ -146,7 +159,7 @@ def main() -> None:
     sample_step = engine_module.sample_step
     engine_module.sample_step = timed_sample_step(sample_step)
     try:
-        timers = interleaved_round(engines, prompts, sp, args.batch_size)
+        timers = interleaved_round(engines, prompts, sp, args.batch_size, args.prompts_per_turn)
     finally:
         engine_module.sample_step = sample_step
     rows = [row(timers[label].result(), *timers_of[label]) for label, _ in engines]
