@@ -106,7 +106,14 @@ def row(res: BenchResult, totals: dict[str, float], counts: dict[str, int]) -> d
     steps = max(1, counts["steps"])
     ms = {
         key: totals[key] * 1e3 / steps
-        for key in ("decode step", "prefill", "forward", "decode forward", "sampling", *[p[0] for p in PARTS[3:]])
+        for key in (
+            "decode step",
+            "prefill",
+            "forward",
+            "decode forward",
+            "sampling",
+            *[p[0] for p in PARTS[3:]],
+        )
     }
     # the engine's own host work in a decode step: what its forward, sampling, proposer and planner calls leave
     whole = ("decode step", "prefill", "forward")
