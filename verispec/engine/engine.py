@@ -299,7 +299,6 @@ class LLMEngine:
         return span * q > 2 * real + 64
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
-        start, draft_seconds = time.perf_counter(), 0.0
         drafts = [[] for _ in reqs]
         draft_probs = confidence = None
         spec = [r for r in reqs if r.speculate]
@@ -324,7 +323,7 @@ class LLMEngine:
                 no_drafts = prop.tree is None
             if prop.tree is not None:
                 if self._tree_step_ok(reqs, spec, caps, prop.tree):
-                    return self._decode_tree(reqs, prop, start, draft_seconds)
+                    return self._decode_tree(reqs, prop)
                 # this step verifies the tree's top-1 path as a chain
                 if isinstance(prop.tree, TreeBatch):
                     prop = Proposal(prop.tree.top_chains(prop.token_ids))
@@ -358,10 +357,13 @@ class LLMEngine:
             if prop.draft_probs is not None:
                 draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
         rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
+        t = time.perf_counter()
         out, states = self._forward(reqs, rows)
         step = sample_step(reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify)
-        n_rows = sum(len(row.token_ids) for row in rows)
         if planner is not None:
+            # step.num_accepted is on the host: the step's work is done
+            n_rows = sum(len(row.token_ids) for row in rows)
+            planner.step_cost.observe(n_rows, time.perf_counter() - t, drafted=any(drafts))
             planner.observe_step(len(reqs) + sum(step.num_accepted), n_rows, max(ask, default=0), len(reqs))
         # the step's spec-decode counts, only when it verified drafts (a step without any adds nothing)
         stats = None
@@ -393,15 +395,7 @@ class LLMEngine:
             starts = accumulate((1 + len(d) for d in drafts), initial=0)
             rows_of = [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
             self._observe_hidden(reqs, out.hidden if states is None else states, rows_of)
-        self._observe_step_time(n_rows, start, draft_seconds, drafted=any(drafts))
         return reqs
-
-    def _observe_step_time(self, rows: int, start: float, draft_seconds: float, drafted: bool) -> None:
-        """The planner's step-cost model learns the decode step's whole time from `start`, less its drafting (the
-        planner prices that itself): the forward and sampling, and the host work around them (planning, committing,
-        the per-request observations), which a step that verifies drafts pays more of."""
-        if self.planner is not None:
-            self.planner.step_cost.observe(rows, time.perf_counter() - start - draft_seconds, drafted=drafted)
 
     def _planner_log(self) -> str:
         p = self.planner
@@ -463,9 +457,7 @@ class LLMEngine:
             return False
         return not any(has_position_constraints(r) for r in reqs)
 
-    def _decode_tree(
-        self, reqs: list[Request], prop: Proposal, start: float, draft_seconds: float
-    ) -> list[Request]:
+    def _decode_tree(self, reqs: list[Request], prop: Proposal) -> list[Request]:
         """Verify a token tree per request in one forward: walk it with the target's own picks (tree_accept), or, under
         `probabilistic` with random requests, by recursive rejection sampling against the drafter's probabilities
         (tree_rejection_sample); make the accepted path's K/V contiguous; commit."""
@@ -479,6 +471,7 @@ class LLMEngine:
             RowInput(r.slot, r.num_computed, t, tree_mask=tree.ancestors[i], depths=depth_l[i])
             for i, (r, t) in enumerate(zip(reqs, nodes))
         ]
+        t = time.perf_counter()
         out, states = self._forward(reqs, rows)
         v = out.logits.shape[-1]
         logits = out.logits.view(b, n, v)
@@ -534,6 +527,7 @@ class LLMEngine:
         on_l, bonus_l = on_path.tolist(), bonus.tolist()
         planner = self.planner
         if planner is not None:
+            planner.step_cost.observe(b * n, time.perf_counter() - t, drafted=True)
             if prop.confidence is not None and tree.host_parent is not None:
                 for i in range(b):
                     planner.observe_tree(tree.host_parent[i], tree.host_depth[i], prop.confidence[i], on_l[i])
@@ -563,7 +557,6 @@ class LLMEngine:
         self.spec_log.observe(stats)
         self._commit(reqs, emitted, None)
         self._observe_hidden(reqs, out.hidden if states is None else states, hidden_rows)
-        self._observe_step_time(b * n, start, draft_seconds, drafted=True)
         return reqs
 
     def _align_draft_probs(self, reqs, spec, probs: torch.Tensor, drafts) -> torch.Tensor:
