@@ -596,6 +596,8 @@ def test_node_budget_takes_the_nodes_that_pay():
     # a node pays when its path probability beats a row's 30% of a step (against a rate of 1 token per step)
     assert planner.choose_nodes(["a"], parents, depths, [[0.95, 0.55, 0.95, 0.05]], 1, 0.0) == 3
     assert planner.choose_nodes(["a"], parents, depths, [[0.05, 0.05, 0.05, 0.05]], 1, 0.0) == 0
+    # tokens worth half of a plain step's: only the node of path probability 0.95 still pays
+    assert planner.choose_nodes(["a"], parents, depths, [[0.95, 0.55, 0.95, 0.05]], 1, 0.0, worth=[0.5]) == 1
 
 
 def test_an_unexplored_position_borrows_the_estimate_before_it():
