@@ -48,6 +48,18 @@ def device_name(device: str) -> str:
     return "on the CPU"
 
 
+def bench_params(temperature: float, max_tokens: int) -> SamplingParams:
+    """The benchmarks' sampling: seeded when sampled, and sampled runs ignore EOS so that every variant emits the
+    same number of tokens even under a rule whose output differs from plain's (probabilistic); under strict
+    verification every output is plain's."""
+    return SamplingParams(
+        temperature=temperature,
+        max_tokens=max_tokens,
+        seed=0 if temperature else None,
+        ignore_eos=bool(temperature),
+    )
+
+
 def cpu_model() -> str:
     """The CPU's model name and the vector extensions that decide kernel speed (AVX2, AVX-512, VNNI, AMX)."""
     name, flags = platform.processor() or platform.machine(), set()
@@ -96,14 +108,7 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     num = max(args.num_prompts, batch)
     convs = build_workload(workload, num)
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
-    # sampled runs ignore EOS so that every variant emits the same number of tokens even under a rule whose
-    # output differs from plain's (probabilistic); under strict verification every output is plain's
-    sp = SamplingParams(
-        temperature=temperature,
-        max_tokens=args.max_tokens,
-        seed=0 if temperature else None,
-        ignore_eos=bool(temperature),
-    )
+    sp = bench_params(temperature, args.max_tokens)
     configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
     rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
     texts: dict[str, list] = {}

@@ -4,10 +4,10 @@ parts timed per call (the target forward, sampling and verification, the propose
     .venv/bin/python benchmarks/step_breakdown.py --workload chat --batch-size 16 --temperature 1 \
         -sc '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}'
 
-Prints the CPU, one row per run (milliseconds per decode step for each part; "forward" counts prompt chunks too,
-"decode forward" only the decode steps' own; "prefill" is the prompt steps' time per decode step; "other host" is what a decode step spends outside its forward,
-sampling, proposer and planner calls) and writes JSON to bench_results/step_breakdown.json. The timers add a few
-microseconds per call.
+Prints the CPU, one row per run (milliseconds per decode step for each part; "prefill" is the prompt steps' time,
+"forward" counts prompt chunks too, "decode forward" only the decode steps' own; "other host" is what a decode step
+spends outside its forward, sampling, proposer and planner calls) and writes JSON to
+bench_results/step_breakdown.json. The timers add a few microseconds per call.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from adaptive_k import cpu_model
+from adaptive_k import bench_params, cpu_model
 
 import verispec.engine.engine as engine_module
 from verispec.bench import BenchResult, interleaved_round
-from verispec.sampling_params import SamplingParams
 from verispec.workloads import WORKLOADS, build_workload
 
 # (part, object attribute path from the engine, method name)
@@ -36,6 +35,8 @@ PARTS = (
     ("planner ask", "planner", "ask"),
     ("planner choose", "planner", "choose"),
 )
+# the parts that hold others (a decode step's forward, proposer and planner calls; every step's forward)
+WHOLE = ("decode step", "prefill", "forward")
 
 
 def _timed(obj, name: str, totals: dict, key: str) -> None:
@@ -106,18 +107,10 @@ def row(res: BenchResult, totals: dict[str, float], counts: dict[str, int]) -> d
     steps = max(1, counts["steps"])
     ms = {
         key: totals[key] * 1e3 / steps
-        for key in (
-            "decode step",
-            "prefill",
-            "forward",
-            "decode forward",
-            "sampling",
-            *[p[0] for p in PARTS[3:]],
-        )
+        for key in (*WHOLE, "decode forward", "sampling", *[p[0] for p in PARTS if p[0] not in WHOLE])
     }
     # the engine's own host work in a decode step: what its forward, sampling, proposer and planner calls leave
-    whole = ("decode step", "prefill", "forward")
-    ms["other host"] = ms["decode step"] - sum(ms[k] for k in ms if k not in whole)
+    ms["other host"] = ms["decode step"] - sum(ms[k] for k in ms if k not in WHOLE)
     return asdict(res) | {"decode_steps": counts["steps"], "ms_per_step": ms}
 
 
@@ -145,13 +138,7 @@ def main() -> None:
     tok = LLM(args.model, max_num_seqs=1, max_model_len=2048).tokenizer
     convs = build_workload(args.workload, args.num_prompts or args.batch_size)
     prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
-    # as adaptive_k.py: sampled runs ignore EOS, so every run emits the same number of tokens
-    sp = SamplingParams(
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        seed=0 if args.temperature else None,
-        ignore_eos=bool(args.temperature),
-    )
+    sp = bench_params(args.temperature, args.max_tokens)
     specs = [json.loads(s) for s in args.speculative_config or []]
     runs = [("plain", None)] + [(s.get("method", str(s.get("model"))), s) for s in specs]
     # the same method twice (two settings): numbered from its second run

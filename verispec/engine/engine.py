@@ -12,7 +12,7 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
-from verispec.engine.stop import commit_tokens, known_tokens_left, logprob_entry
+from verispec.engine.stop import commit_tokens, known_tokens_left, length_left, logprob_entry
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from verispec.sample import logits as S
@@ -571,9 +571,10 @@ class LLMEngine:
         return full
 
     def _draft_cap(self, r: Request, k: int) -> int:
-        left_tokens = (r.params.max_tokens or 1 << 30) - len(r.output_token_ids) - 1
-        left_ctx = min(self.opts.max_model_len, self.opts.draft_max_model_len or 1 << 30) - r.num_tokens - 1
-        return max(0, min(k, left_tokens, left_ctx))
+        """At most k drafts, and room for them and the step's own token within the request's (and the drafter's)
+        length."""
+        context = min(self.opts.max_model_len, self.opts.draft_max_model_len or 1 << 30)
+        return max(0, min(k, length_left(r, context) - 1))
 
     # ------------------------------------------------------------------ commit
     def _commit(self, reqs: list[Request], tokens: list[list[int]], step) -> None:

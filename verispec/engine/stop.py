@@ -79,13 +79,18 @@ def commit_tokens(r: Request, tokens: list[int], max_model_len: int, step=None, 
     return added
 
 
+def length_left(r: Request, max_model_len: int) -> int:
+    """The tokens request r may still commit before max_tokens or max_model_len ends it."""
+    left = max_model_len - r.num_tokens
+    if r.params.max_tokens is not None:
+        left = min(left, r.params.max_tokens - len(r.output_token_ids))
+    return left
+
+
 def known_tokens_left(r: Request, max_model_len: int) -> int | None:
     """The tokens request r still commits when only its length can end it (ignore_eos, or no EOS id, and no stop
-    tokens or strings): up to max_tokens or max_model_len, whichever comes first. None when it may stop earlier."""
+    tokens or strings): `length_left`. None when it may stop earlier."""
     p = r.params
     if (r.eos_token_ids and not p.ignore_eos) or p.stop or p.all_stop_token_ids:
         return None
-    left = max_model_len - r.num_tokens
-    if p.max_tokens is not None:
-        left = min(left, p.max_tokens - len(r.output_token_ids))
-    return max(1, left)
+    return max(1, length_left(r, max_model_len))
