@@ -133,6 +133,8 @@ def main() -> None:
     )
     ap.add_argument("--output", default="bench_results/step_breakdown.json")
     args = ap.parse_args()
+    if args.prompts_per_turn is not None and args.prompts_per_turn < 1:
+        ap.error(f"--prompts-per-turn must be >= 1, got {args.prompts_per_turn}")
     from verispec import LLM
 
     tok = LLM(args.model, max_num_seqs=1, max_model_len=2048).tokenizer
