@@ -50,6 +50,25 @@ def test_rows_as_costly_as_a_step_are_not_verified(tiny_llama, plain_outputs):
     assert llm.engine.planner.mean_chosen_k < 0.2
 
 
+@pytest.mark.row_cost(1.0)
+def test_an_idle_stretch_runs_plain_steps_without_the_drafter(tiny_llama):
+    """Where no draft pays, most steps of the idle stretch are skipped: the drafter is not called for them, nothing
+    is verified, and the output is plain decoding's."""
+    params = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16).generate(_prompts(16), params, use_tqdm=False)
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=_configs(None)["suffix"])
+    eng = llm.engine
+    calls, steps = [], []
+    propose, decode = eng.proposer.propose, eng._decode
+    eng.proposer.propose = lambda reqs, k: calls.append(len(steps)) or propose(reqs, k)
+    eng._decode = lambda reqs: steps.append(len(reqs)) or decode(reqs)
+    outs = llm.generate(_prompts(16), params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
+    # (the first IDLE_AFTER steps are planned, then at most one in IDLE_SKIP_MAX + 1)
+    assert 0 < len(calls) < len(steps) / 2
+    assert eng.counters.spec.num_draft_tokens == 0 and eng.planner.mean_chosen_k == 0.0
+
+
 @pytest.mark.row_cost(0.001)
 def test_planned_lengths_keep_the_target_law(tiny_llama, tiny_draft):
     """Sampled requests with the planner choosing lengths: the first verified token follows the target's law."""

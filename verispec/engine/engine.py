@@ -303,13 +303,14 @@ class LLMEngine:
         draft_probs = confidence = None
         spec = [r for r in reqs if r.speculate]
         planner = self.planner
-        worth = self._token_worth(reqs, spec)
+        ids = [r.request_id for r in spec]
         # drafts asked of each speculating request (none where nothing is drafted)
         ask: list[int] = []
-        if spec and self.proposer is not None:
+        # an idle stretch's skipped step runs as a plain one: no drafter, no planning
+        if spec and self.proposer is not None and (planner is None or not planner.skips(ids)):
+            worth = self._token_worth(reqs, spec)
             k_step = schedule_cap(self.opts.spec_schedule, len(reqs), self.opts.num_speculative_tokens)
             caps = [self._draft_cap(r, k_step) for r in spec]
-            ids = [r.request_id for r in spec]
             ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth)
             t = time.perf_counter()
             prop = self.proposer.propose(spec, ask)

@@ -456,6 +456,20 @@ class DraftPlanner:
             per, old = seconds / self.asked, self.request_draft_seconds
             self.request_draft_seconds = per if not old else old + 0.2 * (per - old)
 
+    def skips(self, request_ids: list[str]) -> bool:
+        """Whether this decode step is one of an idle stretch's skipped steps (IDLE_AFTER): no drafts, no planning,
+        counted as K = 0. A request new to the planner ends the stretch. Called once per step, by `ask` or by the
+        engine before it (a skipped step then runs as a plain one, without asking the drafter or the planner)."""
+        self.fresh = not self.known.issuperset(request_ids)
+        self.known.update(request_ids)
+        self.skipping = self.skip_left > 0 and not self.fresh
+        if self.skipping:
+            self.skip_left -= 1
+            self.asked = 0
+            self.next_draft.clear()
+            self.planned_drafts += len(request_ids)
+        return self.skipping
+
     def ask(
         self, request_ids: list[str], caps: list[int], batch_rows: int, worth: list[float] | None = None
     ) -> list[int]:
@@ -465,13 +479,8 @@ class DraftPlanner:
         confidence can refine the choice, and nothing where none does (its drafting time is saved).
 
         worth: per request, what its tokens are worth to a closed batch (`token_worth`); None in an open one."""
-        self.fresh = not self.known.issuperset(request_ids)
-        self.known.update(request_ids)
         self.caps = dict(zip(request_ids, caps))
-        self.skipping = self.skip_left > 0 and not self.fresh
-        if self.skipping:
-            self.skip_left -= 1
-            self.asked = 0
+        if self.skips(request_ids):
             return [0] * len(caps)
         if self.runs_forward:
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
@@ -532,8 +541,11 @@ class DraftPlanner:
         one_hot: the drafts are one-hot (no draft distribution), so the ones not verified can be judged as shadows.
         worth: as for `ask`."""
         shadows = self.shadow_drafts and one_hot
-        if self.skipping or (shadows and not any(drafts)):
-            # nothing was drafted (the ask skipped planning, or found that no drafting pays): nothing to weigh
+        if self.skipping:
+            # counted by `skips`
+            return [0] * len(drafts)
+        if shadows and not any(drafts):
+            # nothing was drafted (the ask found that no drafting pays): nothing to weigh
             self.next_draft.clear()
             self.planned_drafts += len(drafts)
             self._planned(0)
@@ -582,8 +594,6 @@ class DraftPlanner:
         share a node count, so it is the largest of the requests' own choices; 0 verifies no draft. worth: as for
         `ask`."""
         if self.skipping:
-            self.planned_drafts += len(request_ids)
-            self._planned(0)
             return 0
         gains = [self.acceptance.node_gains(p, d, c) for p, d, c in zip(parents, depths, confidence)]
         cost = self._cost(batch_rows, self._most_rows(batch_rows, [len(g) for g in gains]))
