@@ -117,6 +117,16 @@ def test_a_slow_outlier_in_the_profile_stays_one_point():
     assert list(out.values()) == sorted(out.values())
 
 
+def test_a_fast_outlier_in_the_profile_does_not_flatten_the_rows_below_it():
+    # 20 rows timed while the VM briefly ran fast: the rows below it keep their slope (0.4 per row)
+    best = {r: 10.0 + 0.4 * (r - 12) for r in range(12, 25)} | {20: 8.0}
+    out = monotone_profile(best)
+    assert out[20] == best[19] and out[12] == best[12] and out[15] - out[14] == pytest.approx(0.4)
+    # a real step up (a tile filling at 17) stays
+    tile = {r: 10.0 + 0.1 * r + (3.0 if r > 16 else 0.0) for r in range(12, 22)}
+    assert monotone_profile(tile) == tile
+
+
 def test_rejects_an_empty_or_nonpositive_profile():
     with pytest.raises(ValueError, match="step-cost profile"):
         StepCostModel({})

@@ -13,6 +13,7 @@ import bisect
 import hashlib
 import json
 import os
+import random
 import time
 from pathlib import Path
 
@@ -30,7 +31,7 @@ _PROFILE_REPEATS = 6
 _PROFILE_BUDGET_S = 1.5
 _MAX_PROFILE_ROWS = 256
 # bumped when the way a profile is measured or smoothed changes: older cached profiles are not read
-_FORMAT = 3
+_FORMAT = 4
 
 
 class StepCostModel:
@@ -195,8 +196,12 @@ def profile_step_cost(
             budget = max(budget, 2 * elapsed)
         if i and elapsed > budget:
             break
-        # after the first round, the points whose step fits an equal share of the budget (not the ladder's dearest)
+        # after the first round, the points whose step fits an equal share of the budget (not the ladder's dearest),
+        # in a different order each round: a stretch where the machine runs slower or faster falls on scattered
+        # points, not on a range of row counts (whose slope would then be wrong)
         due = points if i == 0 else [r for r in points if best[r] <= budget / len(points)]
+        if i:
+            due = random.Random(i).sample(due, len(due))
         for rows in due:
             t = time.perf_counter()
             runner.run([RowInput(slot, context, [0] * rows)])
@@ -206,14 +211,22 @@ def profile_step_cost(
 
 
 def monotone_profile(best: dict[int, float]) -> dict[int, float]:
-    """Best timings per row count -> a profile that never gets cheaper with more rows. Timing noise only ever adds
-    time (an interrupt, a busy neighbour), so where a row count looks dearer than a larger one, the larger one's
-    time is the truer bound: each point takes the least time measured at it or above. (Raising the points after a
-    slow outlier instead would spread one interrupted timing over every larger row count.)"""
+    """Best timings per row count -> a profile that never gets cheaper with more rows.
+
+    First a point dearer or cheaper than both its neighbours takes the nearer of their times (the median of the
+    three): one interrupted timing, or one taken while a shared VM briefly ran fast, is one point's noise. Without
+    it a single fast point would pull every point below it down to its time (see below) and erase the cost of the
+    rows in between, which is what the planner weighs. A real step up (a row tile filling) has at least one point
+    above it on either side and stays. Then, where a row count still looks dearer than a larger one, the larger
+    one's time is the truer bound: each point takes the least time at it or above. (Raising the points after a slow
+    outlier instead would spread one interrupted timing over every larger row count.)"""
+    rows = sorted(best)
+    times = [best[r] for r in rows]
+    smooth = times[:1] + [sorted(times[i - 1 : i + 2])[1] for i in range(1, len(times) - 1)] + times[1:][-1:]
     out, ceiling = {}, float("inf")
-    for rows in sorted(best, reverse=True):
-        ceiling = min(ceiling, best[rows])
-        out[rows] = ceiling
+    for r, t in zip(reversed(rows), reversed(smooth)):
+        ceiling = min(ceiling, t)
+        out[r] = ceiling
     return dict(sorted(out.items()))
 
 
