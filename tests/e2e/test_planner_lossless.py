@@ -166,8 +166,9 @@ def test_dynamic_tree_node_budget_keeps_greedy_output(tiny_llama, tiny_eagle, ba
 @pytest.mark.row_cost(0.03)
 def test_a_closed_batch_weighs_tokens_by_the_time_they_save(tiny_llama, plain_outputs):
     """LLM.generate runs a closed batch: with every end known (ignore_eos, max_tokens) the planner weighs each
-    request's tokens (a request ahead of the others is worth less than 1); with EOS able to end a request it
-    plans as for an open batch. Output equals plain decoding either way, and the engine is open again after."""
+    request's tokens (a request ahead of the others is worth less than 1); with EOS able to end a request, by the
+    chance that the requests run to their limits (none ended early so far: likely); after many early ends it plans
+    as for an open batch. Output equals plain decoding each time, and the engine is open again after."""
     cfg = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     planner = llm.engine.planner
@@ -186,6 +187,17 @@ def test_a_closed_batch_weighs_tokens_by_the_time_they_save(tiny_llama, plain_ou
     worths = [w for w in seen if w is not None]
     assert worths and min(min(w) for w in worths) < 1.0 and max(max(w) for w in worths) == 1.0
     assert not llm.engine.closed
-    seen.clear()
-    llm.generate(_prompts(16), SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
-    assert seen and all(w is None for w in seen)
+    known = min(min(w) for w in worths)
+    may_stop = SamplingParams(temperature=0, max_tokens=12)
+    for early_ends in (0, 10**6):
+        seen.clear()
+        llm.engine.early_ends = early_ends
+        outs = llm.generate(_prompts(16), may_stop, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in outs] == [
+            p[: len(o.outputs[0].token_ids)] for p, o in zip(plain_outputs, outs)
+        ]
+        weighed = [w for w in seen if w is not None]
+        if early_ends == 0:
+            assert weighed and known < min(min(w) for w in weighed) < 1.0
+        else:
+            assert seen and not weighed

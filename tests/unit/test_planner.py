@@ -8,6 +8,7 @@ import pytest
 
 from verispec.engine.step_cost import StepCostModel
 from verispec.spec.planner import (
+    EARLY_END_PRIOR_TOKENS,
     IDLE_AFTER,
     IDLE_SKIP_MAX,
     PROBE_AFTER,
@@ -15,6 +16,7 @@ from verispec.spec.planner import (
     SHADOW_BUDGET,
     AcceptanceModel,
     DraftPlanner,
+    chance_to_run,
     closed_batch_worth,
     expected_gains,
     plan_lengths,
@@ -681,3 +683,19 @@ def test_in_a_closed_batch_a_request_ahead_drafts_only_where_a_row_is_nearly_fre
     assert planner.choose(["a", "b"], drafts, None, 2, 0.0, worth=worth) == [0, 3]
     # the ask drafts for the request the batch waits for only
     assert planner.ask(["a", "b"], [4, 4], 2, worth=worth) == [0, 4]
+    # requests that may end early: the worth is weighed by the chance that the batch runs as long as it says
+    half = planner.token_worth([10, 40], runs=0.5)
+    assert half == pytest.approx([1 - 0.5 * (1 - worth[0]), 1.0])
+    assert planner.token_worth([10, 40], runs=0.0) == [1.0, 1.0]
+
+
+def test_the_chance_to_run_learns_the_early_end_rate():
+    """A constant per-token rate of early ends, from one per EARLY_END_PRIOR_TOKENS tokens towards what was seen."""
+    assert chance_to_run(0, 0, 0) == 1.0
+    prior = chance_to_run(100, 0, 0)
+    assert prior == pytest.approx((1 - 1 / EARLY_END_PRIOR_TOKENS) ** 100)
+    # tokens committed without an early end: running on becomes likelier
+    assert prior < chance_to_run(100, 0, 2000) < chance_to_run(100, 0, 20000) < 1.0
+    # requests that ended at EOS every 50 tokens: a batch 100 tokens from its limit will hardly run that long
+    assert chance_to_run(100, 40, 2000) < 0.2
+    assert chance_to_run(200, 0, 2000) < chance_to_run(100, 0, 2000)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from verispec.engine.request import Request
-from verispec.engine.stop import known_tokens_left
+from verispec.engine.stop import known_tokens_left, may_end_early
 from verispec.sampling_params import SamplingParams
 
 
@@ -22,3 +22,11 @@ def test_only_a_length_limit_makes_the_end_known():
     assert known_tokens_left(_request(max_tokens=10), 2048) is None
     assert known_tokens_left(_request(max_tokens=10, ignore_eos=True, stop_token_ids=[4]), 2048) is None
     assert known_tokens_left(_request(max_tokens=10, ignore_eos=True, stop=["x"]), 2048) is None
+
+
+def test_only_eos_and_stop_rules_end_a_request_early():
+    assert may_end_early(_request(max_tokens=10))
+    assert not may_end_early(_request(max_tokens=10, ignore_eos=True))
+    assert not may_end_early(_request(eos=(), max_tokens=10))
+    assert may_end_early(_request(eos=(), max_tokens=10, stop_token_ids=[4]))
+    assert may_end_early(_request(eos=(), max_tokens=10, stop=["x"]))

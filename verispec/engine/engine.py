@@ -12,7 +12,7 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
-from verispec.engine.stop import commit_tokens, known_tokens_left, length_left, logprob_entry
+from verispec.engine.stop import commit_tokens, length_left, logprob_entry, may_end_early
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from verispec.sample import logits as S
@@ -23,7 +23,7 @@ from verispec.sample.step import position_uniforms_of, sample_step
 from verispec.sample.tree_verify import tree_rejection_sample
 from verispec.sample.verify import draw_uniform
 from verispec.spec.base import Proposal, Proposer, ProposerNeeds
-from verispec.spec.planner import DraftPlanner, schedule_cap
+from verispec.spec.planner import DraftPlanner, chance_to_run, schedule_cap
 from verispec.spec.tree import TokenTree, TreeBatch, batch_of, tree_accept
 
 
@@ -92,6 +92,10 @@ class LLMEngine:
         # requests join only between runs (LLM.generate sets it): once none wait, the running batch is all the work
         # left, and the planner weighs a token by the time it saves that batch (DraftPlanner.token_worth)
         self.closed = False
+        # requests that could end before their length (EOS, stop rules) and finished: how many did, and the tokens
+        # they committed (the early-end rate a closed batch's plan reads: chance_to_run)
+        self.early_ends = 0
+        self.early_exposure = 0
         self.requests: dict[str, Request] = {}
         k = opts.num_speculative_tokens if proposer is not None else 0
         self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
@@ -405,14 +409,19 @@ class LLMEngine:
         )
 
     def _token_worth(self, reqs: list[Request], spec: list[Request]) -> list[float] | None:
-        """Per speculating request, what its tokens are worth to a closed batch whose every request has a known end
-        (DraftPlanner.token_worth); None where finished requests' slots may be refilled or an end is unknown."""
+        """Per speculating request, what its tokens are worth to a closed batch (DraftPlanner.token_worth): each
+        request ends at its length limit, weighed by the chance that the requests that may end earlier (EOS, stop
+        rules) run that long, from the early ends seen so far (chance_to_run); None where finished requests' slots
+        may be refilled."""
         if self.planner is None or not spec or not self.closed or self.waiting:
             return None
-        left = [known_tokens_left(r, self.opts.max_model_len) for r in reqs]
-        if None in left:
-            return None
-        worth = self.planner.token_worth(left)
+        left = [max(1, length_left(r, self.opts.max_model_len)) for r in reqs]
+        early = [(r, n) for r, n in zip(reqs, left) if may_end_early(r)]
+        runs = 1.0
+        if early:
+            exposure = self.early_exposure + sum(len(r.output_token_ids) for r, _ in early)
+            runs = chance_to_run(max(n for _, n in early), self.early_ends, exposure)
+        worth = self.planner.token_worth(left, runs)
         # every token worth 1 (a lockstep start, a batch of one): the open batch's plan
         if min(worth) == 1.0:
             return None
@@ -597,6 +606,9 @@ class LLMEngine:
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
         req.status = Status.FINISHED
+        if not aborted and may_end_early(req):
+            self.early_exposure += len(req.output_token_ids)
+            self.early_ends += req.finish_reason == "stop"
         if self.proposer is not None:
             self.proposer.remove_request(req, aborted)
         if self.planner is not None:

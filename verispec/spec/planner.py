@@ -137,6 +137,20 @@ def closed_batch_worth(left: Sequence[int], step_cost: Callable[[int], float]) -
     return [worth[v] for v in left]
 
 
+# the prior of the early-end rate (EOS or a stop rule): one early end per this many tokens of requests that may end
+# early, as if their responses were a few hundred tokens long
+EARLY_END_PRIOR_TOKENS = 256
+
+
+def chance_to_run(tokens: int, early_ends: int, exposure: int) -> float:
+    """The probability that a request that may end early (EOS, a stop rule) still commits `tokens` more, with early
+    ends seen `early_ends` times over `exposure` committed tokens of such requests: a constant per-token rate, its
+    estimate starting from one early end per EARLY_END_PRIOR_TOKENS tokens. Batches whose requests run to max_tokens
+    make it approach 1 as they run; requests ending at EOS make it fall."""
+    rate = min(1.0, (early_ends + 1) / (EARLY_END_PRIOR_TOKENS + exposure))
+    return (1.0 - rate) ** max(0, tokens)
+
+
 def schedule_cap(schedule: Sequence[Sequence[int]] | None, batch_size: int, default: int) -> int:
     """num_speculative_tokens_per_batch_size: the K of the first [start_bs, end_bs, K] range holding batch_size;
     `default` (num_speculative_tokens) outside every range or without a schedule."""
@@ -649,11 +663,13 @@ class DraftPlanner:
             gains = [[g * w for g in row] for row, w in zip(gains, worth)]
         return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, self.speedup())
 
-    def token_worth(self, left: list[int]) -> list[float]:
+    def token_worth(self, left: list[int], runs: float = 1.0) -> list[float]:
         """closed_batch_worth for a step whose requests (all of them, in order) have these tokens left, priced
-        by the target's plain step cost."""
+        by the target's plain step cost. runs: the probability that the batch lasts as long as `left` says (below 1
+        where requests may end early: `chance_to_run`); otherwise its end is unknown and a token is worth 1, as in
+        an open batch (any request may turn out to be the one the batch waits for)."""
         cost = self._cost(len(left), len(left))
-        return closed_batch_worth(left, cost)
+        return [1.0 - runs * (1.0 - w) for w in closed_batch_worth(left, cost)]
 
     def observe_step(self, tokens: int, rows: int, longest_draft: int, plain_rows: int) -> None:
         """A decode step that committed `tokens`, scoring `rows` rows (plain_rows without drafts) after drafting up
