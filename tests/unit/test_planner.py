@@ -668,22 +668,6 @@ def test_a_closed_batch_values_a_token_by_the_step_it_frees():
     assert closed_batch_worth([], cost) == []
 
 
-def test_the_requests_a_closed_batch_waits_for_save_its_last_step_only_together():
-    """Where one of the requests with the most tokens left has no drafts this step, a token of another of them only
-    takes its row out of the last step; the requests ahead keep their worth."""
-    cost = linear_cost(2.0, 0.5)
-    left = [90, 96, 96, 96]
-    assert (
-        closed_batch_worth(left, cost, [True] * 4) == closed_batch_worth(left, cost) == [0.5, 1.0, 1.0, 1.0]
-    )
-    # request 3 cannot commit early: 1 and 2 save a row of the last step (3 rows: 0.5 s of 1 s per token now)
-    assert closed_batch_worth(left, cost, [True, True, True, False]) == [0.5, 0.5, 0.5, 1.0]
-    # two of them stuck: the third saves a row too
-    assert closed_batch_worth(left, cost, [True, False, True, False]) == [0.5, 0.5, 0.5, 0.5]
-    # the one the batch waits for alone: its token saves the whole last step, drafts or not among the others
-    assert closed_batch_worth([90, 96], cost, [False, True]) == pytest.approx([0.5 / 1.5, 1.0])
-
-
 def test_in_a_closed_batch_a_request_ahead_drafts_only_where_a_row_is_nearly_free():
     """The same drafts at the same row price: verified for every request of an open batch; in a closed batch the
     request ahead of the others gets none (its token only frees a row of a later step), the request the batch

@@ -321,10 +321,6 @@ class LLMEngine:
             draft_seconds = time.perf_counter() - t
             if planner is not None:
                 planner.observe_draft_time(max(ask, default=0), draft_seconds)
-            if worth is not None:
-                # the requests the batch waits for save its last step only if each of them has drafts
-                drafted = {r.request_id for r, d, c in zip(spec, prop.token_ids, ask) if d[:c]}
-                worth = self._token_worth(reqs, spec, drafted)
             # a dynamic tree's node budget: its most confident nodes that pay (none: this step drafts nothing)
             no_drafts = False
             if planner is not None and isinstance(prop.tree, TreeBatch) and prop.confidence is not None:
@@ -412,13 +408,11 @@ class LLMEngine:
             f", Planner: mean chosen K {p.mean_chosen_k:.2f}, verified row cost {p.verified_row_cost():.2f}"
         )
 
-    def _token_worth(
-        self, reqs: list[Request], spec: list[Request], drafted: set[str] | None = None
-    ) -> list[float] | None:
+    def _token_worth(self, reqs: list[Request], spec: list[Request]) -> list[float] | None:
         """Per speculating request, what its tokens are worth to a closed batch (DraftPlanner.token_worth): each
         request ends at its length limit, weighed by the chance that the requests that may end earlier (EOS, stop
         rules) run that long, from the early ends seen so far (chance_to_run); None where finished requests' slots
-        may be refilled. drafted: the requests with drafts this step (None: before drafting, all may have)."""
+        may be refilled."""
         if self.planner is None or not spec or not self.closed or self.waiting:
             return None
         left = [max(1, length_left(r, self.opts.max_model_len)) for r in reqs]
@@ -427,8 +421,7 @@ class LLMEngine:
         if early:
             exposure = self.early_exposure + sum(len(r.output_token_ids) for r, _ in early)
             runs = chance_to_run(max(n for _, n in early), self.early_ends, exposure)
-        can_advance = None if drafted is None else [r.request_id in drafted for r in reqs]
-        worth = self.planner.token_worth(left, runs, can_advance)
+        worth = self.planner.token_worth(left, runs)
         # every token worth 1 (a lockstep start, a batch of one): the open batch's plan
         if min(worth) == 1.0:
             return None

@@ -104,9 +104,7 @@ def plan_lengths(
     return lengths
 
 
-def closed_batch_worth(
-    left: Sequence[int], step_cost: Callable[[int], float], can_advance: Sequence[bool] | None = None
-) -> list[float]:
+def closed_batch_worth(left: Sequence[int], step_cost: Callable[[int], float]) -> list[float]:
     """What a token committed now is worth to each request of a closed batch (no request joins it before it ends),
     in tokens of today's plain step (1: a token's worth where a finished request's slot is refilled at once).
 
@@ -118,12 +116,7 @@ def closed_batch_worth(
     only the price of a row, and at a lockstep start (every left equal) every token is worth 1, as in an open
     batch. The worth is capped at 1: the requests the batch waits for are mostly the ones whose drafts fail, so
     their acceptance estimates are the least reliable, and a step-sized worth makes the planner verify their
-    unlikely drafts (measured: sampled code-edit at batch 16 lost 3% that way).
-
-    can_advance[b]: whether request b has drafts to verify this step (None: all do). The requests the batch waits
-    for (the most tokens left) save their last step together only if each of them commits a token early; where one
-    of them cannot this step, a token of another only takes its row out of that step (measured: greedy chat at
-    batch 16, where most requests have no drafts, verified drafts that were accepted and shortened nothing)."""
+    unlikely drafts (measured: sampled code-edit at batch 16 lost 3% that way)."""
     n = len(left)
     if n == 0:
         return []
@@ -141,17 +134,7 @@ def closed_batch_worth(
         return (step_cost(rows) - (step_cost(rest) if rest else 0.0)) / m
 
     worth = {v: min(1.0, saved(v) / per_token) for v in ending}
-    out = [worth[v] for v in left]
-    top = max(left)
-    stuck = [b for b, v in enumerate(left) if v == top and can_advance is not None and not can_advance[b]]
-    if stuck:
-        rows = at_least[top]
-        row = min(1.0, (step_cost(rows) - (step_cost(rows - 1) if rows > 1 else 0.0)) / per_token)
-        for b, v in enumerate(left):
-            # another request the batch waits for cannot commit early
-            if v == top and (len(stuck) > 1 or stuck[0] != b):
-                out[b] = row
-    return out
+    return [worth[v] for v in left]
 
 
 # the prior of the early-end rate (EOS or a stop rule): one early end per this many tokens of requests that may end
@@ -680,16 +663,13 @@ class DraftPlanner:
             gains = [[g * w for g in row] for row, w in zip(gains, worth)]
         return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, self.speedup())
 
-    def token_worth(
-        self, left: list[int], runs: float = 1.0, can_advance: list[bool] | None = None
-    ) -> list[float]:
+    def token_worth(self, left: list[int], runs: float = 1.0) -> list[float]:
         """closed_batch_worth for a step whose requests (all of them, in order) have these tokens left, priced
         by the target's plain step cost. runs: the probability that the batch lasts as long as `left` says (below 1
         where requests may end early: `chance_to_run`); otherwise its end is unknown and a token is worth 1, as in
-        an open batch (any request may turn out to be the one the batch waits for). can_advance: which requests
-        have drafts this step (closed_batch_worth)."""
+        an open batch (any request may turn out to be the one the batch waits for)."""
         cost = self._cost(len(left), len(left))
-        return [1.0 - runs * (1.0 - w) for w in closed_batch_worth(left, cost, can_advance)]
+        return [1.0 - runs * (1.0 - w) for w in closed_batch_worth(left, cost)]
 
     def observe_step(self, tokens: int, rows: int, longest_draft: int, plain_rows: int) -> None:
         """A decode step that committed `tokens`, scoring `rows` rows (plain_rows without drafts) after drafting up
