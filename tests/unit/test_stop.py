@@ -1,9 +1,9 @@
-"""Stop rules (verispec/engine/stop.py): when a request's end is known in advance."""
+"""Stop rules (verispec/engine/stop.py): where a request may end, known in advance."""
 
 from __future__ import annotations
 
 from verispec.engine.request import Request
-from verispec.engine.stop import known_tokens_left, may_end_early
+from verispec.engine.stop import length_left, may_end_early
 from verispec.sampling_params import SamplingParams
 
 
@@ -12,16 +12,11 @@ def _request(eos: tuple[int, ...] = (2,), output: int = 3, **kw) -> Request:
     return Request("r", None, [5, 6, 7, 8], params, eos_token_ids=eos, output_token_ids=[9] * output)
 
 
-def test_only_a_length_limit_makes_the_end_known():
-    assert known_tokens_left(_request(max_tokens=10, ignore_eos=True), 2048) == 7
+def test_the_length_limit_is_max_tokens_or_the_context():
+    assert length_left(_request(max_tokens=10), 2048) == 7
     # the context ends first: 4 prompt + 3 output tokens of 12
-    assert known_tokens_left(_request(max_tokens=10, ignore_eos=True), 12) == 5
-    # no EOS id to stop at
-    assert known_tokens_left(_request(eos=(), max_tokens=10), 2048) == 7
-    # EOS, a stop token or a stop string may end it earlier
-    assert known_tokens_left(_request(max_tokens=10), 2048) is None
-    assert known_tokens_left(_request(max_tokens=10, ignore_eos=True, stop_token_ids=[4]), 2048) is None
-    assert known_tokens_left(_request(max_tokens=10, ignore_eos=True, stop=["x"]), 2048) is None
+    assert length_left(_request(max_tokens=10), 12) == 5
+    assert length_left(_request(max_tokens=None), 12) == 5
 
 
 def test_only_eos_and_stop_rules_end_a_request_early():

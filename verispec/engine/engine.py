@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -375,6 +376,7 @@ class LLMEngine:
         for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
             # roll back the rejected drafts: O(1)
             r.num_computed += 1 + n
+            r.decode_steps += 1
             if d:
                 r.num_draft_tokens += len(d)
                 r.num_accepted_tokens += n
@@ -409,19 +411,21 @@ class LLMEngine:
         )
 
     def _token_worth(self, reqs: list[Request], spec: list[Request]) -> list[float] | None:
-        """Per speculating request, what its tokens are worth to a closed batch (DraftPlanner.token_worth): each
-        request ends at its length limit, weighed by the chance that the requests that may end earlier (EOS, stop
-        rules) run that long, from the early ends seen so far (chance_to_run); None where finished requests' slots
-        may be refilled."""
+        """Per speculating request, what its tokens are worth to a closed batch (DraftPlanner.token_worth). Each
+        request ends at its length limit after as many steps as its tokens left take at its commit rate so far
+        (a request whose drafts keep being accepted is not the one the batch waits for, though it has as many
+        tokens left); weighed by the chance that the requests that may end earlier (EOS, stop rules) run that long,
+        from the early ends seen so far (chance_to_run). None where finished requests' slots may be refilled."""
         if self.planner is None or not spec or not self.closed or self.waiting:
             return None
         left = [max(1, length_left(r, self.opts.max_model_len)) for r in reqs]
+        steps = [math.ceil(n / r.tokens_per_step()) for r, n in zip(reqs, left)]
         early = [(r, n) for r, n in zip(reqs, left) if may_end_early(r)]
         runs = 1.0
         if early:
             exposure = self.early_exposure + sum(len(r.output_token_ids) for r, _ in early)
             runs = chance_to_run(max(n for _, n in early), self.early_ends, exposure)
-        worth = self.planner.token_worth(left, runs)
+        worth = self.planner.token_worth(steps, runs)
         # every token worth 1 (a lockstep start, a batch of one): the open batch's plan
         if min(worth) == 1.0:
             return None
@@ -558,6 +562,7 @@ class LLMEngine:
                     r.slot, [r.num_computed + j for j, _ in moved], [r.num_computed + d for _, d in moved]
                 )
             r.num_computed += 1 + len(path)
+            r.decode_steps += 1
             r.num_draft_tokens += n - 1
             r.num_accepted_tokens += len(path)
             r.spec_steps.append((tree.max_depth, len(path)))

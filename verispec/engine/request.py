@@ -54,6 +54,8 @@ class Request:
     num_accepted_tokens: int = 0
     # (draft depth, accepted) per verify step: the request's SpecDecodeMetrics
     spec_steps: list[tuple[int, int]] = field(default_factory=list)
+    # decode steps the request has been scored in (its commit rate: `tokens_per_step`)
+    decode_steps: int = 0
     kv_transfer_params: dict | None = (
         # set by a proposer when the request finishes (extract_hidden_states)
         None
@@ -85,6 +87,12 @@ class Request:
     @property
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def tokens_per_step(self, prior_steps: int = 4) -> float:
+        """Tokens the request commits per decode step so far (accepted drafts + 1), starting from prior_steps steps
+        of one token each."""
+        decoded = max(0, len(self.output_token_ids) - 1)
+        return (decoded + prior_steps) / (self.decode_steps + prior_steps)
 
     @property
     def in_prefill(self) -> bool:

@@ -91,11 +91,3 @@ def may_end_early(r: Request) -> bool:
     """Whether something other than its length may end request r: EOS (not ignored), stop tokens or strings."""
     p = r.params
     return bool((r.eos_token_ids and not p.ignore_eos) or p.stop or p.all_stop_token_ids)
-
-
-def known_tokens_left(r: Request, max_model_len: int) -> int | None:
-    """The tokens request r still commits when only its length can end it: `length_left`. None when it may end
-    earlier (`may_end_early`)."""
-    if may_end_early(r):
-        return None
-    return max(1, length_left(r, max_model_len))

@@ -108,9 +108,9 @@ def closed_batch_worth(left: Sequence[int], step_cost: Callable[[int], float]) -
     """What a token committed now is worth to each request of a closed batch (no request joins it before it ends),
     in tokens of today's plain step (1: a token's worth where a finished request's slot is refilled at once).
 
-    left[b]: the tokens request b still commits (it ends exactly then: no EOS or stop rule can end it early).
-    step_cost(n): seconds of a plain step over n rows. Without drafts the batch runs max(left) more steps, and the
-    step t tokens from now scores the requests with at least t left. A token that request b commits early takes
+    left[b]: the steps request b still takes (its tokens left where drafts are not accepted; the engine divides
+    them by the request's commit rate so far). step_cost(n): seconds of a plain step over n rows. The batch runs
+    max(left) more steps, and the step t from now scores the requests with at least t left. A token that request b commits early takes
     its row out of the step where it would have ended; the requests ending there together share that step's
     saving, the whole step when no other request outlives them. So a token of a request ahead of others saves
     only the price of a row, and at a lockstep start (every left equal) every token is worth 1, as in an open
@@ -664,7 +664,7 @@ class DraftPlanner:
         return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, self.speedup())
 
     def token_worth(self, left: list[int], runs: float = 1.0) -> list[float]:
-        """closed_batch_worth for a step whose requests (all of them, in order) have these tokens left, priced
+        """closed_batch_worth for a step whose requests (all of them, in order) have these steps left, priced
         by the target's plain step cost. runs: the probability that the batch lasts as long as `left` says (below 1
         where requests may end early: `chance_to_run`); otherwise its end is unknown and a token is worth 1, as in
         an open batch (any request may turn out to be the one the batch waits for)."""
