@@ -127,6 +127,16 @@ def test_a_fast_outlier_in_the_profile_does_not_flatten_the_rows_below_it():
     assert monotone_profile(tile) == tile
 
 
+def test_a_fast_stretch_is_pooled_not_spread_below():
+    # 20 and 21 rows timed while the VM ran fast: pooled with their neighbours (least squares), where the least
+    # time at or above each point would flatten 15..20 to 11.2
+    best = {r: 10.0 + 0.4 * (r - 12) for r in range(12, 25)} | {20: 11.2, 21: 11.6}
+    out = monotone_profile(best)
+    assert [out[r] for r in (14, 15, 16, 17)] == pytest.approx([10.8, 11.2, 11.6, 12.0])
+    assert out[21] == pytest.approx(12.0) and out[22] == best[22]
+    assert list(out.values()) == sorted(out.values())
+
+
 def test_rejects_an_empty_or_nonpositive_profile():
     with pytest.raises(ValueError, match="step-cost profile"):
         StepCostModel({})

@@ -214,20 +214,25 @@ def monotone_profile(best: dict[int, float]) -> dict[int, float]:
     """Best timings per row count -> a profile that never gets cheaper with more rows.
 
     First a point dearer or cheaper than both its neighbours takes the nearer of their times (the median of the
-    three): one interrupted timing, or one taken while a shared VM briefly ran fast, is one point's noise. Without
-    it a single fast point would pull every point below it down to its time (see below) and erase the cost of the
-    rows in between, which is what the planner weighs. A real step up (a row tile filling) has at least one point
-    above it on either side and stays. Then, where a row count still looks dearer than a larger one, the larger
-    one's time is the truer bound: each point takes the least time at it or above. (Raising the points after a slow
-    outlier instead would spread one interrupted timing over every larger row count.)"""
+    three): one interrupted timing, or one taken while a shared VM briefly ran fast, is one point's noise, and a
+    real step up (a row tile filling) has a point above it on either side and stays. What still decreases is
+    pooled with its neighbours into their mean (pool-adjacent-violators: the least-squares non-decreasing fit).
+    Taking instead the least time measured at or above each point let one fast stretch pull every point below it
+    down to its time, and the planner, which weighs the rows in between, saw verified rows as free (a plateau over
+    15-19 rows at batch 16 while they cost 0.35 ms each)."""
     rows = sorted(best)
     times = [best[r] for r in rows]
     smooth = times[:1] + [sorted(times[i - 1 : i + 2])[1] for i in range(1, len(times) - 1)] + times[1:][-1:]
-    out, ceiling = {}, float("inf")
-    for r, t in zip(reversed(rows), reversed(smooth)):
-        ceiling = min(ceiling, t)
-        out[r] = ceiling
-    return dict(sorted(out.items()))
+    # blocks of [sum, count], each block's mean above the previous one's
+    blocks: list[list[float]] = []
+    for t in smooth:
+        blocks.append([t, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, n = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += n
+    fitted = [total / n for total, n in blocks for _ in range(int(n))]
+    return dict(zip(rows, fitted))
 
 
 def load_or_profile(
