@@ -414,8 +414,9 @@ class LLMEngine:
         """Per speculating request, what its tokens are worth to a closed batch (DraftPlanner.token_worth). Each
         request ends at its length limit after as many steps as its tokens left take at its commit rate so far
         (a request whose drafts keep being accepted is not the one the batch waits for, though it has as many
-        tokens left); weighed by the chance that the requests that may end earlier (EOS, stop rules) run that long,
-        from the early ends seen so far (chance_to_run). None where finished requests' slots may be refilled."""
+        tokens left); weighed by the chance that every request that may end earlier (EOS, stop rules) runs that
+        long, from the early ends seen so far (chance_to_run). None where finished requests' slots may be
+        refilled."""
         if self.planner is None or not spec or not self.closed or self.waiting:
             return None
         left = [max(1, length_left(r, self.opts.max_model_len)) for r in reqs]
@@ -424,7 +425,8 @@ class LLMEngine:
         runs = 1.0
         if early:
             exposure = self.early_exposure + sum(len(r.output_token_ids) for r, _ in early)
-            runs = chance_to_run(max(n for _, n in early), self.early_ends, exposure)
+            # every one of them: otherwise the request the batch waits for is any whose EOS comes late
+            runs = chance_to_run(sum(n for _, n in early), self.early_ends, exposure)
         worth = self.planner.token_worth(steps, runs)
         # every token worth 1 (a lockstep start, a batch of one): the open batch's plan
         if min(worth) == 1.0:
