@@ -143,10 +143,11 @@ EARLY_END_PRIOR_TOKENS = 256
 
 
 def chance_to_run(tokens: int, early_ends: int, exposure: int) -> float:
-    """The probability that a request that may end early (EOS, a stop rule) still commits `tokens` more, with early
-    ends seen `early_ends` times over `exposure` committed tokens of such requests: a constant per-token rate, its
-    estimate starting from one early end per EARLY_END_PRIOR_TOKENS tokens. Batches whose requests run to max_tokens
-    make it approach 1 as they run; requests ending at EOS make it fall."""
+    """The probability that requests that may end early (EOS, a stop rule) commit `tokens` more without an early end
+    (one request's tokens left, or several requests' together), with early ends seen `early_ends` times over
+    `exposure` committed tokens of such requests: a constant per-token rate, its estimate starting from one early
+    end per EARLY_END_PRIOR_TOKENS tokens. Batches whose requests run to max_tokens make it approach 1 as they run;
+    requests ending at EOS make it fall."""
     rate = min(1.0, (early_ends + 1) / (EARLY_END_PRIOR_TOKENS + exposure))
     return (1.0 - rate) ** max(0, tokens)
 
