@@ -537,6 +537,15 @@ def test_an_idle_planner_plans_every_few_steps():
         planner.choose(["a", "b"], [[], []], None, 2, 0.0)
     planner.ask(["a", "b", "c"], [4, 4, 4], 3)
     assert not planner.skipping
+    # the engine asks `skips` before `ask`: a new request still ends the stretch, and the ask records it
+    while not planner.skip_left:
+        planner.ask(["a", "b", "c"], [4, 4, 4], 3)
+        planner.choose(["a", "b", "c"], [[], [], []], None, 3, 0.0)
+    ids = ["a", "b", "c", "d"]
+    assert not planner.skips(ids) and planner.fresh
+    planner.ask(ids, [4] * 4, 4)
+    assert not planner.skipping and planner.fresh
+    assert planner.known.issuperset(ids)
     # a verified draft: every step planned again
     cheap = DraftPlanner(4, FixedCost(0.0), drafter_runs_forward=False, max_rows=64, shadow_drafts=True)
     for _ in range(5):

@@ -110,9 +110,9 @@ def closed_batch_worth(left: Sequence[int], step_cost: Callable[[int], float]) -
 
     left[b]: the steps request b still takes (its tokens left where drafts are not accepted; the engine divides
     them by the request's commit rate so far). step_cost(n): seconds of a plain step over n rows. The batch runs
-    max(left) more steps, and the step t from now scores the requests with at least t left. A token that request b commits early takes
-    its row out of the step where it would have ended; the requests ending there together share that step's
-    saving, the whole step when no other request outlives them. So a token of a request ahead of others saves
+    max(left) more steps, and the step t from now scores the requests with at least t left. A token that request b
+    commits early takes its row out of the step where it would have ended; the requests ending there together
+    share that step's saving, the whole step when no other request outlives them. So a token of a request ahead of others saves
     only the price of a row, and at a lockstep start (every left equal) every token is worth 1, as in an open
     batch. The worth is capped at 1: the requests the batch waits for are mostly the ones whose drafts fail, so
     their acceptance estimates are the least reliable, and a step-sized worth makes the planner verify their
@@ -473,10 +473,10 @@ class DraftPlanner:
 
     def skips(self, request_ids: list[str]) -> bool:
         """Whether this decode step is one of an idle stretch's skipped steps (IDLE_AFTER): no drafts, no planning,
-        counted as K = 0. A request new to the planner ends the stretch. Called once per step, by `ask` or by the
-        engine before it (a skipped step then runs as a plain one, without asking the drafter or the planner)."""
+        counted as K = 0. A request new to the planner ends the stretch. `ask` calls it, and the engine before
+        that (a skipped step then runs as a plain one, without asking the drafter or the planner): a step that is
+        not skipped reads the same twice (`ask` records the requests as known)."""
         self.fresh = not self.known.issuperset(request_ids)
-        self.known.update(request_ids)
         self.skipping = self.skip_left > 0 and not self.fresh
         if self.skipping:
             self.skip_left -= 1
@@ -497,6 +497,7 @@ class DraftPlanner:
         self.caps = dict(zip(request_ids, caps))
         if self.skips(request_ids):
             return [0] * len(caps)
+        self.known.update(request_ids)
         if self.runs_forward:
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
