@@ -164,6 +164,27 @@ def test_dynamic_tree_node_budget_keeps_greedy_output(tiny_llama, tiny_eagle, ba
 
 
 @pytest.mark.row_cost(0.03)
+def test_a_closed_batch_waits_for_the_request_with_the_most_steps_left(tiny_llama):
+    """Two requests with the same tokens left: the one whose drafts have been accepted (3 tokens a step) will end
+    first, so its tokens are worth less than the other's, which the batch waits for."""
+    cfg = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
+    eng = LLM(tiny_llama, max_model_len=256, max_num_seqs=4, speculative_config=cfg).engine
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    fast, slow = (eng.add_request(rid, None, [1, 2, 3, 4], params) for rid in ("fast", "slow"))
+    eng._admit()
+    eng.closed = True
+    # 31 tokens each (9 left): 30 decoded in 10 steps, and in 30
+    for r, steps in ((fast, 10), (slow, 30)):
+        r.output_token_ids = [5] * 31
+        r.decode_steps = steps
+    worth = eng._token_worth(eng.running, eng.running)
+    assert worth is not None and worth[0] < 1.0 == worth[1]
+    # at one rate the two would end together: every token worth 1, the open batch's plan
+    fast.decode_steps = 30
+    assert eng._token_worth(eng.running, eng.running) is None
+
+
+@pytest.mark.row_cost(0.03)
 def test_a_closed_batch_weighs_tokens_by_the_time_they_save(tiny_llama, plain_outputs):
     """LLM.generate runs a closed batch: with every end known (ignore_eos, max_tokens) the planner weighs each
     request's tokens (a request ahead of the others is worth less than 1); with EOS able to end a request, by the
