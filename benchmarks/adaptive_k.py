@@ -38,7 +38,7 @@ import torch
 
 from verispec.bench import BenchResult, interleaved_round, prompt_ceiling, time_llm
 from verispec.sampling_params import SamplingParams
-from verispec.workloads import WORKLOADS, build_workload
+from verispec.workloads import WORKLOADS, build_workload, chat_prompt_ids
 
 
 def device_name(device: str) -> str:
@@ -58,6 +58,22 @@ def bench_params(temperature: float, max_tokens: int) -> SamplingParams:
         seed=0 if temperature else None,
         ignore_eos=bool(temperature),
     )
+
+
+def spec_configs(ap: argparse.ArgumentParser, texts: list[str], model: str) -> list[dict]:
+    """The --speculative-config arguments as dicts, each checked as the engine will check it; a bad one ends the run
+    with the parser's usage error (exit 2) naming the key, before any model runs."""
+    from verispec.spec import resolve_speculative_config
+
+    out = []
+    for text in texts:
+        try:
+            spec = json.loads(text)
+            resolve_speculative_config(spec, 2048, target_model=model)
+        except ValueError as e:
+            ap.error(f"--speculative-config {text}: {e}")
+        out.append(spec)
+    return out
 
 
 def cpu_model() -> str:
@@ -107,7 +123,7 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     tok = plain.tokenizer
     num = max(args.num_prompts, batch)
     convs = build_workload(workload, num)
-    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    prompts = chat_prompt_ids(tok, convs)
     sp = bench_params(temperature, args.max_tokens)
     configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
     rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
@@ -228,11 +244,12 @@ def main() -> None:
     for w in workloads:
         if w not in WORKLOADS:
             ap.error(f"--workloads: unknown workload {w!r}; allowed: {', '.join(WORKLOADS)}")
-    specs = [
-        json.loads(s)
-        for s in args.speculative_config
-        or ['{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}']
-    ]
+    specs = spec_configs(
+        ap,
+        args.speculative_config
+        or ['{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4}'],
+        args.model,
+    )
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompts_per_turn is not None and args.prompts_per_turn < 1:

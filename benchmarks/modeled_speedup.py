@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 import torch
-from adaptive_k import bench_params, cpu_model
+from adaptive_k import bench_params, cpu_model, spec_configs
 
 import verispec.engine.builder as builder
 import verispec.engine.step_cost as step_cost
 from verispec.engine.step_cost import StepCostModel, profile_points, profile_step_cost
-from verispec.workloads import WORKLOADS, build_workload
+from verispec.workloads import WORKLOADS, build_workload, chat_prompt_ids
 
 
 def record_steps(llm) -> list[list]:
@@ -78,7 +78,7 @@ def main() -> None:
     if bad or args.rounds < 1 or args.batch_size < 1:
         ap.error(f"--workloads from {WORKLOADS}, --rounds and --batch-size >= 1 (got {bad or ''})")
     temperatures = [float(t) for t in args.temperatures.split(",") if t]
-    specs = [json.loads(s) for s in args.speculative_config or []]
+    specs = spec_configs(ap, args.speculative_config or [], args.model)
     from verispec import LLM
 
     kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
@@ -102,10 +102,7 @@ def main() -> None:
     rows = []
     for workload in workloads:
         convs = build_workload(workload, args.batch_size)
-        prompts = [
-            {"prompt_token_ids": tok.encode(tok.apply_chat_template(c), add_special_tokens=False)}
-            for c in convs
-        ]
+        prompts = [{"prompt_token_ids": ids} for ids in chat_prompt_ids(tok, convs)]
         for temperature in temperatures:
             sp = bench_params(temperature, args.max_tokens)
             priced: dict[str, list[float]] = {label: [] for label, _ in runs}

@@ -22,7 +22,7 @@ from adaptive_k import cpu_model, device_name, variants
 from verispec.bench import BenchResult, print_table, time_llm
 from verispec.loader.checkpoint import resolve_model_path
 from verispec.sampling_params import SamplingParams
-from verispec.workloads import WORKLOADS, build_workload
+from verispec.workloads import WORKLOADS, build_workload, chat_prompt_ids
 
 
 def transformers_run(
@@ -145,7 +145,7 @@ def main() -> None:
     model_dtype, model_device = weight.dtype, weight.device
     convs = build_workload(args.workload, args.num_prompts)
     if tok.chat_template:
-        prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+        prompts = chat_prompt_ids(tok, convs)
     else:
         # a model without a chat template (the gemma3-270m GGUF) reads the request's text as a plain prompt
         print(f"{args.model} has no chat template: the workload's requests are plain-text prompts")

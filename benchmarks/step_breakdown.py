@@ -20,11 +20,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from adaptive_k import bench_params, cpu_model
+from adaptive_k import bench_params, cpu_model, spec_configs
 
 import verispec.engine.engine as engine_module
 from verispec.bench import BenchResult, interleaved_round
-from verispec.workloads import WORKLOADS, build_workload
+from verispec.workloads import WORKLOADS, build_workload, chat_prompt_ids
 
 # (part, object attribute path from the engine, method name)
 PARTS = (
@@ -139,9 +139,9 @@ def main() -> None:
 
     tok = LLM(args.model, max_num_seqs=1, max_model_len=2048).tokenizer
     convs = build_workload(args.workload, args.num_prompts or args.batch_size)
-    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    prompts = chat_prompt_ids(tok, convs)
     sp = bench_params(args.temperature, args.max_tokens)
-    specs = [json.loads(s) for s in args.speculative_config or []]
+    specs = spec_configs(ap, args.speculative_config or [], args.model)
     runs = [("plain", None)] + [(s.get("method", str(s.get("model"))), s) for s in specs]
     # the same method twice (two settings): numbered from its second run
     seen: dict[str, int] = defaultdict(int)

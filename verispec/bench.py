@@ -9,7 +9,7 @@ from pathlib import Path
 
 from verispec.engine.args import EngineArgs
 from verispec.sampling_params import SamplingParams
-from verispec.workloads import build_workload
+from verispec.workloads import build_workload, chat_prompt_ids
 
 
 @dataclass
@@ -196,7 +196,7 @@ def run_bench(
     # a bad config fails now, not after the plain run
     resolve_speculative_config(spec, plain.max_model_len, target_model=model)
     tok = plain.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+    prompts = chat_prompt_ids(tok, convs)
     sp = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0 if temperature else None)
     base, base_outs = time_llm(plain, prompts, sp, "plain", progress, batch_size)
     del plain

@@ -98,6 +98,12 @@ _CHAT_FALLBACK = [
 ]
 
 
+def chat_prompt_ids(tokenizer, convs: list[list[dict]]) -> list[list[int]]:
+    """Each conversation through the tokenizer's chat template -> its prompt token ids (the template's own special
+    tokens, none added on top)."""
+    return [tokenizer.encode(tokenizer.apply_chat_template(c), add_special_tokens=False) for c in convs]
+
+
 def build_workload(name: str, n: int) -> list[list[dict]]:
     """Returns n conversations (lists of chat messages)."""
     if name == "code-edit":

@@ -222,16 +222,18 @@ def monotone_profile(best: dict[int, float]) -> dict[int, float]:
     15-19 rows at batch 16 while they cost 0.35 ms each)."""
     rows = sorted(best)
     times = [best[r] for r in rows]
-    smooth = times[:1] + [sorted(times[i - 1 : i + 2])[1] for i in range(1, len(times) - 1)] + times[1:][-1:]
-    # blocks of [sum, count], each block's mean above the previous one's
-    blocks: list[list[float]] = []
+    smooth = list(times)
+    for i in range(1, len(times) - 1):
+        smooth[i] = sorted(times[i - 1 : i + 2])[1]
+    # (sum, count) blocks, each block's mean above the previous one's
+    blocks: list[tuple[float, int]] = []
     for t in smooth:
-        blocks.append([t, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, n = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += n
-    fitted = [total / n for total, n in blocks for _ in range(int(n))]
+        total, n = t, 1
+        while blocks and blocks[-1][0] / blocks[-1][1] > total / n:
+            prev_total, prev_n = blocks.pop()
+            total, n = total + prev_total, n + prev_n
+        blocks.append((total, n))
+    fitted = [total / n for total, n in blocks for _ in range(n)]
     return dict(zip(rows, fitted))
 
 

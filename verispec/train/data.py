@@ -145,6 +145,7 @@ def collect_shards(
     `activation_dtype` names (int8 activations collect about twice as fast; a folder keeps one numerics).
     self_instruct=False stops once the curated conversations are used up (a held-out set)."""
     from verispec.train.eagle3 import collect
+    from verispec.workloads import chat_prompt_ids
 
     folder.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(folder) or {
@@ -183,7 +184,7 @@ def collect_shards(
                     "it needs a chat template and an end-of-turn token it emits"
                 )
             convs, source = [[{"role": "user", "content": q}] for q in queries], "self-instruct"
-        prompts = [tok.encode(tok.apply_chat_template(c), add_special_tokens=False) for c in convs]
+        prompts = chat_prompt_ids(tok, convs)
         samples = collect(llm, prompts, max_tokens, aux_layers)
         name = f"shard_{i:05d}.safetensors"
         seqs, n = write_shard(folder / name, samples)
