@@ -82,13 +82,17 @@ def main() -> None:
     from verispec import LLM
 
     kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
-    ref = LLM(args.model, **kw)
     overhead = None
     if args.profile:
-        saved = json.loads(Path(args.profile).read_text())
-        profile = {int(r): float(t) for r, t in saved["profile"].items()}
-        overhead = saved["step_overhead_s"]
-    else:
+        try:
+            saved = json.loads(Path(args.profile).read_text())
+            profile = {int(r): float(t) for r, t in saved["profile"].items()}
+            overhead = float(saved["step_overhead_s"])
+            StepCostModel(profile)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            ap.error(f"--profile {args.profile}: not a modeled_speedup.py JSON with a profile ({e!r})")
+    ref = LLM(args.model, **kw)
+    if not args.profile:
         # one careful profile up to the most rows a step may score (every config's cap, on the full batch)
         points = profile_points(25, min(args.batch_size * 26, 256), args.batch_size)
         step_cost._PROFILE_BUDGET_S = 20.0
