@@ -261,6 +261,27 @@ def test_verify_sampled_equals_the_dense_rule(rule, b, k, v):
     assert 0 < int(acc.sum()) < int((drafts >= 0).sum())
 
 
+@pytest.mark.parametrize(("b", "k", "v"), [(6, 4, 1000), (9, 2, 49152), (4, 1, 13), (3, 0, 24)])
+def test_verify_greedy_equals_the_tensor_rule(b, k, v):
+    """The kernel takes the argmax of each request's rows only up to its first rejection; the tensor rule takes
+    every row's: the same emitted token and acceptance."""
+    x, rows, drafts, padded = _ragged(b, k, v)
+    # a tie inside a row: the first index of the maximum, as torch.argmax
+    x[rows[0, 0], 1:3] = x[rows[0, 0]].max() + 1
+    want = verify.greedy_verify(drafts, x.argmax(-1)[rows])
+    tok, acc = ops.verify_greedy(x, rows, drafts)
+    got = verify.assemble_at(drafts, acc, tok[:, None])
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])
+    if k > 1:
+        # drafts that are the argmax except every third: some requests accept, others reject
+        assert 0 < int(acc.sum()) < int((drafts >= 0).sum())
+
+
+def test_verify_greedy_falls_back_off_cpu_float32():
+    x = rand(4, 8).double()
+    assert ops.verify_greedy(x, torch.arange(4).view(2, 2), torch.zeros(2, 1, dtype=torch.long)) is None
+
+
 @pytest.mark.parametrize("rule", ["strict", "probabilistic"])
 def test_verify_sampled_keeps_the_target_law(rule):
     """One draft per request, always the same token: the first emitted token (the accepted draft or the

@@ -38,6 +38,8 @@ void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float 
                   int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D,
                   const int64_t *qlen);
 void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads);
+void verify_greedy_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
+                       const int64_t *drafts, int64_t *out_token, int64_t *num_accepted, int nthreads);
 void verify_sampled_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
                         const int64_t *drafts, const float *scale, const float *u_accept, const float *u_sample,
                         int64_t *out_token, int64_t *num_accepted, int nthreads);

@@ -481,43 +481,65 @@ void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float 
         }
 }
 
-// out[n] = argmax over x[n, 0..V) (row n at x + n * stride), torch.argmax's answer: the first index of the
-// maximum, NaN counting as larger than every number (the first NaN wins). Two passes over a row: the maximum
-// (and whether any NaN is present), then the first index holding it. Rows are independent.
+// The argmax of one row r[0..V): torch.argmax's answer, the first index of the maximum, NaN counting as larger
+// than every number (the first NaN wins). Two passes: the maximum (and whether any NaN is present), then the first
+// index holding it.
+static int64_t argmax_row(const float *r, int64_t V) {
+    const int64_t V8 = V / 8 * 8;
+    __m256 vmx = _mm256_set1_ps(-INFINITY), unord = _mm256_setzero_ps();
+    for (int64_t i = 0; i < V8; i += 8) {
+        const __m256 v = _mm256_loadu_ps(r + i);
+        vmx = _mm256_max_ps(vmx, v);
+        unord = _mm256_or_ps(unord, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    }
+    float lanes[8], mx = -INFINITY;
+    int nan = _mm256_movemask_ps(unord) != 0;
+    _mm256_storeu_ps(lanes, vmx);
+    for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
+    for (int64_t i = V8; i < V; i++) {
+        nan |= r[i] != r[i];
+        mx = r[i] > mx ? r[i] : mx;
+    }
+    int64_t best = 0;
+    if (nan) {
+        while (r[best] == r[best]) best++;
+        return best;
+    }
+    const __m256 vm = _mm256_set1_ps(mx);
+    int64_t i = 0;
+    for (; i < V8; i += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + i), vm, _CMP_EQ_OQ));
+        if (hit) break;
+    }
+    // the first hit inside the vector (or in the tail)
+    while (r[i] != mx) i++;
+    return i;
+}
+
+// out[n] = argmax_row of x[n, 0..V) (row n at x + n * stride). Rows are independent.
 void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads) {
     const int threads = N > 1 && N * V >= (1 << 16) ? nthreads : 1;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const float *r = x + n * stride;
-        const int64_t V8 = V / 8 * 8;
-        __m256 vmx = _mm256_set1_ps(-INFINITY), unord = _mm256_setzero_ps();
-        for (int64_t i = 0; i < V8; i += 8) {
-            const __m256 v = _mm256_loadu_ps(r + i);
-            vmx = _mm256_max_ps(vmx, v);
-            unord = _mm256_or_ps(unord, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    for (int64_t n = 0; n < N; n++) out[n] = argmax_row(x + n * stride, V);
+}
+
+// Greedy verification: per request b, its rows rows[b, 0..K] of x score its drafts drafts[b, 0..K) (-1 padded: the
+// first -1 ends them) and the bonus position. Accepts drafts while each equals its row's argmax and emits the
+// argmax of the first row whose draft differs (or of the bonus row), walking the rows in order: a request costs
+// its accepted drafts + 1 argmaxes, not K + 1. Writes the emitted token and the accepted count per request.
+void verify_greedy_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
+                       const int64_t *drafts, int64_t *out_token, int64_t *num_accepted, int nthreads) {
+    const int threads = B > 1 ? nthreads : 1;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int64_t b = 0; b < B; b++) {
+        int64_t j = 0, tok;
+        for (;; j++) {
+            const int64_t draft = j < K ? drafts[b * K + j] : -1;
+            tok = argmax_row(x + rows[b * (K + 1) + j] * stride, V);
+            if (draft < 0 || tok != draft) break;
         }
-        float lanes[8], mx = -INFINITY;
-        int nan = _mm256_movemask_ps(unord) != 0;
-        _mm256_storeu_ps(lanes, vmx);
-        for (int j = 0; j < 8; j++) mx = lanes[j] > mx ? lanes[j] : mx;
-        for (int64_t i = V8; i < V; i++) {
-            nan |= r[i] != r[i];
-            mx = r[i] > mx ? r[i] : mx;
-        }
-        int64_t best = 0;
-        if (nan) {
-            while (r[best] == r[best]) best++;
-        } else {
-            const __m256 vm = _mm256_set1_ps(mx);
-            int64_t i = 0;
-            for (; i < V8; i += 8) {
-                const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(r + i), vm, _CMP_EQ_OQ));
-                if (hit) break;
-            }
-            while (r[i] != mx) i++;  // the first hit inside the vector (or in the tail)
-            best = i;
-        }
-        out[n] = best;
+        out_token[b] = tok;
+        num_accepted[b] = j;
     }
 }
 

@@ -163,9 +163,41 @@ def argmax(x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
-def verify_sampled_applies(x: torch.Tensor) -> bool:
-    """Whether verify_sampled takes logits x [N, V] (CPU float32, rows contiguous, kernels built)."""
+def verify_applies(x: torch.Tensor) -> bool:
+    """Whether verify_greedy and verify_sampled take logits x [N, V] (CPU float32, rows contiguous, kernels
+    built)."""
     return x.dim() == 2 and x.stride(-1) == 1 and x.shape[-1] > 0 and _usable(x)
+
+
+def verify_greedy(
+    # [N, V] float32 logits, rows contiguous
+    x: torch.Tensor,
+    # [B, K+1] int64: the row of x scoring each request's position
+    rows: torch.Tensor,
+    # [B, K] int64, -1 padded
+    drafts: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Greedy verification straight from logits (ops.c verify_greedy_f32): accept drafts while each equals its
+    row's argmax. -> (emitted token [B]: the argmax at the first differing draft or the bonus row, accepted drafts
+    [B]); None if not applicable. Takes the argmax of only the rows a request reaches."""
+    if not verify_applies(x):
+        return None
+    b, k = drafts.shape
+    rows, drafts = rows.to(torch.int64).contiguous(), drafts.to(torch.int64).contiguous()
+    tokens, accepted = torch.empty(b, dtype=torch.int64), torch.empty(b, dtype=torch.int64)
+    load_qgemm().verify_greedy_f32(
+        x.data_ptr(),
+        x.shape[1],
+        x.stride(0),
+        b,
+        k,
+        rows.data_ptr(),
+        drafts.data_ptr(),
+        tokens.data_ptr(),
+        accepted.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return tokens, accepted
 
 
 def verify_sampled(
@@ -186,7 +218,7 @@ def verify_sampled(
     probabilistic with a one-hot draft distribution. -> (emitted token [B], accepted drafts [B]); None if not
     applicable. Scores only the rows a request reaches (its accepted drafts + 1) and never writes a [rows, V]
     distribution."""
-    if not verify_sampled_applies(x):
+    if not verify_applies(x):
         return None
     b, k = drafts.shape
     f32, i64 = torch.float32, torch.int64

@@ -16,7 +16,6 @@ from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_constraints, penalty_state, suppress_early_stops
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
 from verispec.sample.verify import (
-    assemble_at,
     draw_uniform,
     entropy_thresholds,
     greedy_verify,
@@ -106,12 +105,9 @@ def sample_step(
     raw = _pad_rows(logits, rows) if processed or want_logprobs or entropy else None
     # per-request sampling tensors only where something reads them (greedy decoding without penalties: none)
     st = S.SamplingTensors.from_params(params, dev, v) if any_penalties or not all_greedy else None
-    # [B, K] drafted ids, -1 padded; read by verification, sampling and draft-aware penalties (plain greedy
-    # decoding: none)
-    draft_t = None
-    if k > 0 or any_penalties or not all_greedy:
-        padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
-        draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
+    # [B, K] drafted ids, -1 padded; read by verification, sampling and draft-aware penalties
+    padded_drafts = [d + [-1] * (k - len(d)) for d in drafts]
+    draft_t = torch.tensor(padded_drafts, dtype=torch.long, device=dev).view(b, k)
     # the logits the rules read and the row of each position in them: the step's own rows when nothing
     # reshapes them, else a processed [B * (K+1), V] copy
     src, src_rows = logits, rows
@@ -123,12 +119,10 @@ def sample_step(
             counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
             per_row = st.repeat_interleave([stride] * b) if stride > 1 else st
             src = S.apply_penalties(src, mask.repeat_interleave(stride, 0), counts, per_row)
-    # [B, K+1]
-    argmax = S.greedy(src)[src_rows] if any_greedy else None
-    # ([B, K+1], [B]) the greedy rule's result, for the greedy rows; plain greedy decoding emits the argmax
-    greedy = None if not any_greedy or (all_greedy and k == 0) else greedy_verify(draft_t, argmax)
+    # ([B], [B]) the greedy rule's emitted token and accepted count, for the greedy rows
+    greedy = _greedy(src, src_rows, draft_t) if any_greedy else None
     if all_greedy:
-        out = greedy if k > 0 else (argmax, torch.zeros(b, dtype=torch.long, device=dev))
+        out = greedy
     else:
         gens = [r.generator for r in reqs]
         # [B, K+1] the uniform of each scored position's sample
@@ -144,15 +138,14 @@ def sample_step(
             probs = S.logits_to_probs(
                 src.index_select(0, src_rows.view(-1)), st.repeat_interleave([stride] * b)
             )
-            out = _dense(probs.view(b, stride, v), draft_t, sample_u, uniform, thresholds, spec, rule)
+            out = _emitted(
+                _dense(probs.view(b, stride, v), draft_t, sample_u, uniform, thresholds, spec, rule)
+            )
         if any_greedy:
             # [B] bool
             greedy_rows = torch.tensor([p.is_greedy for p in params], device=dev)
-            out = (
-                torch.where(greedy_rows[:, None], greedy[0], out[0]),
-                torch.where(greedy_rows, greedy[1], out[1]),
-            )
-    tokens, accepted = _finish(out)
+            out = (torch.where(greedy_rows, greedy[0], out[0]), torch.where(greedy_rows, greedy[1], out[1]))
+    tokens, accepted = _finish(drafts, *out)
     lp = None
     if want_logprobs:
         want = max((p.logprobs or 0) for p in params)
@@ -164,14 +157,14 @@ def sample_step(
 def _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u):
     """The rules that need one row per position scored only up to the first rejection (strict, and
     probabilistic against a one-hot draft distribution) run in the fused CPU kernel, straight from the logits;
-    -> (output_token_ids [B, K+1], num_accepted [B]), or None where the kernel does not apply (min-p, Block
+    -> (emitted token [B], num_accepted [B]), or None where the kernel does not apply (min-p, Block
     Verify, draft probabilities, synthetic, not CPU float32)."""
     k = draft_t.shape[1]
     strict = k == 0 or rule.method == "strict"
     probabilistic = (
         rule.method == "probabilistic" and not (rule.block and k >= 3) and spec.draft_probs is None
     )
-    if st.any_min_p or not (strict or probabilistic) or not ops.verify_sampled_applies(src):
+    if st.any_min_p or not (strict or probabilistic) or not ops.verify_applies(src):
         return None
     # [B]
     scale = 1.0 / st.temperature
@@ -185,10 +178,7 @@ def _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u
         )
         src_rows, scale = torch.arange(b * stride, device=src.device).view(b, stride), torch.ones_like(scale)
     u_accept = None if strict else (uniform if thresholds is None else uniform * thresholds)
-    out = ops.verify_sampled(src, src_rows, draft_t, scale, u_accept, sample_u)
-    if out is None:
-        return None
-    return assemble_at(draft_t, out[1], out[0][:, None])
+    return ops.verify_sampled(src, src_rows, draft_t, scale, u_accept, sample_u)
 
 
 def _dense(probs, draft_t, sample_u, uniform, thresholds, spec, rule):
@@ -207,9 +197,27 @@ def _dense(probs, draft_t, sample_u, uniform, thresholds, spec, rule):
     )
 
 
-def _finish(out: tuple[torch.Tensor, torch.Tensor]) -> tuple[list[list[int]], list[int]]:
-    """(output_token_ids [B, K+1], num_accepted [B]) -> per request its emitted tokens and accepted count: the
-    one host sync of the step."""
-    # [B, K+2]: the tokens, then the count
-    both = torch.cat([out[0], out[1][:, None].to(out[0].dtype)], dim=1).tolist()
-    return [row[: row[-1] + 1] for row in both], [row[-1] for row in both]
+def _greedy(
+    src: torch.Tensor, src_rows: torch.Tensor, draft_t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy verification -> (emitted token [B], num_accepted [B]): the fused CPU kernel (argmax of only the rows
+    a request reaches) where it applies, else the argmax of every row and the tensor rule."""
+    fused = ops.verify_greedy(src, src_rows, draft_t)
+    if fused is not None:
+        return fused
+    return _emitted(greedy_verify(draft_t, S.greedy(src)[src_rows]))
+
+
+def _emitted(out: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output_token_ids [B, K+1], num_accepted [B]) -> (the token emitted after the accepted drafts [B],
+    num_accepted [B]): the accepted drafts are the drafts' own prefix, so the rest says nothing more."""
+    return out[0].gather(1, out[1][:, None]).squeeze(1), out[1]
+
+
+def _finish(
+    drafts: list[list[int]], token: torch.Tensor, num_accepted: torch.Tensor
+) -> tuple[list[list[int]], list[int]]:
+    """The emitted token [B] and num_accepted [B] -> per request its emitted tokens (accepted drafts, then that
+    token) and accepted count: the one host sync of the step."""
+    tokens, accepted = torch.stack([token, num_accepted.to(token.dtype)]).tolist()
+    return [d[:n] + [t] for d, n, t in zip(drafts, accepted, tokens)], accepted
