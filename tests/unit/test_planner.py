@@ -189,13 +189,13 @@ def test_memoised_estimates_follow_every_observation():
     fresh = model.conditional("a", 4)
     model.requests["a"].memo = None
     assert model.conditional("a", 4) == fresh
-    # drafts with confidence teach its bins and their own request's history, never the shared position estimates:
-    # another request's keep a's memo, a's own replace it
+    # drafts with confidence teach its bins and the shared position estimates too (what the ask reads before a
+    # request's drafts exist): any request's replace a's memo
     for who in ("b", "a"):
         memo = model.requests["a"].memo
         model.observe(who, 3, 1, [0.9, 0.5, 0.2])
         got = model.conditional("a", 4)
-        assert (model.requests["a"].memo is memo) == (who == "b")
+        assert model.requests["a"].memo is not memo
         model._values = None
         model.requests["a"].memo = None
         assert model.conditional("a", 4) == got
@@ -708,3 +708,16 @@ def test_the_chance_to_run_learns_the_early_end_rate():
     # requests that ended at EOS every 50 tokens: a batch 100 tokens from its limit will hardly run that long
     assert chance_to_run(100, 40, 2000) < 0.2
     assert chance_to_run(200, 0, 2000) < chance_to_run(100, 0, 2000)
+
+
+def test_the_ask_estimate_learns_from_drafts_with_confidence():
+    """A proposer that states its confidence (suffix decoding) whose drafts turn out right: a new request's
+    estimate before its drafts exist (no confidence: what the ask reads) follows them, not the prior."""
+    model = AcceptanceModel(num_positions=4)
+    assert model.conditional("new", 1) == [pytest.approx(0.6)]
+    for i in range(60):
+        model.observe(f"r{i % 8}", 3, 3, [0.5, 0.5, 0.5])
+    assert model.conditional("new", 3)[0] > 0.9
+    for i in range(200):
+        model.observe(f"r{i % 8}", 3, 0, [0.9, 0.9, 0.9])
+    assert model.conditional("new", 1)[0] < 0.2

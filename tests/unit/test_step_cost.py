@@ -85,6 +85,24 @@ def test_fixed_cost_of_verifying_with_one_plain_row_count():
     assert m.cost(16) == pytest.approx(1.1 * 2.5, abs=0.03)
 
 
+def test_a_fixed_cost_from_a_few_slow_steps_is_taken_in_part():
+    """Three steps with drafts that ran at a slow moment (2x) among plain ones: the fixed cost of verifying they
+    suggest is discounted (as if more steps had shown none), so that it cannot price verifying out before
+    anything more is measured; steps that keep showing it bring it back."""
+    m = StepCostModel({1: 1.0, 16: 2.5, 32: 4.0})
+    for _ in range(50):
+        m.observe(16, 2.5)
+    for rows in (18, 19, 20):
+        m.observe(rows, 2 * m.profiled(rows), drafted=True)
+    # what the three steps add to a * profile + b
+    raw = sum(m.profiled(r) for r in (18, 19, 20)) / 3 * (2 - m.a) - m.b
+    assert 0 < m.v < 0.5 * raw
+    for i in range(200):
+        m.observe(16, 2.5)
+        m.observe(17 + i % 4, m.profiled(17 + i % 4) + 0.3, drafted=True)
+    assert m.v == pytest.approx(0.3, rel=0.1)
+
+
 def test_no_fixed_cost_until_both_kinds_of_step_are_seen():
     m = StepCostModel({1: 1.0, 8: 2.0})
     for rows in range(2, 9):

@@ -25,6 +25,10 @@ from verispec.engine.model_runner import ModelRunner, RowInput
 _DECAY = 0.995
 # the fixed cost of verifying is fitted while both kinds of step (with and without drafts) have this much weight
 _MIN_GROUP = 2.0
+# the fixed cost of verifying counts as if this many more steps with drafts had shown none: a fit from a few noisy
+# steps is taken in part, so that a slow moment cannot price verifying out for good (nothing verified, nothing
+# measured: measured, a fit from 2 steps kept a batch from verifying anything for 5 rounds)
+_V_PRIOR_STEPS = 4.0
 _PROFILE_CONTEXT = 256
 _PROFILE_REPEATS = 6
 # after the first round, no more rounds once this much time has gone (a slow or busy machine)
@@ -36,7 +40,7 @@ _FORMAT = 4
 
 class StepCostModel:
     """Seconds of one target step over `rows` scored rows: a * profile(rows) + b, plus v when the step verifies
-    drafts.
+    drafts (fitted to relative errors: `observe`).
 
     profile is the start-up timing of the forward alone (non-decreasing in rows). a, b and v are fitted online, by
     least squares with decaying weights, to the engine's measured steps (which add sampling, Python and context
@@ -56,12 +60,15 @@ class StepCostModel:
         self.rows = sorted(profile)
         self.seconds = [profile[r] for r in self.rows]
         self.a, self.b, self.v = 1.0, 0.0, 0.0
+        # v as fitted, before the prior of _V_PRIOR_STEPS
+        self._v_fit = 0.0
         # profiled(rows) by rows: the planner asks for the same few row counts every step
         self._memo: dict[int, float] = {}
         # profiled(r) for r = 0, 1, ... as far as a table was asked for
         self._profiled: list[float] = []
-        # per kind of step (without drafts, with), decayed sums of: weight, x = profile(rows), y = seconds, x^2, x*y
-        self._sums = [[0.0] * 5, [0.0] * 5]
+        # per kind of step (without drafts, with), decayed sums of: steps, then, each step weighted, its weight,
+        # x = profile(rows), y = seconds, x^2, x*y
+        self._sums = [[0.0] * 6, [0.0] * 6]
 
     def profiled(self, rows: int) -> float:
         """The start-up profile, linear between its points and beyond its ends."""
@@ -92,22 +99,30 @@ class StepCostModel:
         return [a * x + b for x in p[:cut]] + [a * x + b + v for x in p[cut : most_rows + 1]]
 
     def observe(self, rows: int, seconds: float, drafted: bool = False) -> None:
-        """One measured step over `rows` rows; drafted: it verified drafts."""
+        """One measured step over `rows` rows; drafted: it verified drafts.
+
+        Each step weighs 1 / profile(rows)^2 in the fit (its relative error is what counts): a VM's timing noise
+        scales with the step, and a few steps of hundreds of rows (long drafts for a whole batch) would otherwise
+        outweigh the many steps near the batch size, where the planner decides, and bend the fit there (measured:
+        a verified step priced 2.2 ms above a plain one, which then verified nothing for a whole batch)."""
         x = self.profiled(rows)
+        w = (self.seconds[0] / x) ** 2
         for sums in self._sums:
-            for i in range(5):
+            for i in range(6):
                 sums[i] *= _DECAY
         kind = self._sums[int(drafted)]
-        for i, d in enumerate((1.0, x, seconds, x * x, x * seconds)):
+        for i, d in enumerate((1.0, w, w * x, w * seconds, w * x * x, w * x * seconds)):
             kind[i] += d
         if min(self._sums[0][0], self._sums[1][0]) >= _MIN_GROUP:
             self._fit_both()
         else:
             self._fit_one()
+        n = self._sums[1][0]
+        self.v = self._v_fit * n / (n + _V_PRIOR_STEPS)
 
     def _fit_both(self) -> None:
         """Both kinds of step seen: one slope a, an intercept per kind (b, and b + v)."""
-        (w0, x0, y0, xx0, xy0), (w1, x1, y1, xx1, xy1) = self._sums
+        (_, w0, x0, y0, xx0, xy0), (_, w1, x1, y1, xx1, xy1) = self._sums
         # x's variance and covariance with y within each kind, pooled
         var = xx0 - x0 * x0 / w0 + xx1 - x1 * x1 / w1
         cov = xy0 - x0 * y0 / w0 + xy1 - x1 * y1 / w1
@@ -117,17 +132,17 @@ class StepCostModel:
             b = y0 / w0 - a * x0 / w0
             v = y1 / w1 - a * x1 / w1 - b
             if a > 0 and b >= 0 and v >= 0:
-                self.a, self.b, self.v = a, b, v
+                self.a, self.b, self._v_fit = a, b, v
                 return
         # rows barely vary within a kind (a full batch that seldom verifies): the plain steps' overhead over a
         self._offset(w0, x0, y0)
-        self.v = max(0.0, (y1 - self.a * x1 - self.b * w1) / w1)
+        self._v_fit = max(0.0, (y1 - self.a * x1 - self.b * w1) / w1)
 
     def _fit_one(self) -> None:
         """One kind of step only: v as last fitted, a and b from the steps with v taken out."""
-        (w0, x0, y0, xx0, xy0), (w1, x1, y1, xx1, xy1) = self._sums
+        (_, w0, x0, y0, xx0, xy0), (_, w1, x1, y1, xx1, xy1) = self._sums
         w, sx, sxx = w0 + w1, x0 + x1, xx0 + xx1
-        sy, sxy = y0 + y1 - self.v * w1, xy0 + xy1 - self.v * x1
+        sy, sxy = y0 + y1 - self._v_fit * w1, xy0 + xy1 - self._v_fit * x1
         var = sxx / w - (sx / w) ** 2
         if var > (0.05 * sx / w) ** 2:
             a = (sxy / w - sx / w * sy / w) / var

@@ -312,12 +312,15 @@ class AcceptanceModel:
         j = min(pos, self.num_positions - 1)
         h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
         h.predicted[j] = h.predicted[j] * self.request_decay + self._base(pos, confidence)
-        self._rate(pos, confidence).observe(hit, self.shared_decay)
+        if confidence is not None:
+            self._rate(pos, confidence).observe(hit, self.shared_decay)
+        # the position's estimate learns from every judged draft, whatever its confidence: it is what a request's
+        # drafts are expected to do before they exist (the ask), so it must follow the method's acceptance (suffix
+        # drafts that turn from guesses into recalled answers) instead of staying at its prior
+        self._rate(pos, None).observe(hit, self.shared_decay)
         h.memo = None
-        if confidence is None:
-            # a shared position estimate moved: every request's memo is stale (a confidence bin moves none: the
-            # memos hold estimates without confidence)
-            self._changed()
+        # a shared position estimate moved: every request's memo is stale
+        self._changed()
 
     def gains(self, request_id: str, k: int) -> list[float]:
         """expected_gains of the request's first k drafts (no confidence), memoised with the estimates."""
