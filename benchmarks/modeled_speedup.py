@@ -1,13 +1,14 @@
 """Speculation priced by a fixed cost model: what the planner's choices are worth, without the machine's timing noise.
 
 On a shared VM two runs of the same batch can differ by 10-30% in wall time, far more than what separates two
-planner policies. Here every run records the rows each decode step scored; a step over n rows is priced at
-profile(n) + overhead, and a config's modeled speedup is plain decoding's priced time over its own. profile is one
-careful timing of the target's forward per row count on this machine (best of many rounds, taken once at the start,
-pooled monotone as the engine's own profile), and the planner of every run plans with that same profile (its online
-fit still follows the real step timings). overhead is what a batch step costs beyond the one-sequence profile
-(attention over every request's own context, sampling, committing): the first plain run's measured decode-step
-time less its priced forward, averaged over its steps. Drafting and planning host time are not priced: `step_breakdown.py` times them.
+planner policies. Here every run records the rows and sequences of each decode step; a step over n rows of q
+sequences is priced at profile(n) + (q - 1) * seq_extra + overhead, and a config's modeled speedup is plain
+decoding's priced time over its own. profile is one careful timing of the target's forward per row count on this
+machine (best of many rounds, taken once at the start, pooled monotone as the engine's own profile), seq_extra what
+each sequence of a batch step adds beyond its row (its own keys and values: the profile's batch step), and the
+planner of every run plans with that same profile (its online fit still follows the real step timings). overhead is
+what a step costs beyond both (sampling, committing, contexts longer than the profile's): the first plain run's
+measured decode-step time less its priced forward, averaged over its steps. Drafting and planning host time are not priced: `step_breakdown.py` times them.
 
     .venv/bin/python benchmarks/modeled_speedup.py --workloads code-edit,chat,repeat-edit --temperatures 0,1 \
         --batch-size 16 --activation-dtype int8 \
@@ -30,25 +31,25 @@ from adaptive_k import bench_params, cpu_model, spec_configs
 
 import verispec.engine.builder as builder
 import verispec.engine.step_cost as step_cost
-from verispec.engine.step_cost import StepCostModel, profile_points, profile_step_cost
+from verispec.engine.step_cost import StepCostModel, profile_batch_step, profile_points, profile_step_cost
 from verispec.workloads import WORKLOADS, build_workload, chat_prompt_ids
 
 
 def record_steps(llm) -> list[list]:
-    """Wrap the engine's decode step: each appends [rows its forward scored, its seconds]."""
+    """Wrap the engine's decode step: each appends [rows its forward scored, its sequences, its seconds]."""
     eng, steps = llm.engine, []
     inner_decode, inner_forward = eng._decode, eng._forward
 
     def decode(reqs):
-        steps.append([0, 0.0])
+        steps.append([0, 0, 0.0])
         t = time.perf_counter()
         out = inner_decode(reqs)
-        steps[-1][1] = time.perf_counter() - t
+        steps[-1][2] = time.perf_counter() - t
         return out
 
     def forward(reqs, rows):
         if steps and not any(r.in_prefill for r in reqs):
-            steps[-1][0] = sum(len(r.token_ids) for r in rows)
+            steps[-1][:2] = sum(len(r.token_ids) for r in rows), len(rows)
         return inner_forward(reqs, rows)
 
     eng._decode, eng._forward = decode, forward
@@ -88,7 +89,10 @@ def main() -> None:
             saved = json.loads(Path(args.profile).read_text())
             profile = {int(r): float(t) for r, t in saved["profile"].items()}
             overhead = float(saved["step_overhead_s"])
-            StepCostModel(profile)
+            # (an earlier run's JSON may have no batch step)
+            batch = saved.get("batch")
+            batch = None if batch is None else (int(batch[0]), float(batch[1]))
+            StepCostModel(profile, batch)
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             ap.error(f"--profile {args.profile}: not a modeled_speedup.py JSON with a profile ({e!r})")
     ref = LLM(args.model, **kw)
@@ -97,9 +101,13 @@ def main() -> None:
         points = profile_points(25, min(args.batch_size * 26, 256), args.batch_size)
         step_cost._PROFILE_BUDGET_S = 20.0
         profile = profile_step_cost(ref.engine.runner, ref.engine.cache.allocate(), points, repeats=12)
-    model = StepCostModel(profile)
+        batch = None
+        if args.batch_size > 1:
+            slots = list(range(min(args.batch_size, ref.engine.cache.num_slots, builder._BATCH_PROFILE_SEQS)))
+            batch = profile_batch_step(ref.engine.runner, slots, repeats=12)
+    model = StepCostModel(profile, batch)
     # every planner plans with this profile
-    builder.load_or_profile = lambda *a, **k: (StepCostModel(profile), True)
+    builder.load_or_profile = lambda *a, **k: (StepCostModel(profile, batch), True)
     tok = ref.tokenizer
     del ref
     runs = [("plain", None)] + [(s.get("method", str(s.get("model"))), s) for s in specs]
@@ -116,10 +124,11 @@ def main() -> None:
                     llm = LLM(args.model, speculative_config=spec, **kw)
                     steps = record_steps(llm)
                     llm.generate(prompts, sp, use_tqdm=False)
-                    forward = sum(model.profiled(n) for n, _ in steps)
+                    # each step's rows, and each of its sequences after the first (its own keys and values)
+                    forward = sum(model.profiled(n) + (q - 1) * model.seq_extra for n, q, _ in steps)
                     if overhead is None and spec is None:
-                        # the per-step time the one-sequence profile leaves out, from the first plain run
-                        overhead = max(0.0, (sum(s for _, s in steps) - forward) / len(steps))
+                        # the per-step time the profile leaves out, from the first plain run
+                        overhead = max(0.0, (sum(s for _, _, s in steps) - forward) / len(steps))
                     priced[label].append(forward + len(steps) * overhead)
                     steps_of[label].append(len(steps))
             plain = statistics.median(priced["plain"])
@@ -153,7 +162,13 @@ def main() -> None:
         )
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"cpu": cpu_model(), "args": vars(args), "profile": profile, "step_overhead_s": overhead}
+    meta = {
+        "cpu": cpu_model(),
+        "args": vars(args),
+        "profile": profile,
+        "batch": batch,
+        "step_overhead_s": overhead,
+    }
     out.write_text(json.dumps(meta | {"rows": rows}, indent=2))
 
 

@@ -75,7 +75,7 @@ def test_the_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
         pytest.skip("no AVX2/FMA CPU: no kernels, no build to name")
     keys = []
 
-    def spy(runner, slot, points, key):
+    def spy(runner, slot, points, key, batch_slots=None):
         keys.append(key)
         raise StopIteration
 
@@ -85,7 +85,7 @@ def test_the_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
         builder.build_planner(
             args,
             SimpleNamespace(source=__file__),
-            SimpleNamespace(device="cpu"),
+            SimpleNamespace(device="cpu", cache=SimpleNamespace(num_slots=1)),
             SimpleNamespace(num_lookahead_slots=2),
             None,
             16,

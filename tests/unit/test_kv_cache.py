@@ -1,11 +1,12 @@
-"""plan_cache (verispec/engine/kv_cache.py): slots and context length from a memory budget."""
+"""verispec/engine/kv_cache.py: slots and context length from a memory budget (plan_cache), slot copies."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from verispec.config import ModelConfig
-from verispec.engine.kv_cache import plan_cache
+from verispec.engine.kv_cache import KVCache, plan_cache
 
 
 @pytest.fixture
@@ -29,3 +30,14 @@ def test_two_byte_kv_holds_twice_the_sequences(cfg):
 def test_a_budget_below_one_sequence_is_an_error(cfg):
     with pytest.raises(ValueError, match="cannot hold one sequence of max_model_len=255"):
         plan_cache(cfg, 1, 255, 512 * 100)
+
+
+def test_copy_prefix_copies_a_slots_first_positions_into_others(cfg):
+    cache = KVCache(cfg, 4, 8, torch.device("cpu"), torch.float32)
+    for kv in cache.kv:
+        kv[0] = torch.randn(kv[0].shape)
+    cache.copy_prefix(0, [2, 3], 5)
+    for kv in cache.kv:
+        assert torch.equal(kv[2, :, :5], kv[0, :, :5]) and torch.equal(kv[3, :, :5], kv[0, :, :5])
+        # the rest untouched
+        assert not kv[2, :, 5:].any() and not kv[1].any()

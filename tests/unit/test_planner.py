@@ -698,6 +698,23 @@ def test_in_a_closed_batch_a_request_ahead_drafts_only_where_a_row_is_nearly_fre
     assert planner.token_worth([10, 40], runs=0.0) == [1.0, 1.0]
 
 
+def test_an_ended_request_saves_its_own_keys_and_values_too():
+    """A batch step reads every sequence's own keys and values, which one sequence's rows profile leaves out: with
+    the batch step timed (each sequence 0.3 s beyond its row), a request ahead of the others saves its row and that,
+    and its tokens are worth more than the row alone says."""
+    rows_only = DraftPlanner(4, FixedCost(0.05), drafter_runs_forward=False, max_rows=64)
+    profile = {1: 1.0, 64: 1.0 + 63 * 0.05}
+    batch = DraftPlanner(
+        4, StepCostModel(profile, batch=(4, 1.15 + 3 * 0.3)), drafter_runs_forward=False, max_rows=64
+    )
+    assert batch.step_cost.seq_extra == pytest.approx(0.3)
+    left = [10, 40, 40, 40]
+    # a row: 0.05 s of a 1.15 s step; with its keys and values: 0.35 s of a 2.05 s step
+    assert rows_only.token_worth(left)[0] == pytest.approx(0.05 / (1.15 / 4))
+    assert batch.token_worth(left)[0] == pytest.approx(0.35 / (2.05 / 4))
+    assert batch.token_worth(left)[1:] == [1.0] * 3
+
+
 def test_the_chance_to_run_learns_the_early_end_rate():
     """A constant per-token rate of early ends, from one per EARLY_END_PRIOR_TOKENS tokens towards what was seen."""
     assert chance_to_run(0, 0, 0) == 1.0

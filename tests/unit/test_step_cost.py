@@ -178,10 +178,16 @@ def test_profile_points_cover_a_full_batch_and_its_first_drafts():
 
 
 class FakeRunner:
-    """Counts forwards, each taking 2 ms + 0.2 ms per row; the cache is big enough for the profile's context."""
+    """Counts forwards, each taking 2 ms + 0.2 ms per row + 0.5 ms per sequence after the first; the cache is big
+    enough for the profile's context, and its copies are recorded."""
 
     class cache:
         t_alloc = 1024
+        copies: list = []
+
+        @classmethod
+        def copy_prefix(cls, src, dst, n):
+            cls.copies.append((src, list(dst), n))
 
     device = __import__("torch").device("cpu")
 
@@ -190,7 +196,7 @@ class FakeRunner:
 
     def run(self, rows):
         self.calls += 1
-        time.sleep(0.002 + 0.0002 * sum(len(r.token_ids) for r in rows))
+        time.sleep(0.002 + 0.0002 * sum(len(r.token_ids) for r in rows) + 0.0005 * (len(rows) - 1))
 
 
 def test_profiles_once_per_key_then_reads_the_cache(tmp_path, monkeypatch):
@@ -206,6 +212,23 @@ def test_profiles_once_per_key_then_reads_the_cache(tmp_path, monkeypatch):
     assert cached and runner.calls - full < full
     _, cached = load_or_profile(runner, 0, [1, 2, 4], ("model-b",))
     assert not cached
+
+
+def test_a_batch_step_prices_each_sequence_beyond_its_row(tmp_path, monkeypatch):
+    """The batch step runs one row in each of the given slots behind copies of one context: each sequence after the
+    first costs 0.5 ms beyond its row, and the cached profile keeps it."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    FakeRunner.cache.copies.clear()
+    model, cached = load_or_profile(FakeRunner(), 0, [1, 2, 4], ("model-a",), batch_slots=[0, 1, 2, 3])
+    assert not cached and FakeRunner.cache.copies == [(0, [1, 2, 3], 256)]
+    # sleeps overshoot a little: within 0.3 ms of 0.5 ms
+    assert model.seq_extra == pytest.approx(0.0005, abs=0.0003)
+    assert model.plain_batch(4) == pytest.approx(model.profiled(4) + 3 * model.seq_extra)
+    again, cached = load_or_profile(FakeRunner(), 0, [1, 2, 4], ("model-a",), batch_slots=[0, 1, 2, 3])
+    assert cached and again.seq_extra == model.seq_extra
+    # without slots for a batch (a batch of one): no per-sequence cost
+    alone, _ = load_or_profile(FakeRunner(), 0, [1, 2, 4], ("model-a",))
+    assert alone.seq_extra == 0.0 and alone.plain_batch(4) == alone.cost(4)
 
 
 def test_a_long_first_round_leaves_the_cheap_points_their_repeats(monkeypatch):

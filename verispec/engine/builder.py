@@ -115,6 +115,10 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     return engine
 
 
+# the most sequences the step-cost profile's batch step runs (each behind its own copy of a 256-token context)
+_BATCH_PROFILE_SEQS = 16
+
+
 def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, max_rows: int) -> DraftPlanner:
     """The goodput planner with this model's step-cost profile (cached per model / device / kernel build)."""
     from verispec.kernels.build import build_digest, kernel_isa
@@ -134,7 +138,9 @@ def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, m
         args.dtype,
         args.keep_quantized,
     )
-    cost, _ = load_or_profile(runner, 0, profile_points(k, top, args.max_num_seqs), key)
+    # a batch step over up to 16 sequences prices what an ended request saves a closed batch
+    batch_slots = list(range(min(args.max_num_seqs, runner.cache.num_slots, _BATCH_PROFILE_SEQS)))
+    cost, _ = load_or_profile(runner, 0, profile_points(k, top, args.max_num_seqs), key, batch_slots)
     # a drafter without a forward of its own drafts one-hot tokens cheaply: its unverified drafts are judged for free
     # against the tokens committed, where the verification rule accepts a draft as often as the target samples it
     runs_forward = proposer.needs.runs_forward

@@ -98,6 +98,15 @@ class KVCache:
     def free(self, slot: int) -> None:
         heapq.heappush(self._free, slot)
 
+    def copy_prefix(self, src: int, dst: list[int], n: int) -> None:
+        """Positions [0, n) of slot src copied into every slot of dst, every layer (the step-cost profile's batch
+        step: many sequences behind one context)."""
+        if not dst or n <= 0:
+            return
+        d = torch.tensor(dst)
+        for kv in self.kv:
+            kv[d, :, :n] = kv[src, :, :n]
+
     def move(self, slot: int, src: list[int], dst: list[int]) -> None:
         """K/V at positions src copied to dst in `slot`, every layer (a token tree's accepted path made contiguous)."""
         s, d = torch.tensor(src), torch.tensor(dst)

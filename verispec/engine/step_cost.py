@@ -35,7 +35,7 @@ _PROFILE_REPEATS = 6
 _PROFILE_BUDGET_S = 1.5
 _MAX_PROFILE_ROWS = 256
 # bumped when the way a profile is measured or smoothed changes: older cached profiles are not read
-_FORMAT = 4
+_FORMAT = 5
 
 
 class StepCostModel:
@@ -54,7 +54,9 @@ class StepCostModel:
     been seen, v keeps its last value (0 at first).
     """
 
-    def __init__(self, profile: dict[int, float]):
+    def __init__(self, profile: dict[int, float], batch: tuple[int, float] | None = None):
+        """profile: {rows: seconds} of one sequence's forward. batch: (n, seconds) of a plain step over n sequences
+        of one row each (`profile_batch_step`), or None."""
         if not profile or min(profile) < 1 or min(profile.values()) <= 0:
             raise ValueError(f"a step-cost profile needs positive timings at row counts >= 1, got {profile}")
         self.rows = sorted(profile)
@@ -66,6 +68,12 @@ class StepCostModel:
         self._memo: dict[int, float] = {}
         # profiled(r) for r = 0, 1, ... as far as a table was asked for
         self._profiled: list[float] = []
+        # what each sequence after the first adds to a plain step beyond its row (its own keys and values read by
+        # attention, its own sampling): 0 without a batch timing
+        self.seq_extra = 0.0
+        if batch is not None and batch[0] > 1:
+            n, seconds = batch
+            self.seq_extra = max(0.0, (seconds - self.profiled(n)) / (n - 1))
         # per kind of step (without drafts, with), decayed sums of: steps, then, each step weighted, its weight,
         # x = profile(rows), y = seconds, x^2, x*y
         self._sums = [[0.0] * 6, [0.0] * 6]
@@ -87,6 +95,11 @@ class StepCostModel:
     def cost(self, rows: int, drafted: bool = False) -> float:
         """drafted: the step verifies drafts (it pays v too)."""
         return self.a * self.profiled(rows) + self.b + (self.v if drafted else 0.0)
+
+    def plain_batch(self, n: int) -> float:
+        """Seconds of a plain step over n sequences (one row each): what a closed batch saves per step once a
+        request has ended is the difference of two of these (its row and its own keys and values)."""
+        return self.a * (self.profiled(n) + max(0, n - 1) * self.seq_extra) + self.b
 
     def table(self, plain_rows: int, most_rows: int) -> list[float]:
         """cost(r, drafted=r > plain_rows) for r = 0 .. most_rows in one pass: the planner weighs every row count
@@ -188,16 +201,22 @@ def profile_points(num_speculative_tokens: int, max_rows: int, batch_size: int =
     return sorted(points)
 
 
+def _profile_context(runner: ModelRunner, slot: int, most_rows: int) -> int:
+    """Prefill a _PROFILE_CONTEXT-token context (less where the cache is short) into `slot` -> its length."""
+    room = runner.cache.t_alloc - most_rows - 2
+    context = max(0, min(_PROFILE_CONTEXT, room))
+    if context:
+        runner.run([RowInput(slot, 0, [0] * context, logits_from=context - 1)])
+    return context
+
+
 @torch.inference_mode()
 def profile_step_cost(
     runner: ModelRunner, slot: int, points: list[int], repeats: int = _PROFILE_REPEATS
 ) -> dict[int, float]:
     """Time the target's forward over each row count in `points` (best of a few rounds) on a free KV slot, behind a
     _PROFILE_CONTEXT-token context. The slot's cache is scratch: the next request in it overwrites it."""
-    room = runner.cache.t_alloc - max(points) - 2
-    context = max(0, min(_PROFILE_CONTEXT, room))
-    if context:
-        runner.run([RowInput(slot, 0, [0] * context, logits_from=context - 1)])
+    context = _profile_context(runner, slot, max(points))
     best = dict.fromkeys(points, float("inf"))
     runner.run([RowInput(slot, context, [0] * max(points))])
     # rounds over the points (not repeats of one point), so a burst of load elsewhere spreads over all of them
@@ -223,6 +242,27 @@ def profile_step_cost(
             sync(runner.device)
             best[rows] = min(best[rows], time.perf_counter() - t)
     return monotone_profile(best)
+
+
+@torch.inference_mode()
+def profile_batch_step(
+    runner: ModelRunner, slots: list[int], repeats: int = _PROFILE_REPEATS
+) -> tuple[int, float]:
+    """(n, seconds): the best of a few plain steps over n = len(slots) sequences of one row each, every one behind a
+    copy of the first slot's _PROFILE_CONTEXT-token context. The rows profile times one sequence: a batch step also
+    reads every sequence's own keys and values (at batch 16 with 300-token contexts, a plain step cost 12 ms where
+    16 rows of one sequence cost 7), which a closed batch saves once a request has ended. The slots are scratch."""
+    context = _profile_context(runner, slots[0], 1)
+    runner.cache.copy_prefix(slots[0], slots[1:], context)
+    rows = [RowInput(s, context, [0]) for s in slots]
+    runner.run(rows)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        runner.run(rows)
+        sync(runner.device)
+        best = min(best, time.perf_counter() - t)
+    return len(slots), best
 
 
 def monotone_profile(best: dict[int, float]) -> dict[int, float]:
@@ -253,31 +293,35 @@ def monotone_profile(best: dict[int, float]) -> dict[int, float]:
 
 
 def load_or_profile(
-    runner: ModelRunner, slot: int, points: list[int], key_parts: tuple
+    runner: ModelRunner, slot: int, points: list[int], key_parts: tuple, batch_slots: list[int] | None = None
 ) -> tuple[StepCostModel, bool]:
     """The cached profile for this model / device / kernel build / thread count when two spot checks (the smallest
-    and the largest step) still agree with it within 2x, else a fresh one (then cached). -> (model, whether it
-    came from the cache)."""
-    ident = repr((_FORMAT, key_parts, points, torch.get_num_threads()))
+    and the largest step) still agree with it within 2x, else a fresh one (then cached). batch_slots: free slots
+    (two or more) for a batch step (`profile_batch_step`). -> (model, whether it came from the cache)."""
+    batch_slots = batch_slots if batch_slots and len(batch_slots) > 1 else None
+    ident = repr((_FORMAT, key_parts, points, torch.get_num_threads(), len(batch_slots or ())))
     key = hashlib.sha256(ident.encode()).hexdigest()[:24]
     path = _cache_dir() / f"{key}.json"
     try:
-        cached = {int(r): float(s) for r, s in json.loads(path.read_text()).items()}
-        model = StepCostModel(cached)
+        saved = json.loads(path.read_text())
+        cached = {int(r): float(s) for r, s in saved["rows"].items()}
+        batch = None if saved["batch"] is None else (int(saved["batch"][0]), float(saved["batch"][1]))
+        model = StepCostModel(cached, batch)
         check = profile_step_cost(runner, slot, [points[0], points[-1]], repeats=1)
         if all(0.5 <= check[r] / model.profiled(r) <= 2.0 for r in check):
             return model, True
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (OSError, ValueError, AttributeError, TypeError, KeyError, IndexError):
         pass
     profile = profile_step_cost(runner, slot, points)
+    batch = None if batch_slots is None else profile_batch_step(runner, batch_slots)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(profile))
+        tmp.write_text(json.dumps({"rows": profile, "batch": batch}))
         os.replace(tmp, path)
     except OSError:
         pass
-    return StepCostModel(profile), False
+    return StepCostModel(profile, batch), False
 
 
 def model_fingerprint(path: str | Path) -> tuple:

@@ -670,11 +670,11 @@ class DraftPlanner:
 
     def token_worth(self, left: list[int], runs: float = 1.0) -> list[float]:
         """closed_batch_worth for a step whose requests (all of them, in order) have these steps left, priced
-        by the target's plain step cost. runs: the probability that the batch lasts as long as `left` says (below 1
+        by the target's plain step over that many sequences (StepCostModel.plain_batch: an ended request saves its
+        row and its own keys and values). runs: the probability that the batch lasts as long as `left` says (below 1
         where requests may end early: `chance_to_run`); otherwise its end is unknown and a token is worth 1, as in
         an open batch (any request may turn out to be the one the batch waits for)."""
-        cost = self._cost(len(left), len(left))
-        return [1.0 - runs * (1.0 - w) for w in closed_batch_worth(left, cost)]
+        return [1.0 - runs * (1.0 - w) for w in closed_batch_worth(left, self.step_cost.plain_batch)]
 
     def observe_step(self, tokens: int, rows: int, longest_draft: int, plain_rows: int) -> None:
         """A decode step that committed `tokens`, scoring `rows` rows (plain_rows without drafts) after drafting up
