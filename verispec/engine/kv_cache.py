@@ -103,7 +103,7 @@ class KVCache:
         step: many sequences behind one context)."""
         if not dst or n <= 0:
             return
-        d = torch.tensor(dst)
+        d = torch.tensor(dst, device=self.kv[0].device)
         for kv in self.kv:
             kv[d, :, :n] = kv[src, :, :n]
 
