@@ -15,7 +15,10 @@ time on each engine in turn, so that a slow spell of the machine (seconds long o
 them instead of on one whole run. A batch run alone goes in lockstep to its longest request (sampled runs ignore
 EOS: every request to max_tokens), so drafts that speed up only some of its requests cannot shorten it;
 `--prompts-per-turn N` (N > batch) gives each engine N prompts per turn and keeps its slots refilled as requests
-finish, as a server at that concurrency runs.
+finish, as a server at that concurrency runs. `--keep-engines` (with `--interleave`) builds each variant's engine
+once per cell and runs every round on it: from the second round on, suffix decoding's global tree holds the
+answers of the rounds before (a server asked the same or similar tasks again, as agents do), the regime where
+whole answers are recalled and almost every draft is accepted.
 
 Prints the CPU, one line per run and a summary per cell (planner / plain, best fixed K / plain, planner / best
 fixed K, and the ceiling that plain's share of prompt processing puts on any method end to end); writes JSON to
@@ -134,9 +137,19 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
         texts.setdefault(label, ids)
         rounds[label].append(asdict(res) | {"ids": ids, "mean_chosen_k": llm.engine.counters.mean_chosen_k})
 
-    def build(config: dict | None):
+    kept: dict[str, object] = {}
+
+    def build(label: str, config: dict | None):
         # every run on a fresh engine, plain too: a fresh engine's first run is slower (see time_llm), and
-        # reusing plain's would favour it from the second round on
+        # reusing plain's would favour it from the second round on (with --keep-engines every variant's is reused)
+        if args.keep_engines and label in kept:
+            return kept[label]
+        llm = _fresh(config)
+        if args.keep_engines:
+            kept[label] = llm
+        return llm
+
+    def _fresh(config: dict | None):
         nonlocal plain
         if config is None:
             # the tokenizer's engine serves plain's first run
@@ -151,7 +164,11 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
         order = configs[shift:] + configs[:shift]
         if args.interleave:
             timers = interleaved_round(
-                [(label, build(config)) for label, config in order], prompts, sp, batch, args.prompts_per_turn
+                [(label, build(label, config)) for label, config in order],
+                prompts,
+                sp,
+                batch,
+                args.prompts_per_turn,
             )
             for label, timer in timers.items():
                 record(label, timer.llm, timer.result(), timer.outs)
@@ -160,7 +177,7 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
             gc.collect()
             continue
         for label, config in order:
-            llm = build(config)
+            llm = build(label, config)
             res, outs = time_llm(llm, prompts, sp, label, batch=batch)
             record(label, llm, res, outs)
             # the old engine's memory back before the next one is built
@@ -228,6 +245,12 @@ def main() -> None:
         "one engine per variant)",
     )
     ap.add_argument(
+        "--keep-engines",
+        action="store_true",
+        help="with --interleave: one engine per variant for all of a cell's rounds (suffix decoding's global tree "
+        "keeps the rounds' answers: repeated tasks)",
+    )
+    ap.add_argument(
         "--prompts-per-turn",
         type=int,
         default=None,
@@ -254,6 +277,8 @@ def main() -> None:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompts_per_turn is not None and args.prompts_per_turn < 1:
         ap.error(f"--prompts-per-turn must be >= 1, got {args.prompts_per_turn}")
+    if args.keep_engines and not args.interleave:
+        ap.error("--keep-engines needs --interleave (one engine per variant, alive together)")
     started = time.time()
     cells = []
     for w in workloads:
