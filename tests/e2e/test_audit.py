@@ -24,35 +24,36 @@ def _draft_cfg(draft: str, **extra) -> str:
 
 
 def _accept_first(out, n, draft, force):
-    """Rows where force and the first draft was rejected accept it instead (the replacement moves one on)."""
+    """Rows where force and the first draft was rejected accept it instead (the replacement moves one on).
+    out: the emitted token [B] (the fused rules' and the greedy rule's result) or the output tokens [B, K+1]
+    (rejection_sample's)."""
     if draft.shape[1] == 0:
         return out, n
     force = force & (draft[:, 0] >= 0) & (n == 0)
-    out = out.clone()
-    out[:, 1] = torch.where(force, out[:, 0], out[:, 1])
-    out[:, 0] = torch.where(force, draft[:, 0], out[:, 0])
+    if out.dim() == 2:
+        out = out.clone()
+        out[:, 1] = torch.where(force, out[:, 0], out[:, 1])
+        out[:, 0] = torch.where(force, draft[:, 0], out[:, 0])
     return out, torch.where(force, torch.ones_like(n), n)
 
 
 def _break_verifier(monkeypatch, sampled_only: bool) -> None:
     """A verifier that accepts the first draft whatever the target says, in every row or in sampled rows only:
-    the greedy rule (step.greedy_verify), the dense sampled rules (step.rejection_sample) and the fused kernel's
-    sampled verification (step._fused) alike."""
+    the greedy rule (step._greedy, kernel or tensors), the dense sampled rules (step.rejection_sample) and the
+    fused kernel's sampled verification (step._fused) alike."""
 
     def broken(real):
         def wrapper(*args, **kw):
             res = real(*args, **kw)
-            # the drafts [B, K]: greedy_verify's first argument, rejection_sample's second, _fused's third
-            draft = args[{"greedy_verify": 0, "rejection_sample": 1, "_fused": 2}[real.__name__]]
+            # the drafts [B, K]: _greedy's and _fused's third argument, rejection_sample's second
+            draft = args[{"_greedy": 2, "rejection_sample": 1, "_fused": 2}[real.__name__]]
             return (
                 None if res is None else _accept_first(*res, draft, torch.ones_like(res[1], dtype=torch.bool))
             )
 
         return wrapper
 
-    names = (
-        ("rejection_sample", "_fused") if sampled_only else ("rejection_sample", "_fused", "greedy_verify")
-    )
+    names = ("rejection_sample", "_fused") if sampled_only else ("rejection_sample", "_fused", "_greedy")
     for name in names:
         monkeypatch.setattr(step, name, broken(getattr(step, name)))
 
