@@ -27,7 +27,7 @@ _DECAY = 0.995
 _MIN_GROUP = 2.0
 # the fixed cost of verifying counts as if this many more steps with drafts had shown none: a fit from a few noisy
 # steps is taken in part, so that a slow moment cannot price verifying out for good (nothing verified, nothing
-# measured: measured, a fit from 2 steps kept a batch from verifying anything for 5 rounds)
+# measured: a fit from 2-3 slow steps kept a batch from verifying anything for four rounds)
 _V_PRIOR_STEPS = 4.0
 _PROFILE_CONTEXT = 256
 _PROFILE_REPEATS = 6
@@ -51,7 +51,8 @@ class StepCostModel:
     for attention over every request's own context and for sampling every step, which the one-sequence profile does
     not time and which an extra row does not grow (as a scale it would price every extra row too high). Steps faster
     than a * profile give a = measured / profiled and b = 0. Until both kinds of step (with and without drafts) have
-    been seen, v keeps its last value (0 at first).
+    been seen, v keeps its last fit (0 at first); v is that fit shrunk by the decayed count n of steps with drafts,
+    n / (n + _V_PRIOR_STEPS).
     """
 
     def __init__(self, profile: dict[int, float], batch: tuple[int, float] | None = None):
@@ -116,8 +117,7 @@ class StepCostModel:
 
         Each step weighs 1 / profile(rows)^2 in the fit (its relative error is what counts): a VM's timing noise
         scales with the step, and a few steps of hundreds of rows (long drafts for a whole batch) would otherwise
-        outweigh the many steps near the batch size, where the planner decides, and bend the fit there (measured:
-        a verified step priced 2.2 ms above a plain one, which then verified nothing for a whole batch)."""
+        outweigh the many steps near the batch size, where the planner decides."""
         x = self.profiled(rows)
         w = (self.seconds[0] / x) ** 2
         for sums in self._sums:
