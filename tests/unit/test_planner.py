@@ -738,3 +738,19 @@ def test_the_ask_estimate_learns_from_drafts_with_confidence():
     for i in range(200):
         model.observe(f"r{i % 8}", 3, 0, [0.9, 0.9, 0.9])
     assert model.conditional("new", 1)[0] < 0.2
+
+
+def test_a_request_whose_confident_drafts_pay_is_asked_above_its_position_rate():
+    """Half the requests' first drafts fail (suffix drafts at the start of an answer, the same template tail before
+    every one); one request's confident drafts keep being accepted (an answer recalled mid-way). Its estimate with
+    confidence stays what its confidence says; its estimate before drafts exist (the ask's) rises well above the
+    position's rate."""
+    model = AcceptanceModel(num_positions=4)
+    for i in range(200):
+        model.observe(f"start{i % 8}", 2, i % 2, [0.3, 0.3])
+    for _ in range(6):
+        model.observe("recall", 2, 2, [0.95, 0.95])
+    position_rate = model.conditional("fresh", 1)[0]
+    assert 0.4 < position_rate < 0.6
+    assert model.conditional("recall", 1)[0] > 1.3 * position_rate
+    assert model.conditional("recall", 1, [0.95])[0] == pytest.approx(model._base(0, 0.95), rel=0.1)

@@ -204,9 +204,13 @@ IDLE_SKIP_MAX = 4
 @dataclass
 class _RequestHistory:
     # per draft position, decayed accepted drafts and the shared estimate's predictions for them: the request's
-    # correction there is their ratio
+    # correction there is their ratio. predicted: what the estimate each draft was judged by said (its confidence
+    # bin's rate where it had one); expected: what the position's rate alone said. Each corrects its own estimate:
+    # a request whose confident drafts keep being accepted is as its confidence said, yet far above its position's
+    # rate, which is all the ask has before its drafts exist
     accepted: list[float] = field(default_factory=list)
     predicted: list[float] = field(default_factory=list)
+    expected: list[float] = field(default_factory=list)
     # speculating steps in a row that verified no draft (probing after PROBE_AFTER of them)
     idle_steps: int = 0
     # when the request last drafted, in the planner's count of drafting turns (shadow drafts go to the longest
@@ -275,7 +279,7 @@ class AcceptanceModel:
         h = self.requests.get(request_id)
         if h is None:
             n = self.num_positions
-            h = self.requests[request_id] = _RequestHistory([0.0] * n, [0.0] * n)
+            h = self.requests[request_id] = _RequestHistory([0.0] * n, [0.0] * n, [0.0] * n)
         return h
 
     def conditional(self, request_id: str, k: int, confidence: Sequence[float] | None = None) -> list[float]:
@@ -288,10 +292,11 @@ class AcceptanceModel:
         last, m = self.num_positions - 1, self.request_strength
         out = []
         for i in range(k):
-            base = self._base(i, conf[i] if i < len(conf) else None)
+            c = conf[i] if i < len(conf) else None
+            base = self._base(i, c)
             if h is not None:
                 j = min(i, last)
-                base *= (h.accepted[j] + m) / (h.predicted[j] + m)
+                base *= (h.accepted[j] + m) / ((h.expected if c is None else h.predicted)[j] + m)
             out.append(min(_CEILING, max(_FLOOR, base)))
         if h is not None and not conf:
             h.memo = (self._version, out[:], expected_gains(out))
@@ -312,6 +317,7 @@ class AcceptanceModel:
         j = min(pos, self.num_positions - 1)
         h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
         h.predicted[j] = h.predicted[j] * self.request_decay + self._base(pos, confidence)
+        h.expected[j] = h.expected[j] * self.request_decay + self._position_value(pos)
         if confidence is not None:
             self._rate(pos, confidence).observe(hit, self.shared_decay)
         # the position's estimate learns from every judged draft, whatever its confidence: it is what a request's
