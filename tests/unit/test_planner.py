@@ -754,3 +754,24 @@ def test_a_request_whose_confident_drafts_pay_is_asked_above_its_position_rate()
     assert 0.4 < position_rate < 0.6
     assert model.conditional("recall", 1)[0] > 1.3 * position_rate
     assert model.conditional("recall", 1, [0.95])[0] == pytest.approx(model._base(0, 0.95), rel=0.1)
+
+
+def test_a_first_draft_after_an_accepted_one_is_estimated_by_the_streak():
+    """Drafts with confidence that come in streaks (recalled answers: the first drafts at an answer's start fail
+    until the recall locks on, then they pass): a request's first-draft estimate before its drafts exist follows its
+    last judged outcome. Drafts without confidence (n-gram matches) keep their position's rate."""
+    model = AcceptanceModel(num_positions=4)
+    for i in range(60):
+        rid = f"r{i % 8}"
+        for hit in [False] * 3 + [True] * 5:
+            model.observe_one(rid, 0, hit, 0.5)
+    model.observe_one("hit", 0, True, 0.5)
+    model.observe_one("miss", 0, False, 0.5)
+    after_hit, after_miss = model.conditional("hit", 1)[0], model.conditional("miss", 1)[0]
+    assert after_hit > 0.7 and after_miss < 0.45 and after_hit > 1.5 * after_miss
+    plain = AcceptanceModel(num_positions=4)
+    for i in range(100):
+        plain.observe_one(f"r{i % 8}", 0, i % 4 != 0)
+    plain.observe_one("hit", 0, True)
+    plain.observe_one("miss", 0, False)
+    assert plain.requests["hit"].last_hit is None
