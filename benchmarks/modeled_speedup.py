@@ -93,7 +93,7 @@ def main() -> None:
             batch = saved.get("batch")
             batch = None if batch is None else (int(batch[0]), float(batch[1]))
             StepCostModel(profile, batch)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
             ap.error(f"--profile {args.profile}: not a modeled_speedup.py JSON with a profile ({e!r})")
     ref = LLM(args.model, **kw)
     if not args.profile:

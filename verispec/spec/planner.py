@@ -332,13 +332,11 @@ class AcceptanceModel:
         j = min(pos, self.num_positions - 1)
         h.accepted[j] = h.accepted[j] * self.request_decay + float(hit)
         plain = self._plain_base(pos, h)
-        h.predicted[j] = h.predicted[j] * self.request_decay + (
-            plain if confidence is None else self._base(pos, confidence)
-        )
+        judged_by = plain if confidence is None else self._base(pos, confidence)
+        h.predicted[j] = h.predicted[j] * self.request_decay + judged_by
         h.expected[j] = h.expected[j] * self.request_decay + plain
         if confidence is not None:
             self._rate(pos, confidence).observe(hit, self.shared_decay)
-        if confidence is not None:
             # (drafts without confidence keep their position's rate: n-gram matches that fail start new ones)
             if pos == 0 and h.last_hit is not None:
                 self.after[h.last_hit].observe(hit, self.shared_decay)
