@@ -14,12 +14,14 @@ from tests.eagle3_reference import eagle3_reference
 from verispec import LLM, SamplingParams
 
 
-def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_eagle3):
+@pytest.mark.parametrize("skip", [False, True])
+def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_eagle3, skip):
     """The proposer catches up on the committed (token, target state) pairs, then feeds back its own drafts and
     states with its KV cache: each draft must be the argmax of the block run from scratch on entries
     (x_1, h_0), ..., (x_n, h_{n-1}), (d_1, fed back), ..., (d_{k-1}, fed back) at positions 0, 1, 2, ... A feedback
     entry one position off (a skipped or stale KV entry), a stale catch-up entry or a misaligned state gives other
-    logits."""
+    logits. skip: each request is asked for drafts only every other step; the drafter runs only the requests asked
+    (one skipped keeps its states unread) and later catches up over several steps' states at once."""
     folder = Path(tiny_eagle3)
     w, cfg = load_file(str(folder / "model.safetensors")), json.loads((folder / "config.json").read_text())
     llm = LLM(
@@ -41,7 +43,14 @@ def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
         observe(reqs, hidden)
 
     def spy_propose(reqs, k_max):
+        if skip:
+            k_max = [k if (len(calls) + i) % 2 else 0 for i, k in enumerate(k_max)]
+        before = dict(prop.computed)
         out = propose(reqs, k_max)
+        for r, k in zip(reqs, k_max):
+            if k == 0:
+                # not read: its states wait for its next draft
+                assert prop.computed[r.request_id] == before[r.request_id]
         for r, drafts in zip(reqs, out.token_ids):
             h = torch.cat(states[r.request_id])[: r.num_computed]
             calls.append((r.tokens_from(0), h, drafts))
@@ -124,11 +133,13 @@ def test_eagle3_draft_follows_a_quantized_targets_weights(tiny_llama, tiny_eagle
     assert llm.engine.counters.spec.num_draft_tokens > 0
 
 
-def test_dflash_block_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_dflash):
+@pytest.mark.parametrize("skip", [False, True])
+def test_dflash_block_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_dflash, skip):
     """The proposer writes the context K/V of the target states as they arrive (prompt chunks, accepted drafts) and
     overwrites its block's K/V the next step: each step's drafts must be the argmax of the DFlash formula run from
     scratch on all the target's states so far and the block [newest token, mask, ..., mask]. A context position
-    skipped, written twice or one off, or a stale block entry, gives other logits."""
+    skipped, written twice or one off, or a stale block entry, gives other logits. skip: each request is asked
+    every other step (one not asked keeps its states unwritten until it is)."""
     from tests.dflash_reference import dflash_reference
 
     folder = Path(tiny_dflash)
@@ -154,7 +165,14 @@ def test_dflash_block_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
         observe(reqs, hidden)
 
     def spy_propose(reqs, k_max):
+        if skip:
+            k_max = [k if (len(calls) + i) % 2 else 0 for i, k in enumerate(k_max)]
+        before = dict(prop.computed)
         out = propose(reqs, k_max)
+        for r, k in zip(reqs, k_max):
+            if k == 0:
+                # not read: its states wait for its next draft
+                assert prop.computed[r.request_id] == before[r.request_id]
         for r, drafts in zip(reqs, out.token_ids):
             calls.append((r.tokens_from(0), torch.cat(states[r.request_id])[: r.num_computed], drafts))
         return out

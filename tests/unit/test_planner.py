@@ -286,6 +286,37 @@ def test_probes_spend_at_most_their_budget(profile):
     assert spent <= PROBE_BUDGET * total + cost.cost(32) - cost.cost(16)
 
 
+# the drafting time measured, not patched out
+@pytest.mark.row_cost(None)
+def test_a_drafter_with_a_forward_pays_for_its_probes():
+    """A probe of a drafter with a forward of its own (EAGLE, a draft model) also costs its drafting for the probed
+    request (catching up on the tokens since it last drafted, then the draft): probes wait until the credit covers
+    that too, so rows and drafting together stay within PROBE_BUDGET of the steps."""
+    cost = FixedCost(0.015)
+    ids = [f"r{i}" for i in range(16)]
+    planner = DraftPlanner(4, cost, drafter_runs_forward=True, max_rows=64)
+    hopeless(planner, ids)
+    # drafting for one request costs a third of a plain step over the batch
+    each = cost.cost(16) / 3
+    spent = total = 0.0
+    probes = 0
+    for step in range(800):
+        ask = planner.ask(ids, [4] * 16, 16)
+        n = sum(1 for k in ask if k)
+        drafting = n * each
+        if n:
+            planner.observe_draft_time(max(ask), drafting)
+        chosen = planner.choose(ids, [[1] * k for k in ask], None, 16, drafting)
+        assert chosen == ask
+        # from the first measured probe on
+        if step >= 2 * PROBE_AFTER:
+            probes += n
+            total += cost.cost(16)
+            spent += cost.cost(16 + n) - cost.cost(16) + drafting
+    assert probes > 0
+    assert spent <= PROBE_BUDGET * total + cost.cost(17) - cost.cost(16) + each
+
+
 def test_dear_probes_wait_and_run_together():
     """When the 17th row starts another AMX tile, one probe costs as much as sixteen: due requests wait until the
     credit covers the tile, then probe in the same step."""

@@ -74,3 +74,25 @@ class Proposer(Protocol):
         """Only called when needs.observes_states: states[b] [len(token_ids[b]), len(aux_layers), H] (aux_layers
         order); called before the step's tokens are committed, so a request that finishes in this step is live."""
         ...
+
+
+def asked(k_max: list[int]) -> list[int] | None:
+    """Indices of the requests asked for drafts, or None when every request is: a drafter with a forward of its own
+    runs only those (a request it skips keeps its unread target states for its next draft)."""
+    rows = [i for i, k in enumerate(k_max) if k > 0]
+    return None if len(rows) == len(k_max) else rows
+
+
+def scatter(sub: Proposal, rows: list[int], n: int) -> Proposal:
+    """A chain proposal for the requests at `rows` of a batch of n -> one for the whole batch (no drafts elsewhere)."""
+    drafts: list[list[int]] = [[] for _ in range(n)]
+    confidence: list[list[float]] = [[] for _ in range(n)]
+    for j, i in enumerate(rows):
+        drafts[i] = sub.token_ids[j]
+        confidence[i] = sub.confidence[j] if sub.confidence is not None else []
+    probs = None
+    if sub.draft_probs is not None:
+        # [n, K, V]
+        probs = sub.draft_probs.new_zeros(n, *sub.draft_probs.shape[1:])
+        probs[rows] = sub.draft_probs
+    return Proposal(drafts, probs, confidence=None if sub.confidence is None else confidence)

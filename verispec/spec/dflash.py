@@ -51,7 +51,8 @@ class DFlashProposer(StateSlots):
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
         if max(k_max, default=0) == 0:
             return Proposal([[] for _ in reqs])
-        self._write_context(reqs)
+        # a request not asked keeps its states for its next draft
+        self._write_context([r for r, k in zip(reqs, k_max) if k > 0])
         rows = []
         for r, k in zip(reqs, k_max):
             if k == 0:

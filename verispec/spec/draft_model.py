@@ -26,7 +26,7 @@ from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
 from verispec.sample import logits as S
-from verispec.spec.base import Proposal, ProposerNeeds
+from verispec.spec.base import Proposal, ProposerNeeds, asked, scatter
 from verispec.spec.vocab_map import VocabMap
 
 
@@ -115,12 +115,12 @@ class DraftModelProposer:
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
-        if self.map is not None:
+        live = asked(k_max)
+        if live is None and self.map is not None:
             live = [i for i, r in enumerate(reqs) if self._fits(r, k)]
-            if len(live) < len(reqs):
-                return _scatter(
-                    self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs)
-                )
+            live = None if len(live) == len(reqs) else live
+        if live is not None:
+            return scatter(self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs))
         if self.mask_token is not None:
             return self._propose_parallel(reqs, k_max, k)
         # logits [B, V] at each request's newest token
@@ -199,21 +199,6 @@ class DraftModelProposer:
         hidden, _ = m(tok, positions, ctx, self.cache.kv)
         # [B, V]
         return m.compute_logits(hidden)
-
-
-def _scatter(sub: Proposal, rows: list[int], n: int) -> Proposal:
-    """A proposal for the requests at `rows` of a batch of n -> one for the whole batch (no drafts elsewhere)."""
-    drafts: list[list[int]] = [[] for _ in range(n)]
-    confidence: list[list[float]] = [[] for _ in range(n)]
-    for j, i in enumerate(rows):
-        drafts[i] = sub.token_ids[j]
-        confidence[i] = sub.confidence[j] if sub.confidence is not None else []
-    probs = None
-    if sub.draft_probs is not None:
-        # [n, K, V]
-        probs = sub.draft_probs.new_zeros(n, *sub.draft_probs.shape[1:])
-        probs[rows] = sub.draft_probs
-    return Proposal(drafts, probs, confidence=confidence)
 
 
 def draft_confidence(logits: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:

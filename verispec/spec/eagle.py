@@ -23,7 +23,7 @@ from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
 from verispec.sample.logits import draw_noise
 from verispec.sample.tree_verify import sample_children
-from verispec.spec.base import Proposal, ProposerNeeds
+from verispec.spec.base import Proposal, ProposerNeeds, asked, scatter
 from verispec.spec.state_slots import StateSlots
 from verispec.spec.tree import DynamicTree, TokenTree, TreeBatch, ancestors_of
 
@@ -51,6 +51,10 @@ class EagleProposer(StateSlots):
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
+        # a chain drafts only for the requests asked (a tree step drafts for every request)
+        live = asked(k_max) if self.tree is None else None
+        if live is not None:
+            return scatter(self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs))
         rows, states = [], []
         for r in reqs:
             # the newest committed token sits at position `end`

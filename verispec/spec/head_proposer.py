@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from verispec.engine.request import Request
-from verispec.spec.base import Proposal, ProposerNeeds
+from verispec.spec.base import Proposal, ProposerNeeds, asked, scatter
 
 
 class HeadProposer:
@@ -42,6 +42,9 @@ class HeadProposer:
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
+        live = asked(k_max)
+        if live is not None:
+            return scatter(self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs))
         # [B, H]
         x = torch.stack([self.hidden[r.request_id] for r in reqs]).to(self.dtype)
         # [B]

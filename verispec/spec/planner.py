@@ -184,7 +184,8 @@ class _Rate:
 # without it a request that once looked hopeless would never show that it has become predictable
 PROBE_AFTER = 16
 # probes spend at most this share of the target's step time: every step adds that share of its cost to a credit,
-# and a due probe runs once the credit covers what its row adds to the step. Where an extra row is cheap (an AMX
+# and a due probe runs once the credit covers what its row adds to the step (and, for a drafter with a forward of its
+# own, what drafting for one request costs: its catch-up on the tokens since it last drafted, then its draft). Where an extra row is cheap (an AMX
 # tile with room, a memory-bound step) a due request probes at once; where a row is dear (a 17th row past a full
 # AMX-INT8 tile, rows as costly as a step) due probes wait and then run together, so they stay within the budget
 PROBE_BUDGET = 0.02
@@ -468,6 +469,8 @@ class DraftPlanner:
         # drafting time that shadow drafts may still spend (SHADOW_BUDGET of every step's cost)
         self.request_draft_seconds = 0.0
         self.asked = 0
+        # a drafter with a forward: request_draft_seconds as this step's ask read it (its probes' drafting cost)
+        self.probe_drafting = 0.0
         self.shadow_credit = 0.0
         self.turns = 0
         # planned steps in a row that verified nothing, steps left to skip planning, and whether this step skipped it
@@ -529,10 +532,14 @@ class DraftPlanner:
             return [0] * len(caps)
         self.known.update(request_ids)
         if self.runs_forward:
+            # what a probe's drafting costs, for this step's ask and choice alike
+            self.probe_drafting = self.request_draft_seconds
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
             lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth)
-            return self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
+            out = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
+            self.asked = sum(1 for k in out if k)
+            return out
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
         # pay decides it
         drafting = self.draft_cost(max(caps, default=0))
@@ -752,9 +759,11 @@ class DraftPlanner:
             elif count:
                 h.idle_steps += 1
         now = cost(base_rows)
+        # a drafter with a forward drafts for each probed request (the engine's drafters run only the ones asked)
+        each = self.probe_drafting if self.runs_forward else 0.0
 
         def extra(j: int) -> float:
-            return cost(base_rows + probe_rows(j)) - now if j else 0.0
+            return cost(base_rows + probe_rows(j)) - now + j * each if j else 0.0
 
         credit = self.probe_credit + PROBE_BUDGET * now
         due.sort(key=lambda t: -t[0].idle_steps)
