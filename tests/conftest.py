@@ -40,7 +40,7 @@ def planner_step_cost(request, monkeypatch):
     if row_cost is not None:
         monkeypatch.setattr(builder, "load_or_profile", lambda *a, **k: (FrozenStepCost(row_cost), True))
         # drafting counts as free too
-        monkeypatch.setattr(DraftPlanner, "observe_draft_time", lambda self, k, seconds: None)
+        monkeypatch.setattr(DraftPlanner, "observe_draft_time", lambda self, k, seconds, read=None: None)
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,8 @@ def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
             if k == 0:
                 # not read: its states wait for its next draft
                 assert prop.computed[r.request_id] == before[r.request_id]
+            # the planner prices the positions a draft would read first
+            assert prop.backlog(r) == (r.num_computed - before[r.request_id] if k == 0 else 0)
         for r, drafts in zip(reqs, out.token_ids):
             h = torch.cat(states[r.request_id])[: r.num_computed]
             calls.append((r.tokens_from(0), h, drafts))
@@ -173,6 +175,8 @@ def test_dflash_block_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
             if k == 0:
                 # not read: its states wait for its next draft
                 assert prop.computed[r.request_id] == before[r.request_id]
+            # the planner prices the positions a draft would read first
+            assert prop.backlog(r) == (r.num_computed - before[r.request_id] if k == 0 else 0)
         for r, drafts in zip(reqs, out.token_ids):
             calls.append((r.tokens_from(0), torch.cat(states[r.request_id])[: r.num_computed], drafts))
         return out

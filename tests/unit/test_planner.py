@@ -290,31 +290,68 @@ def test_probes_spend_at_most_their_budget(profile):
 @pytest.mark.row_cost(None)
 def test_a_drafter_with_a_forward_pays_for_its_probes():
     """A probe of a drafter with a forward of its own (EAGLE, a draft model) also costs its drafting for the probed
-    request (catching up on the tokens since it last drafted, then the draft): probes wait until the credit covers
-    that too, so rows and drafting together stay within PROBE_BUDGET of the steps."""
+    request: reading the positions committed since it last drafted for it (its prompt at first), then the draft.
+    Probes wait until the credit covers all of it, so rows, reading and drafting together stay within
+    PROBE_BUDGET of the steps."""
     cost = FixedCost(0.015)
     ids = [f"r{i}" for i in range(16)]
     planner = DraftPlanner(4, cost, drafter_runs_forward=True, max_rows=64)
     hopeless(planner, ids)
-    # drafting for one request costs a third of a plain step over the batch
-    each = cost.cost(16) / 3
+    # a draft for one request costs a tenth of a plain step over the batch, reading 50 positions one more
+    each, per_position = cost.cost(16) / 10, cost.cost(16) / 500
+    # positions each request's drafter has not read: a prompt of 100 at first
+    backlog = dict.fromkeys(ids, 100)
     spent = total = 0.0
     probes = 0
-    for step in range(800):
-        ask = planner.ask(ids, [4] * 16, 16)
-        n = sum(1 for k in ask if k)
-        drafting = n * each
-        if n:
-            planner.observe_draft_time(max(ask), drafting)
+    for step in range(1600):
+        ask = planner.ask(ids, [4] * 16, 16, backlog=[backlog[r] for r in ids])
+        asked = [r for r, k in zip(ids, ask) if k]
+        read = sum(backlog[r] for r in asked)
+        drafting = len(asked) * each + read * per_position
+        if asked:
+            planner.observe_draft_time(max(ask), drafting, read)
         chosen = planner.choose(ids, [[1] * k for k in ask], None, 16, drafting)
         assert chosen == ask
-        # from the first measured probe on
-        if step >= 2 * PROBE_AFTER:
-            probes += n
+        for r in ids:
+            backlog[r] = 1 if r in asked else backlog[r] + 1
+        # once the reading and the drafting have been measured
+        if step >= 4 * PROBE_AFTER:
+            probes += len(asked)
             total += cost.cost(16)
-            spent += cost.cost(16 + n) - cost.cost(16) + drafting
+            spent += cost.cost(16 + len(asked)) - cost.cost(16) + drafting
+    # (learned from asks that read many positions, some drafting included)
+    assert per_position <= planner.read_seconds < 2 * per_position
     assert probes > 0
-    assert spent <= PROBE_BUDGET * total + cost.cost(17) - cost.cost(16) + each
+    # (plus one probe run on credit kept)
+    assert spent <= PROBE_BUDGET * total + cost.cost(17) - cost.cost(16) + each + 150 * per_position
+
+
+# the drafting time measured, not patched out
+@pytest.mark.row_cost(None)
+def test_a_drafters_reading_is_priced_per_position():
+    """A drafter with a forward of its own reads a request's positions committed since it last drafted for it (a
+    prompt at first) before drafting. The planner learns the seconds per position from an ask that read many,
+    keeps the drafting time net of reading, and prices each request's backlog: of two requests with the same
+    history, the one whose backlog would take longer to read than its drafts save is not asked."""
+    planner = DraftPlanner(3, FixedCost(0.0), drafter_runs_forward=True, max_rows=64)
+    assert planner.ask(["a", "b"], [3, 3], 2, backlog=[500, 500]) == [3, 3]
+    # two prompts read at 1 ms a position
+    planner.observe_draft_time(3, 1.0, read=1000)
+    assert planner.read_seconds == pytest.approx(0.001)
+    assert planner.draft_cost(3) == 0.0
+    # a step that read each request's newest token: drafting itself took 10 ms
+    planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 1])
+    planner.observe_draft_time(3, 0.012, read=2)
+    assert planner.draft_cost(3) == pytest.approx(0.010)
+    # an ask that read a long backlog teaches the reading, not the drafting
+    planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 200])
+    planner.observe_draft_time(3, 0.211, read=201)
+    assert planner.read_seconds == pytest.approx(0.001)
+    assert planner.draft_cost(3) == pytest.approx(0.010)
+    # a plain step costs 1 s; reading b's 5000 positions would cost 5
+    a, b = planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 5000])
+    assert a > 0 and b == 0
+    assert planner.ask(["a", "b"], [3, 3], 2) == [a, a]
 
 
 def test_dear_probes_wait_and_run_together():

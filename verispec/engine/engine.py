@@ -316,12 +316,16 @@ class LLMEngine:
             worth = self._token_worth(reqs, spec)
             k_step = schedule_cap(self.opts.spec_schedule, len(reqs), self.opts.num_speculative_tokens)
             caps = [self._draft_cap(r, k_step) for r in spec]
-            ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth)
+            # a drafter with a forward of its own first reads what was committed since it last drafted
+            reads = planner is not None and self.proposer.needs.runs_forward
+            backlog = [self.proposer.backlog(r) for r in spec] if reads else None
+            ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth, backlog)
             t = time.perf_counter()
             prop = self.proposer.propose(spec, ask)
             draft_seconds = time.perf_counter() - t
             if planner is not None:
-                planner.observe_draft_time(max(ask, default=0), draft_seconds)
+                read = sum(backlog) - sum(self.proposer.backlog(r) for r in spec) if backlog else None
+                planner.observe_draft_time(max(ask, default=0), draft_seconds, read)
             # a dynamic tree's node budget: its most confident nodes that pay (none: this step drafts nothing)
             no_drafts = False
             if planner is not None and isinstance(prop.tree, TreeBatch) and prop.confidence is not None:

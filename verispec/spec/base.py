@@ -63,6 +63,12 @@ class Proposer(Protocol):
         """Drafts for each request's next step (after its newest committed token), at most k_max[b] each."""
         ...
 
+    def backlog(self, req: Request) -> int:
+        """Only called when needs.runs_forward: the positions the drafter reads before it drafts for req (its
+        catch-up on the tokens committed since it last drafted for it; the prompt at first). The planner prices a
+        draft for a request that has been idle with it."""
+        ...
+
     def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
         """Only called when needs.target_hidden is not "none": hidden[b] [n_b, H], the rows of the positions ending
         at reqs[b].num_computed (exclusive), in order; its last row produced the newest token."""

@@ -26,7 +26,7 @@ from verispec.engine.kv_cache import KVCache
 from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request
 from verispec.sample import logits as S
-from verispec.spec.base import Proposal, ProposerNeeds, asked, scatter
+from verispec.spec.base import Proposal, ProposerNeeds, scatter
 from verispec.spec.vocab_map import VocabMap
 
 
@@ -73,6 +73,18 @@ class DraftModelProposer:
         self.draft_ids.pop(req.request_id, None)
         self.translated.pop(req.request_id, None)
 
+    def backlog(self, req: Request) -> int:
+        rid = req.request_id
+        if self.map is None:
+            return req.num_tokens - self.computed[rid]
+        # draft ids not yet fed, and target tokens not yet translated (about one draft id each)
+        return (
+            len(self.draft_ids.get(rid, ()))
+            - self.computed[rid]
+            + req.num_tokens
+            - self.translated.get(rid, 0)
+        )
+
     def _catch_up_rows(self, reqs: list[Request]) -> list[RowInput]:
         if self.map is not None:
             return [self._translated_row(r) for r in reqs]
@@ -115,12 +127,17 @@ class DraftModelProposer:
         k = max(k_max, default=0)
         if k == 0:
             return Proposal([[] for _ in reqs])
-        live = asked(k_max)
-        if live is None and self.map is not None:
-            live = [i for i, r in enumerate(reqs) if self._fits(r, k)]
-            live = None if len(live) == len(reqs) else live
-        if live is not None:
-            return scatter(self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs))
+        # only the requests asked (and, with a vocab_map, whose context and drafts fit the draft cache)
+        live = [i for i, k_i in enumerate(k_max) if k_i > 0 and (self.map is None or self._fits(reqs[i], k))]
+        if len(live) == len(reqs):
+            return self._draft(reqs, k_max, k)
+        sub = [k_max[i] for i in live]
+        return scatter(self._draft([reqs[i] for i in live], sub, max(sub, default=0)), live, len(reqs))
+
+    def _draft(self, reqs: list[Request], k_max: list[int], k: int) -> Proposal:
+        """Catch up on each request's tokens, then draft up to k tokens each."""
+        if not reqs:
+            return Proposal([])
         if self.mask_token is not None:
             return self._propose_parallel(reqs, k_max, k)
         # logits [B, V] at each request's newest token

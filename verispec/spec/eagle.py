@@ -53,8 +53,12 @@ class EagleProposer(StateSlots):
             return Proposal([[] for _ in reqs])
         # a chain drafts only for the requests asked (a tree step drafts for every request)
         live = asked(k_max) if self.tree is None else None
-        if live is not None:
-            return scatter(self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs))
+        if live is None:
+            return self._draft(reqs, k_max, k)
+        return scatter(self._draft([reqs[i] for i in live], [k_max[i] for i in live], k), live, len(reqs))
+
+    def _draft(self, reqs: list[Request], k_max: list[int], k: int) -> Proposal:
+        """Catch up on each request's unread states, then draft up to k tokens (a tree: the whole tree)."""
         rows, states = [], []
         for r in reqs:
             # the newest committed token sits at position `end`

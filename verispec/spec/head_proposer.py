@@ -32,6 +32,10 @@ class HeadProposer:
     def remove_request(self, req: Request, aborted: bool) -> None:
         self.hidden.pop(req.request_id, None)
 
+    def backlog(self, req: Request) -> int:
+        # the heads read only the newest state
+        return 0
+
     def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
         """hidden[b] [1, H]: the target's final normed state whose logits gave reqs[b]'s newest token."""
         for r, h in zip(reqs, hidden):
@@ -43,8 +47,11 @@ class HeadProposer:
         if k == 0:
             return Proposal([[] for _ in reqs])
         live = asked(k_max)
-        if live is not None:
-            return scatter(self.propose([reqs[i] for i in live], [k_max[i] for i in live]), live, len(reqs))
+        if live is None:
+            return self._draft(reqs, k_max, k)
+        return scatter(self._draft([reqs[i] for i in live], [k_max[i] for i in live], k), live, len(reqs))
+
+    def _draft(self, reqs: list[Request], k_max: list[int], k: int) -> Proposal:
         # [B, H]
         x = torch.stack([self.hidden[r.request_id] for r in reqs]).to(self.dtype)
         # [B]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from operator import itemgetter
 
 # conditional acceptance estimates stay inside (floor, ceiling): a draft is never certain, nor hopeless
@@ -50,6 +51,7 @@ def plan_lengths(
     base_rows: int | None = None,
     discount: float = 1.0,
     speedup: float | None = None,
+    entry: Sequence[float] | None = None,
 ) -> list[int]:
     """Per-request draft lengths maximising expected tokens per second.
 
@@ -66,6 +68,9 @@ def plan_lengths(
     faster than the engine commits them on average, so a step with good drafts takes more of them than its own
     ratio would when other steps have none). A speedup under 1 counts as 1: plain decoding is always within reach.
 
+    entry[b]: seconds request b adds to the step once it drafts at all (a drafter with a forward of its own first
+    reads the positions committed since it last drafted for it); default none.
+
     step_cost must not decrease with rows and draft_cost must not be negative: the scan stops once the gains left
     could not beat the best so far even at the next row count's step cost (most steps stop after a few rows).
     """
@@ -74,14 +79,20 @@ def plan_lengths(
     room = sum(len(g) for g in gains)
     if max_rows is not None:
         room = min(room, max(0, max_rows - base))
-    # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
-    pairs = [(g, i) for i, row in enumerate(gains) for g in row]
-    order = sorted(pairs, key=itemgetter(0), reverse=True)[:room]
     plain = step_cost(base) + draft_cost(0)
     r = None if speedup is None else max(speedup, 1.0) * base / plain
+    # a request whose entry costs more tokens (at the plain or long-run rate) than all its drafts could add is left
+    # out before the greedy allocation, which would otherwise take its first draft and price the others with it
+    out = set()
+    if entry is not None:
+        rate = base / plain if r is None else r
+        out = {i for i, (row, e) in enumerate(zip(gains, entry)) if discount * sum(row) <= rate * e}
+    # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
+    pairs = [(g, i) for i, row in enumerate(gains) if i not in out for g in row]
+    order = sorted(pairs, key=itemgetter(0), reverse=True)[:room]
     # tokens per second, or tokens - r * seconds
     best_n, best = 0, base / plain if r is None else base - r * plain
-    tokens, longest, taken = float(base), 0, [0] * b
+    tokens, longest, taken, entered = float(base), 0, [0] * b, 0.0
     # the discounted gains not yet taken
     left = discount * sum(g for g, _ in order)
     for n, (g, i) in enumerate(order, start=1):
@@ -94,7 +105,9 @@ def plan_lengths(
         left -= g * discount
         depth = taken[i] = taken[i] + 1
         longest = depth if depth > longest else longest
-        seconds = floor + draft_cost(longest)
+        if depth == 1 and entry is not None:
+            entered += entry[i]
+        seconds = floor + draft_cost(longest) + entered
         v = tokens / seconds if r is None else tokens - r * seconds
         if v > best:
             best_n, best = n, v
@@ -409,6 +422,10 @@ _ASK_DEPTH = 4
 # their estimates are optimistic on average, and a step that only seems to pay loses. Where rows are free any gain
 # still pays
 GAIN_DISCOUNT = 0.9
+# a drafter with a forward of its own reads the positions committed since it last drafted for a request before it
+# drafts (EAGLE's catch-up, a draft model's prefill): its seconds per position read are learned from asks that read at
+# least this many positions, where reading is most of the time
+_READ_FIT_POSITIONS = 32
 # the engine's recent speedup (`DraftPlanner.speedup`): per-step decay of its sums (about the last 50 steps), and the
 # steps seen before it is used (until then a step maximises its own tokens per second)
 _SPEEDUP_DECAY = 0.98
@@ -471,6 +488,10 @@ class DraftPlanner:
         self.asked = 0
         # a drafter with a forward: request_draft_seconds as this step's ask read it (its probes' drafting cost)
         self.probe_drafting = 0.0
+        # a drafter with a forward: its seconds per position read to catch up (moving average; the drafting times
+        # above are kept net of reading), and what each request's catch-up would cost at this step's ask
+        self.read_seconds = 0.0
+        self.entry: dict[str, float] = {}
         self.shadow_credit = 0.0
         self.turns = 0
         # planned steps in a row that verified nothing, steps left to skip planning, and whether this step skipped it
@@ -492,12 +513,22 @@ class DraftPlanner:
         near = min(self.draft_seconds, key=lambda j: abs(j - k))
         return self.draft_seconds[near] * k / near if near else 0.0
 
-    def observe_draft_time(self, k: int, seconds: float) -> None:
-        """The drafting time of this step's ask, whose longest draft was k. A step where some request drafted for
-        the first time is left out: its prompt catch-up would make k look dear, and a k that looks dear is never
-        asked for again, so the estimate would never recover."""
-        if self.fresh:
+    def observe_draft_time(self, k: int, seconds: float, read: int | None = None) -> None:
+        """The drafting time of this step's ask, whose longest draft was k. read: the positions a drafter with a
+        forward of its own read to catch up first (None: not counted). An ask that read at least
+        _READ_FIT_POSITIONS teaches the seconds per position read (and only that: reading is most of its time); the
+        others teach the drafting times, net of reading. Until reading is priced, a step where some request drafted
+        for the first time is left out: its prompt catch-up would make k look dear, and a k that looks dear is
+        never asked for again."""
+        if read is not None and read >= _READ_FIT_POSITIONS:
+            per = max(0.0, seconds - self.draft_cost(k)) / read
+            old = self.read_seconds
+            self.read_seconds = per if not old else old + 0.2 * (per - old)
             return
+        if self.fresh and not (read is not None and self.read_seconds):
+            return
+        if read is not None:
+            seconds = max(0.0, seconds - self.read_seconds * read)
         old = self.draft_seconds.get(k)
         self.draft_seconds[k] = seconds if old is None else old + 0.2 * (seconds - old)
         if self.asked:
@@ -519,24 +550,33 @@ class DraftPlanner:
         return self.skipping
 
     def ask(
-        self, request_ids: list[str], caps: list[int], batch_rows: int, worth: list[float] | None = None
+        self,
+        request_ids: list[str],
+        caps: list[int],
+        batch_rows: int,
+        worth: list[float] | None = None,
+        backlog: list[int] | None = None,
     ) -> list[int]:
         """How many drafts to ask each request's proposer for, planned from the requests' histories (a proposer is
         never asked for drafts the planner will not verify). A drafter with a forward of its own gets exactly the
         planned lengths; a cheap one gets its whole cap wherever some drafting pays, so that its drafts' own
         confidence can refine the choice, and nothing where none does (its drafting time is saved).
 
-        worth: per request, what its tokens are worth to a closed batch (`token_worth`); None in an open one."""
+        worth: per request, what its tokens are worth to a closed batch (`token_worth`); None in an open one.
+        backlog: per request, the positions a drafter with a forward of its own would read before drafting for it
+        (priced at the learned seconds per position read; None: not counted)."""
         self.caps = dict(zip(request_ids, caps))
         if self.skips(request_ids):
             return [0] * len(caps)
         self.known.update(request_ids)
         if self.runs_forward:
-            # what a probe's drafting costs, for this step's ask and choice alike
+            # what a probe's drafting and each request's reading cost, for this step's ask and choice alike
             self.probe_drafting = self.request_draft_seconds
+            entry = None if backlog is None else [self.read_seconds * n for n in backlog]
+            self.entry = {} if entry is None else dict(zip(request_ids, entry))
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
-            lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth)
+            lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth, entry)
             out = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
             self.asked = sum(1 for k in out if k)
             return out
@@ -695,12 +735,14 @@ class DraftPlanner:
         draft_cost: Callable[[int], float],
         batch_rows: int,
         worth: list[float] | None = None,
+        entry: list[float] | None = None,
     ):
         """plan_lengths with this planner's row limit, GAIN_DISCOUNT and the engine's recent speedup; in a closed
         batch (worth given) each request's gains weighed by its worth."""
         if worth is not None:
             gains = [[g * w for g in row] for row, w in zip(gains, worth)]
-        return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, self.speedup())
+        speedup = self.speedup()
+        return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, speedup, entry)
 
     def token_worth(self, left: list[int], runs: float = 1.0) -> list[float]:
         """closed_batch_worth for a step whose requests (all of them, in order) have these steps left, priced
@@ -759,14 +801,17 @@ class DraftPlanner:
             elif count:
                 h.idle_steps += 1
         now = cost(base_rows)
-        # a drafter with a forward drafts for each probed request (the engine's drafters run only the ones asked)
+        due.sort(key=lambda t: -t[0].idle_steps)
+        # a drafter with a forward drafts for each probed request (the engine's drafters run only the ones asked),
+        # after reading its positions since it last drafted: read[j] prices the first j due requests' reading
         each = self.probe_drafting if self.runs_forward else 0.0
+        read = list(accumulate((self.entry.get(request_ids[i], 0.0) for _, i in due), initial=0.0))
+        read += [read[-1]] * (len(request_ids) + 1 - len(read))
 
         def extra(j: int) -> float:
-            return cost(base_rows + probe_rows(j)) - now + j * each if j else 0.0
+            return cost(base_rows + probe_rows(j)) - now + j * each + read[j] if j else 0.0
 
         credit = self.probe_credit + PROBE_BUDGET * now
-        due.sort(key=lambda t: -t[0].idle_steps)
         # the most probes the credit covers (an extra row's cost need not grow with the rows: AMX tiles)
         n = max(j for j in range(len(due) + 1) if extra(j) <= credit)
         for j, (h, i) in enumerate(due):

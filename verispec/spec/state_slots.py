@@ -34,6 +34,10 @@ class StateSlots:
         self.computed.pop(req.request_id, None)
         self.pending.pop(req.request_id, None)
 
+    def backlog(self, req: Request) -> int:
+        # the states of positions computed[rid] .. num_computed - 1 wait to be read
+        return req.num_computed - self.computed[req.request_id]
+
     def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
         # h [n, H]: positions num_computed - n .. num_computed - 1, in order
         for r, h in zip(reqs, hidden):
