@@ -332,7 +332,8 @@ def test_a_drafters_reading_is_priced_per_position():
     """A drafter with a forward of its own reads a request's positions committed since it last drafted for it (a
     prompt at first) before drafting. The planner learns the seconds per position from an ask that read many,
     keeps the drafting time net of reading, and prices each request's backlog: of two requests with the same
-    history, the one whose backlog would take longer to read than its drafts save is not asked."""
+    history, the one whose backlog would take longer to read than its drafts save is not asked (over the steps it
+    has left: reading once serves them all)."""
     planner = DraftPlanner(3, FixedCost(0.0), drafter_runs_forward=True, max_rows=64)
     assert planner.ask(["a", "b"], [3, 3], 2, backlog=[500, 500]) == [3, 3]
     # two prompts read at 1 ms a position
@@ -352,6 +353,8 @@ def test_a_drafters_reading_is_priced_per_position():
     a, b = planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 5000])
     assert a > 0 and b == 0
     assert planner.ask(["a", "b"], [3, 3], 2) == [a, a]
+    # reading once serves every later draft: with 5000 steps left, b's reading costs 1 ms a step
+    assert planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 5000], steps_left=[5000, 5000]) == [a, a]
 
 
 def test_dear_probes_wait_and_run_together():

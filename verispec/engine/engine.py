@@ -239,9 +239,9 @@ class LLMEngine:
         if states is not None:
             sizes = [len(row.token_ids) for row in rows]
             starts = accumulate(sizes, initial=0)
-            self._observe_hidden(chosen, states, [list(range(s, s + n)) for s, n in zip(starts, sizes)])
+            self._observe_hidden(chosen, states, [range(s, s + n) for s, n in zip(starts, sizes)])
         elif finals:
-            self._observe_hidden(finals, out.hidden, [[i] for i in last_rows])
+            self._observe_hidden(finals, out.hidden, [range(i, i + 1) for i in last_rows])
         return finals
 
     def _forward(self, reqs: list[Request], rows: list[RowInput]):
@@ -265,10 +265,13 @@ class LLMEngine:
             return out, None
         return out, (torch.cat(out.aux_hidden, dim=-1) if aux else out.hidden_all)
 
-    def _observe_hidden(self, reqs: list[Request], hidden: torch.Tensor, rows: list[list[int]]) -> None:
+    def _observe_hidden(
+        self, reqs: list[Request], hidden: torch.Tensor, rows: list[range] | list[list[int]]
+    ) -> None:
         """Hand a proposer that drafts from the target's state the rows of `hidden` for the positions this forward
         committed, per live request in position order, the last one behind the newest token (target_hidden "all"),
-        or that last row alone ("last": Medusa, MLP speculator)."""
+        or that last row alone ("last": Medusa, MLP speculator). A range of rows is handed over as a view (no copy,
+        no index tensor); a list (a tree's path) is gathered."""
         p = self.proposer
         if p is None or p.needs.target_hidden == "none":
             return
@@ -279,7 +282,11 @@ class LLMEngine:
         ]
         if live:
             dev = hidden.device
-            p.observe_hidden([r for r, _ in live], [hidden[torch.tensor(i, device=dev)] for _, i in live])
+            picked = [
+                hidden[i.start : i.stop] if isinstance(i, range) else hidden[torch.tensor(i, device=dev)]
+                for _, i in live
+            ]
+            p.observe_hidden([r for r, _ in live], picked)
 
     def _add_prompt_logprobs(self, r: Request, logits: torch.Tensor) -> None:
         """logits [n, V] of the chunk r.num_computed.. (not yet advanced): row i scores prompt token
@@ -319,7 +326,8 @@ class LLMEngine:
             # a drafter with a forward of its own first reads what was committed since it last drafted
             reads = planner is not None and self.proposer.needs.runs_forward
             backlog = [self.proposer.backlog(r) for r in spec] if reads else None
-            ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth, backlog)
+            left = [length_left(r, self.opts.max_model_len) for r in spec] if reads else None
+            ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth, backlog, left)
             t = time.perf_counter()
             prop = self.proposer.propose(spec, ask)
             draft_seconds = time.perf_counter() - t
@@ -404,7 +412,7 @@ class LLMEngine:
         if self.proposer is not None and self.proposer.needs.target_hidden != "none":
             # each request's first scored row
             starts = accumulate((1 + len(d) for d in drafts), initial=0)
-            rows_of = [list(range(s, s + 1 + n)) for s, n in zip(starts, step.num_accepted)]
+            rows_of = [range(s, s + 1 + n) for s, n in zip(starts, step.num_accepted)]
             self._observe_hidden(reqs, out.hidden if states is None else states, rows_of)
         return reqs
 

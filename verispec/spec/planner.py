@@ -489,9 +489,9 @@ class DraftPlanner:
         # a drafter with a forward: request_draft_seconds as this step's ask read it (its probes' drafting cost)
         self.probe_drafting = 0.0
         # a drafter with a forward: its seconds per position read to catch up (moving average; the drafting times
-        # above are kept net of reading), and what each request's catch-up would cost at this step's ask
+        # above are kept net of reading), and what reading each request's backlog would cost at this step's ask
         self.read_seconds = 0.0
-        self.entry: dict[str, float] = {}
+        self.reading: dict[str, float] = {}
         self.shadow_credit = 0.0
         self.turns = 0
         # planned steps in a row that verified nothing, steps left to skip planning, and whether this step skipped it
@@ -556,6 +556,7 @@ class DraftPlanner:
         batch_rows: int,
         worth: list[float] | None = None,
         backlog: list[int] | None = None,
+        steps_left: list[int] | None = None,
     ) -> list[int]:
         """How many drafts to ask each request's proposer for, planned from the requests' histories (a proposer is
         never asked for drafts the planner will not verify). A drafter with a forward of its own gets exactly the
@@ -564,7 +565,9 @@ class DraftPlanner:
 
         worth: per request, what its tokens are worth to a closed batch (`token_worth`); None in an open one.
         backlog: per request, the positions a drafter with a forward of its own would read before drafting for it
-        (priced at the learned seconds per position read; None: not counted)."""
+        (priced at the learned seconds per position read; None: not counted). steps_left: per request, the most
+        decode steps it has left: reading once serves every later draft, so a plan weighs a step's share of it (a
+        probe, the whole)."""
         self.caps = dict(zip(request_ids, caps))
         if self.skips(request_ids):
             return [0] * len(caps)
@@ -572,8 +575,14 @@ class DraftPlanner:
         if self.runs_forward:
             # what a probe's drafting and each request's reading cost, for this step's ask and choice alike
             self.probe_drafting = self.request_draft_seconds
-            entry = None if backlog is None else [self.read_seconds * n for n in backlog]
-            self.entry = {} if entry is None else dict(zip(request_ids, entry))
+            entry = None
+            if backlog is not None:
+                reading = [self.read_seconds * n for n in backlog]
+                self.reading = dict(zip(request_ids, reading))
+                left = steps_left or [1] * len(reading)
+                entry = [x / max(1, n) for x, n in zip(reading, left)]
+            else:
+                self.reading = {}
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
             lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth, entry)
@@ -805,7 +814,7 @@ class DraftPlanner:
         # a drafter with a forward drafts for each probed request (the engine's drafters run only the ones asked),
         # after reading its positions since it last drafted: read[j] prices the first j due requests' reading
         each = self.probe_drafting if self.runs_forward else 0.0
-        read = list(accumulate((self.entry.get(request_ids[i], 0.0) for _, i in due), initial=0.0))
+        read = list(accumulate((self.reading.get(request_ids[i], 0.0) for _, i in due), initial=0.0))
         read += [read[-1]] * (len(request_ids) + 1 - len(read))
 
         def extra(j: int) -> float:

@@ -9,6 +9,9 @@ import torch
 from verispec.engine.kv_cache import KVCache
 from verispec.engine.request import Request
 
+# pending states of one request kept as views (one per step) before they are copied into one tensor
+_COMPACT_AFTER = 32
+
 
 class StateSlots:
     """Base class: `add_request`, `remove_request` and `observe_hidden` of the proposer protocol for a drafter
@@ -39,6 +42,10 @@ class StateSlots:
         return req.num_computed - self.computed[req.request_id]
 
     def observe_hidden(self, reqs: list[Request], hidden: list[torch.Tensor]) -> None:
-        # h [n, H]: positions num_computed - n .. num_computed - 1, in order
+        # h [n, H]: positions num_computed - n .. num_computed - 1, in order (a view into the step's states)
         for r, h in zip(reqs, hidden):
-            self.pending[r.request_id].append(h)
+            pending = self.pending[r.request_id]
+            pending.append(h)
+            # a request that has not drafted for a while holds copies of its own rows, not every step's states
+            if len(pending) >= _COMPACT_AFTER:
+                self.pending[r.request_id] = [torch.cat(pending)]
