@@ -622,13 +622,20 @@ def test_an_idle_planner_plans_every_few_steps():
     for _ in range(5):
         ask = cheap.ask(["a"], [4], 1)
         assert not cheap.skipping and cheap.choose(["a"], [[1, 2, 3, 4][: ask[0]]], None, 1, 0.0) == [4]
-    # planners that probe plan every step
-    probing = DraftPlanner(4, FixedCost(0.9), drafter_runs_forward=True, max_rows=64)
+    # planners that probe skip planning too, and their skipped steps count towards the probes
+    probing = DraftPlanner(4, FixedCost(0.015), drafter_runs_forward=True, max_rows=64)
     hopeless(probing, "a")
-    for _ in range(10):
-        probing.ask(["a"], [4], 1)
-        assert not probing.skipping
-        probing.choose(["a"], [[]], None, 1, 0.0)
+    skipped, probes = 0, []
+    for step in range(6 * PROBE_AFTER):
+        if probing.skips(["a"]):
+            skipped += 1
+            continue
+        ask = probing.ask(["a"], [4], 1)
+        if probing.choose(["a"], [[1, 2, 3, 4][: ask[0]]], None, 1, 0.0) != [0]:
+            probes.append(step)
+    assert skipped > 2 * PROBE_AFTER
+    gaps = [j - i for i, j in itertools.pairwise(probes)]
+    assert len(probes) >= 4 and max(gaps) <= PROBE_AFTER + IDLE_SKIP_MAX + 1
 
 
 def test_drafts_with_a_distribution_are_not_shadowed():
