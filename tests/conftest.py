@@ -39,8 +39,15 @@ def planner_step_cost(request, monkeypatch):
     row_cost = marker.args[0] if marker else 0.0
     if row_cost is not None:
         monkeypatch.setattr(builder, "load_or_profile", lambda *a, **k: (FrozenStepCost(row_cost), True))
-        # drafting counts as free too
+        # drafting counts as free too, known from the start (no request drafts alone first to time it)
         monkeypatch.setattr(DraftPlanner, "observe_draft_time", lambda self, k, seconds, read=None: None)
+        init = DraftPlanner.__init__
+
+        def free_drafting(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.draft_seconds[1] = 0.0
+
+        monkeypatch.setattr(DraftPlanner, "__init__", free_drafting)
 
 
 @pytest.fixture(scope="session")

@@ -335,9 +335,10 @@ def test_a_drafters_reading_is_priced_per_position():
     history, the one whose backlog would take longer to read than its drafts save is not asked (over the steps it
     has left: reading once serves them all)."""
     planner = DraftPlanner(3, FixedCost(0.0), drafter_runs_forward=True, max_rows=64)
-    assert planner.ask(["a", "b"], [3, 3], 2, backlog=[500, 500]) == [3, 3]
-    # two prompts read at 1 ms a position
-    planner.observe_draft_time(3, 1.0, read=1000)
+    # (one request drafts first: test_a_drafter_with_a_forward_drafts_for_one_request_until_its_times_are_known)
+    assert planner.ask(["a", "b"], [3, 3], 2, backlog=[500, 500]) == [3, 0]
+    # a prompt read at 1 ms a position
+    planner.observe_draft_time(3, 0.5, read=500)
     assert planner.read_seconds == pytest.approx(0.001)
     assert planner.draft_cost(3) == 0.0
     # a step that read each request's newest token: drafting itself took 10 ms
@@ -443,6 +444,25 @@ def test_drafting_time_of_a_requests_first_step_is_not_its_cost():
     planner.ask(["a", "b"], [3, 3], 2)
     planner.observe_draft_time(3, 100.0)
     assert planner.draft_cost(3) == pytest.approx(0.1)
+
+
+# the drafting time measured, not patched out
+@pytest.mark.row_cost(None)
+def test_a_drafter_with_a_forward_drafts_for_one_request_until_its_times_are_known():
+    """Before any drafting time is measured, the plan would have the whole batch read its prompts at once (a draft
+    model's prefill of every prompt) at a cost it cannot know: one request drafts first (the one with the least to
+    read) until the reading and the drafting have been timed, then the plan takes them all."""
+    planner = DraftPlanner(3, FixedCost(0.0), drafter_runs_forward=True, max_rows=64)
+    ids = ["a", "b", "c", "d"]
+    first = planner.ask(ids, [3] * 4, 4, backlog=[100, 50, 80, 60])
+    assert [bool(k) for k in first] == [False, True, False, False]
+    # its prompt's reading: the seconds per position
+    planner.observe_draft_time(max(first), 0.05, read=50)
+    second = planner.ask(ids, [3] * 4, 4, backlog=[101, 2, 81, 61])
+    assert [bool(k) for k in second] == [False, True, False, False]
+    # a step that read little: the drafting time
+    planner.observe_draft_time(max(second), 0.004, read=2)
+    assert all(planner.ask(ids, [3] * 4, 4, backlog=[102, 1, 82, 62], steps_left=[1000] * 4))
 
 
 def test_a_request_the_ask_keeps_skipping_is_probed():
