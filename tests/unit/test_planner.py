@@ -463,6 +463,15 @@ def test_a_drafter_with_a_forward_drafts_for_one_request_until_its_times_are_kno
     # a step that read little: the drafting time
     planner.observe_draft_time(max(second), 0.004, read=2)
     assert all(planner.ask(ids, [3] * 4, 4, backlog=[102, 1, 82, 62], steps_left=[1000] * 4))
+    # probes too: requests due together probe one at a time until the times are known
+    probing = DraftPlanner(3, FixedCost(0.015), drafter_runs_forward=True, max_rows=64)
+    hopeless(probing, ids)
+    asks = []
+    for _ in range(PROBE_AFTER + 1):
+        ask = probing.ask(ids, [3] * 4, 4, backlog=[100, 50, 80, 60])
+        probing.choose(ids, [[1] * k for k in ask], None, 4, 0.0)
+        asks.append(ask)
+    assert asks[-1] == [0, 1, 0, 0] and not any(map(any, asks[:-1]))
 
 
 def test_a_request_the_ask_keeps_skipping_is_probed():

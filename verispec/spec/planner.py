@@ -521,6 +521,9 @@ class DraftPlanner:
         others teach the drafting times, net of reading. Until reading is priced, a step where some request drafted
         for the first time is left out: its prompt catch-up would make k look dear, and a k that looks dear is
         never asked for again."""
+        if k == 0:
+            # nothing drafted
+            return
         if read is not None and read >= _READ_FIT_POSITIONS:
             per = max(0.0, seconds - self.draft_cost(k)) / read
             old = self.read_seconds
@@ -593,14 +596,15 @@ class DraftPlanner:
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
             lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth, entry)
+            out = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
             if not self.draft_seconds and backlog is not None:
-                # nothing measured yet: one request (the least to read) drafts first, so that the drafting and reading
-                # times are known before the whole batch pays them (a self-draft's prefill of 16 prompts: 0.9 s)
-                planned = [i for i, k in enumerate(lengths) if k]
+                # nothing measured yet: one request (the least to read) drafts first, plan or probe, so that the
+                # drafting and reading times are known before the batch pays them (a self-draft's prefill of 16
+                # prompts: 0.9 s)
+                planned = [i for i, k in enumerate(out) if k]
                 if len(planned) > 1:
                     scout = min(planned, key=lambda i: backlog[i])
-                    lengths = [k if i == scout else 0 for i, k in enumerate(lengths)]
-            out = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
+                    out = [k if i == scout else 0 for i, k in enumerate(out)]
             self.asked = sum(1 for k in out if k)
             return out
         # a cheap drafter's time does not depend on how much it drafts: whether any of its first few drafts would
@@ -847,8 +851,15 @@ class DraftPlanner:
             if count:
                 h.idle_steps = 0 if j < n else h.idle_steps + 1
         if count:
-            # unspent credit is kept up to what probing the whole batch at once would cost
-            self.probe_credit = min(credit - extra(n), extra(len(request_ids)))
+            # unspent credit is kept up to what probing the whole batch at once would cost (its reading included)
+            b = len(request_ids)
+            whole = (
+                cost(base_rows + probe_rows(b))
+                - now
+                + b * each
+                + sum(self.reading.get(r, 0.0) for r in request_ids)
+            )
+            self.probe_credit = min(credit - extra(n), whole)
         return out
 
     def _cost(self, plain_rows: int, most_rows: int = 0) -> Callable[[int], float]:
