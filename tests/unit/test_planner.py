@@ -333,7 +333,7 @@ def test_a_drafters_reading_is_priced_per_position():
     prompt at first) before drafting. The planner learns the seconds per position from an ask that read many,
     keeps the drafting time net of reading, and prices each request's backlog: of two requests with the same
     history, the one whose backlog would take longer to read than its drafts save is not asked (over the steps it
-    has left: reading once serves them all)."""
+    has left, at most _READ_HORIZON: reading once serves the drafts after it)."""
     planner = DraftPlanner(3, FixedCost(0.0), drafter_runs_forward=True, max_rows=64)
     # (one request drafts first: test_a_drafter_with_a_forward_drafts_for_one_request_until_its_times_are_known)
     assert planner.ask(["a", "b"], [3, 3], 2, backlog=[500, 500]) == [3, 0]
@@ -354,8 +354,10 @@ def test_a_drafters_reading_is_priced_per_position():
     a, b = planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 5000])
     assert a > 0 and b == 0
     assert planner.ask(["a", "b"], [3, 3], 2) == [a, a]
-    # reading once serves every later draft: with 5000 steps left, b's reading costs 1 ms a step
+    # reading once serves later drafts: spread over 16 of its steps left, b's reading costs 0.31 s a step
     assert planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 5000], steps_left=[5000, 5000]) == [a, a]
+    # over two steps left, 2.5 s a step
+    assert planner.ask(["a", "b"], [3, 3], 2, backlog=[1, 5000], steps_left=[2, 2]) == [a, 0]
 
 
 def test_dear_probes_wait_and_run_together():

@@ -425,6 +425,9 @@ GAIN_DISCOUNT = 0.9
 # drafts (EAGLE's catch-up, a draft model's prefill): its seconds per position read are learned from asks that read at
 # least this many positions, where reading is most of the time
 _READ_FIT_POSITIONS = 32
+# a plan spreads a request's reading over its steps left, at most this many: drafting often stops again (a probe, a
+# short copied span), and the next draft reads the positions committed meanwhile
+_READ_HORIZON = 16
 # the engine's recent speedup (`DraftPlanner.speedup`): per-step decay of its sums (about the last 50 steps), and the
 # steps seen before it is used (until then a step maximises its own tokens per second)
 _SPEEDUP_DECAY = 0.98
@@ -590,7 +593,7 @@ class DraftPlanner:
                 reading = [self.read_seconds * n for n in backlog]
                 self.reading = dict(zip(request_ids, reading))
                 left = steps_left or [1] * len(reading)
-                entry = [x / max(1, n) for x, n in zip(reading, left)]
+                entry = [x / max(1, min(n, _READ_HORIZON)) for x, n in zip(reading, left)]
             else:
                 self.reading = {}
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
