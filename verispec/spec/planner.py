@@ -854,14 +854,11 @@ class DraftPlanner:
             if count:
                 h.idle_steps = 0 if j < n else h.idle_steps + 1
         if count:
-            # unspent credit is kept up to what probing the whole batch at once would cost (its reading included)
+            # unspent credit is kept up to what probing the whole batch at once would cost, and at most one request's
+            # reading (the dearest): enough for any single probe, no store for a burst of them
             b = len(request_ids)
-            whole = (
-                cost(base_rows + probe_rows(b))
-                - now
-                + b * each
-                + sum(self.reading.get(r, 0.0) for r in request_ids)
-            )
+            most = max((self.reading.get(r, 0.0) for r in request_ids), default=0.0)
+            whole = cost(base_rows + probe_rows(b)) - now + b * each + most
             self.probe_credit = min(credit - extra(n), whole)
         return out
 
