@@ -198,9 +198,10 @@ class _Rate:
 PROBE_AFTER = 16
 # probes spend at most this share of the target's step time: every step adds that share of its cost to a credit,
 # and a due probe runs once the credit covers what its row adds to the step (and, for a drafter with a forward of its
-# own, what drafting for one request costs: its catch-up on the tokens since it last drafted, then its draft). Where an extra row is cheap (an AMX
-# tile with room, a memory-bound step) a due request probes at once; where a row is dear (a 17th row past a full
-# AMX-INT8 tile, rows as costly as a step) due probes wait and then run together, so they stay within the budget
+# own, what drafting for one request costs: its catch-up on the tokens since it last drafted, then its draft).
+# Where an extra row is cheap (an AMX tile with room, a memory-bound step) a due request probes at once; where a row
+# is dear (a 17th row past a full AMX-INT8 tile, rows as costly as a step) due probes wait and then run together, so
+# they stay within the budget
 PROBE_BUDGET = 0.02
 # a cheap drafter's shadow drafts (drafts judged against the tokens committed instead of verified) spend at most
 # this share of the target's step time on drafting: skipped requests take turns, longest waiting first
@@ -579,8 +580,8 @@ class DraftPlanner:
         worth: per request, what its tokens are worth to a closed batch (`token_worth`); None in an open one.
         backlog: per request, the positions a drafter with a forward of its own would read before drafting for it
         (priced at the learned seconds per position read; None: not counted). steps_left: per request, the most
-        decode steps it has left: reading once serves every later draft, so a plan weighs a step's share of it (a
-        probe, the whole)."""
+        decode steps it has left: reading once serves the drafts after it, so a plan weighs a step's share of it
+        over at most _READ_HORIZON of them (a probe, the whole)."""
         self.caps = dict(zip(request_ids, caps))
         if self.skips(request_ids):
             return [0] * len(caps)
@@ -588,14 +589,10 @@ class DraftPlanner:
         if self.runs_forward:
             # what a probe's drafting and each request's reading cost, for this step's ask and choice alike
             self.probe_drafting = self.request_draft_seconds
-            entry = None
-            if backlog is not None:
-                reading = [self.read_seconds * n for n in backlog]
-                self.reading = dict(zip(request_ids, reading))
-                left = steps_left or [1] * len(reading)
-                entry = [x / max(1, min(n, _READ_HORIZON)) for x, n in zip(reading, left)]
-            else:
-                self.reading = {}
+            reading = [self.read_seconds * n for n in backlog] if backlog is not None else []
+            self.reading = dict(zip(request_ids, reading))
+            left = steps_left or [1] * len(reading)
+            entry = [x / max(1, min(n, _READ_HORIZON)) for x, n in zip(reading, left)] if backlog else None
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
             lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth, entry)
@@ -840,7 +837,6 @@ class DraftPlanner:
         # after reading its positions since it last drafted: read[j] prices the first j due requests' reading
         each = self.probe_drafting if self.runs_forward else 0.0
         read = list(accumulate((self.reading.get(request_ids[i], 0.0) for _, i in due), initial=0.0))
-        read += [read[-1]] * (len(request_ids) + 1 - len(read))
 
         def extra(j: int) -> float:
             return cost(base_rows + probe_rows(j)) - now + j * each + read[j] if j else 0.0
