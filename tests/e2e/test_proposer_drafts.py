@@ -26,6 +26,8 @@ def test_eagle3_chain_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
     w, cfg = load_file(str(folder / "model.safetensors")), json.loads((folder / "config.json").read_text())
     llm = LLM(
         tiny_llama,
+        # the reference runs in float32 on the CPU (CUDA would run the draft in bfloat16)
+        device="cpu",
         max_model_len=256,
         max_num_seqs=4,
         # prompts in chunks: the states arrive over several forwards
@@ -124,12 +126,14 @@ def test_eagle3_draft_follows_a_quantized_targets_weights(tiny_llama, tiny_eagle
     # the tiny target is float32
     monkeypatch.setattr(linear, "keeps_quantized", lambda module: True)
     spec = {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 3}
-    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=4, speculative_config=spec)
+    # quantized blocks run on the CPU's kernels (CUDA dequantizes every weight to bfloat16)
+    kw = dict(device="cpu", max_model_len=256, max_num_seqs=4)
+    llm = LLM(tiny_llama, speculative_config=spec, **kw)
     draft = llm.engine.proposer.draft
     assert draft.fc.qweight is not None and draft.mlp.down_proj.qweight is not None
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = [{"prompt_token_ids": list(range(5, 40))}, {"prompt_token_ids": [9, 10, 11, 9, 10, 11, 12]}]
-    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=4).generate(prompts, sp, use_tqdm=False)
+    plain = LLM(tiny_llama, **kw).generate(prompts, sp, use_tqdm=False)
     outs = llm.generate(prompts, sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
     assert llm.engine.counters.spec.num_draft_tokens > 0
@@ -151,6 +155,8 @@ def test_dflash_block_equals_the_block_recomputed_from_scratch(tiny_llama, tiny_
     mask = cfg["dflash_config"]["mask_token_id"]
     llm = LLM(
         tiny_llama,
+        # the reference runs in float32 on the CPU (CUDA would run the draft in bfloat16)
+        device="cpu",
         max_model_len=256,
         max_num_seqs=4,
         max_num_batched_tokens=16,

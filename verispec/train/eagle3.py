@@ -80,8 +80,11 @@ def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[in
     return target_states(llm, [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)], aux_layers)
 
 
+@torch.no_grad()
 def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) -> list[Sample]:
-    """One target forward per sequence: the streams entering `aux_layers` and the argmax at every position."""
+    """One target forward per sequence: the streams entering `aux_layers` and the argmax at every position.
+
+    Without autograd, as the engine runs (on CUDA the labels then come from the same batch-invariant kernels)."""
     from verispec.engine.kv_cache import KVCache
     from verispec.engine.model_runner import ModelRunner, RowInput
 
@@ -344,6 +347,14 @@ def draft_vocabulary(samples: list[Sample], size: int, vocab: int) -> tuple[torc
 
 
 @torch.no_grad()
+def target_embeds(target, tokens: torch.Tensor) -> torch.Tensor:
+    """tokens [T] -> the target's input embeddings [T, H] in float32 on the CPU, where the draft trains (the target
+    may serve from CUDA)."""
+    device = target.embed_tokens.weight.device
+    return target.embed(tokens.to(device)).float().cpu()
+
+
+@torch.no_grad()
 def chain_lengths(
     model: Eagle3Trainable, samples: list[Sample], target, t2d: torch.Tensor, steps: int, bf16: bool = False
 ) -> list[torch.Tensor]:
@@ -357,7 +368,7 @@ def chain_lengths(
         n, first = t - steps, max(0, s.start - 1)
         if t <= steps + 1 or first >= n:
             continue
-        embeds = target.embed(s.tokens).float()
+        embeds = target_embeds(target, s.tokens)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             logits = model.step_logits(embeds, s.aux.float(), steps)
         ok = torch.ones(n - first, dtype=torch.bool)
@@ -523,8 +534,7 @@ def train(
         losses = info.setdefault("epoch_losses", [])
         for i in range(start, len(samples)):
             s = samples[order[i]]
-            with torch.no_grad():
-                embeds = target.embed(s.tokens).float()
+            embeds = target_embeds(target, s.tokens)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                 logits = model.step_logits(embeds, s.aux.float(), steps)
             loss = 0.0
