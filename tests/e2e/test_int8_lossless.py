@@ -103,6 +103,12 @@ def test_int8_greedy_equality(
     assert spec.num_draft_tokens > 0
     if method == "draft_model_self":
         assert spec.num_accepted_tokens > 0
+    # a draft with a forward of its own on quantized weights takes the target's int8 activations too
+    runner = getattr(llm.engine.proposer, "runner", None)
+    if runner is not None:
+        fmts = {m.qweight.fmt for m in runner.model.modules() if getattr(m, "qweight", None) is not None}
+        assert fmts <= {"q4v", "q8v", "q6v"}, f"{method}: {fmts}"
+        assert fmts or method == "draft_model", method
 
 
 def test_int8_modules_equal_fused_layers(tiny_gguf, reference, monkeypatch):

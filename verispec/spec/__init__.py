@@ -40,6 +40,8 @@ class DraftContext:
     seed: int
     # extract_hidden_states' connector settings
     kv_transfer_config: dict | None = None
+    # the target's activation_dtype: a draft on quantized weights follows it
+    activation_dtype: str = "float32"
 
 
 def _ngram(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -55,7 +57,15 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.spec.draft_model import DraftModelProposer
 
     hetero = cfg.use_heterogeneous_vocab
-    draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, skip_tokenizer_init=not hetero)
+    kw = dict(skip_tokenizer_init=not hetero)
+    try:
+        # the target's numerics where the draft's weights allow them (int8 needs GGUF weights kept quantized)
+        draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, activation_dtype=ctx.activation_dtype, **kw)
+    except ValueError:
+        if ctx.activation_dtype == "float32":
+            raise
+        # a draft in float weights drafts with float32 activations (only the speed of drafting differs)
+        draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, **kw)
     tv, dv = ctx.target.config.vocab_size, draft.config.vocab_size
     if tv != dv and not hetero:
         raise ValueError(
@@ -181,12 +191,15 @@ def _no_parallel_eagle(cfg: SpeculativeConfig) -> None:
 
 def _follow_target_weights(draft: torch.nn.Module, ctx: DraftContext) -> None:
     """A draft's float layers become Q8_0 blocks when the target runs on quantized blocks (a GGUF target kept
-    quantized): the draft's precision follows the target's, as vLLM's draft follows the target's dtype. Drafts only
-    propose, so the output is unchanged; the draft streams ~4x fewer bytes per forward."""
-    from verispec.layers.linear import keeps_quantized, quantize_dense_layers
+    quantized), and take int8 activations when the target does: the draft's precision follows the target's, as
+    vLLM's draft follows the target's dtype. Drafts only propose, so the output is unchanged; the draft streams ~4x
+    fewer bytes per forward."""
+    from verispec.layers.linear import keeps_quantized, quantize_dense_layers, use_int8_activations
 
     if keeps_quantized(ctx.target.model):
         quantize_dense_layers(draft)
+        if ctx.activation_dtype == "int8":
+            use_int8_activations(draft)
 
 
 def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
