@@ -7,7 +7,9 @@ parts timed per call (the target forward, sampling and verification, the propose
 Prints the CPU, one row per run (milliseconds per decode step for each part; "prefill" is the prompt steps' time,
 "forward" counts prompt chunks too, "decode forward" only the decode steps' own; "other host" is what a decode step
 spends outside its forward, sampling, proposer and planner calls) and writes JSON to
-bench_results/step_breakdown.json. The timers add a few microseconds per call.
+bench_results/step_breakdown.json. The timers add a few microseconds per call. With `--device cuda` each
+forward's timer waits for the GPU (a synchronisation the engine itself leaves to sampling), so that "decode
+forward" holds the GPU's time and not only the launches; the runs' tok/s then include those waits.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from adaptive_k import bench_params, cpu_model, spec_configs
+from adaptive_k import bench_params, cpu_model, device_name, spec_configs
 
 import verispec.engine.engine as engine_module
 from verispec.bench import BenchResult, interleaved_round
@@ -56,6 +58,8 @@ def _timed(obj, name: str, totals: dict, key: str) -> None:
 # the totals of the engine whose decode step is running, if one is (sample_step is one module function for every
 # engine; prefill's sampling is not counted)
 _current: list[dict[str, float] | None] = [None]
+# the device whose work a forward's timer waits for (CUDA), or None
+_sync: list[torch.device | None] = [None]
 
 
 def instrument(llm) -> tuple[dict[str, float], dict[str, int]]:
@@ -82,6 +86,8 @@ def instrument(llm) -> tuple[dict[str, float], dict[str, int]]:
         try:
             return inner_forward(*args, **kwargs)
         finally:
+            if _sync[0] is not None:
+                torch.cuda.synchronize(_sync[0])
             if _current[0] is totals:
                 totals["decode forward"] += time.perf_counter() - t
 
@@ -131,6 +137,7 @@ def main() -> None:
         help="prompts each engine runs per turn (default: the batch size, one batch in lockstep; more keeps the "
         "slots refilled as requests finish, as a server runs)",
     )
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs")
     ap.add_argument("--output", default="bench_results/step_breakdown.json")
     args = ap.parse_args()
     if args.prompts_per_turn is not None and args.prompts_per_turn < 1:
@@ -149,8 +156,15 @@ def main() -> None:
         seen[label] += 1
         if seen[label] > 1:
             runs[i] = (f"{label} #{seen[label]}", spec)
-    kw = dict(max_num_seqs=args.batch_size, max_model_len=2048, activation_dtype=args.activation_dtype)
+    kw = dict(
+        max_num_seqs=args.batch_size,
+        max_model_len=2048,
+        activation_dtype=args.activation_dtype,
+        device=args.device,
+    )
     engines = [(label, LLM(args.model, speculative_config=spec, **kw)) for label, spec in runs]
+    device = engines[0][1].device
+    _sync[0] = device if device.type == "cuda" else None
     timers_of = {label: instrument(llm) for label, llm in engines}
     sample_step = engine_module.sample_step
     engine_module.sample_step = timed_sample_step(sample_step)
@@ -159,7 +173,7 @@ def main() -> None:
     finally:
         engine_module.sample_step = sample_step
     rows = [row(timers[label].result(), *timers_of[label]) for label, _ in engines]
-    print(f"CPU: {cpu_model()}, threads={torch.get_num_threads()}")
+    print(f"CPU: {cpu_model()}, threads={torch.get_num_threads()}, {device_name(args.device)}")
     print(
         f"model={args.model} workload={args.workload} batch={args.batch_size} prompts={len(prompts)} "
         f"max_tokens={args.max_tokens} temperature={args.temperature} activation_dtype={args.activation_dtype}"
@@ -172,7 +186,12 @@ def main() -> None:
         print(f"{r['label']:<12}{r['tok_per_s']:>8.1f}{r['decode_steps']:>7}" + cells)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu": cpu_model(), "args": vars(args), "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"cpu": cpu_model(), "device": device_name(args.device), "args": vars(args), "rows": rows},
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":
