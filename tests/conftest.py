@@ -17,6 +17,13 @@ from verispec.engine import builder
 from verispec.engine.step_cost import StepCostModel
 from verispec.spec.planner import DraftPlanner
 
+# Under pytest-xdist each worker takes its share of the cores: the native kernels run torch.get_num_threads() OpenMP
+# threads, and 15 workers of 16 threads each on 16 cores oversubscribe them (likely why a 16-core GPU machine ran
+# the suite past its time limit)
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
+
 ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 
