@@ -329,7 +329,8 @@ class LLMEngine:
             left = [length_left(r, self.opts.max_model_len) for r in spec] if reads else None
             ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth, backlog, left)
             t = time.perf_counter()
-            prop = self.proposer.propose(spec, ask)
+            # nothing asked of any request: the drafter is not called
+            prop = self.proposer.propose(spec, ask) if any(ask) else Proposal([[] for _ in spec])
             draft_seconds = time.perf_counter() - t
             if planner is not None:
                 read = sum(backlog) - sum(self.proposer.backlog(r) for r in spec) if backlog else None
@@ -429,7 +430,8 @@ class LLMEngine:
         tokens left); weighed by the chance that every request that may end earlier (EOS, stop rules) runs that
         long, from the early ends seen so far (chance_to_run). None where finished requests' slots may be
         refilled."""
-        if self.planner is None or not spec or not self.closed or self.waiting:
+        # a batch of one: each of its tokens is worth a whole step, as in an open batch
+        if self.planner is None or not spec or not self.closed or self.waiting or len(reqs) == 1:
             return None
         left = [max(1, length_left(r, self.opts.max_model_len)) for r in reqs]
         steps = [math.ceil(n / r.tokens_per_step()) for r, n in zip(reqs, left)]
