@@ -9,6 +9,7 @@ import torch
 from tests.e2e.test_spec_lossless import _prompts
 from verispec import LLM, SamplingParams
 from verispec.kernels.build import int8_isa
+from verispec.kernels.qweight import GROUP, QK
 
 pytestmark = pytest.mark.skipif(int8_isa() is None, reason="no int8 kernel (no kernel library) here")
 
@@ -103,12 +104,16 @@ def test_int8_greedy_equality(
     assert spec.num_draft_tokens > 0
     if method == "draft_model_self":
         assert spec.num_accepted_tokens > 0
-    # a draft with a forward of its own on quantized weights takes the target's int8 activations too
-    runner = getattr(llm.engine.proposer, "runner", None)
-    if runner is not None:
-        fmts = {m.qweight.fmt for m in runner.model.modules() if getattr(m, "qweight", None) is not None}
+    # a draft with a forward of its own (a model, or heads) on quantized weights takes the target's int8 activations
+    prop = llm.engine.proposer
+    draft = prop.runner.model if hasattr(prop, "runner") else getattr(prop, "heads", None)
+    if draft is not None:
+        fmts = {m.qweight.fmt for m in draft.modules() if getattr(m, "qweight", None) is not None}
         assert fmts <= {"q4v", "q8v", "q6v"}, f"{method}: {fmts}"
         assert fmts or method == "draft_model", method
+        # a float layer is left only where Q8_0 blocks cannot hold its shape (32-column blocks, 16-row groups)
+        left = [m for m in draft.modules() if type(m) is torch.nn.Linear]
+        assert all(m.in_features % QK or m.out_features % GROUP for m in left), method
 
 
 def test_int8_modules_equal_fused_layers(tiny_gguf, reference, monkeypatch):

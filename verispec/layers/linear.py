@@ -172,8 +172,22 @@ class Dense(nn.Module):
 
 
 def quantize_dense_layers(module: nn.Module) -> int:
-    """Every Dense layer of `module` that can be -> Q8_0 (Dense.quantize_q8); -> how many were."""
-    return sum(m.quantize_q8() for m in module.modules() if isinstance(m, Dense))
+    """Every Dense layer of `module` that can be -> Q8_0 (Dense.quantize_q8), and every nn.Linear (a draft head's)
+    replaced by such a Dense; -> how many were."""
+    n = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            w = getattr(child, "weight", None)
+            if type(child) is nn.Linear and w.device.type == "cpu" and w.dtype == torch.float32:
+                dense = Dense(child.in_features, child.out_features, bias=child.bias is not None)
+                with torch.no_grad():
+                    dense.weight.copy_(child.weight)
+                    if child.bias is not None:
+                        dense.bias.copy_(child.bias)
+                if dense.quantize_q8():
+                    setattr(parent, name, dense)
+                    n += 1
+    return n + sum(m.quantize_q8() for m in module.modules() if isinstance(m, Dense))
 
 
 def use_int8_activations(module: nn.Module) -> int:

@@ -143,6 +143,7 @@ def _head_proposer(
             f"num_speculative_tokens={cfg.num_speculative_tokens} but {cfg.model!r} has {n} {unit} (one draft token "
             f"each): use at most {n}"
         )
+    _follow_target_weights(heads, ctx)
     return HeadProposer(heads)
 
 
