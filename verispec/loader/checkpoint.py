@@ -148,10 +148,16 @@ def load_checkpoint(
     if activation_dtype == "int8":
         use_int8_activations(net, str(path))
     move_weights_to_huge_pages(net)
-    if net.embed_tokens.weight.is_cpu and os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0":
-        net.fuse_layers()
+    fuse_if_enabled(net)
     net.eval()
     return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))
+
+
+def fuse_if_enabled(net: DecoderLM) -> None:
+    """Run `net`'s layers through one C call where they allow it (CPU, quantized projections), unless
+    VERISPEC_FUSED_LAYERS=0; again after its weights change (a draft that follows its target's)."""
+    if net.embed_tokens.weight.is_cpu and os.environ.get("VERISPEC_FUSED_LAYERS", "1") != "0":
+        net.fuse_layers()
 
 
 def use_int8_activations(net: DecoderLM, source: str) -> None:

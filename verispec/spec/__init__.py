@@ -53,19 +53,14 @@ def _ngram(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     from verispec.engine.kv_cache import KVCache
     from verispec.engine.model_runner import ModelRunner
-    from verispec.loader.checkpoint import load_checkpoint
+    from verispec.loader.checkpoint import fuse_if_enabled, load_checkpoint
     from verispec.spec.draft_model import DraftModelProposer
 
     hetero = cfg.use_heterogeneous_vocab
-    kw = dict(skip_tokenizer_init=not hetero)
-    try:
-        # the target's numerics where the draft's weights allow them (int8 needs GGUF weights kept quantized)
-        draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, activation_dtype=ctx.activation_dtype, **kw)
-    except ValueError:
-        if ctx.activation_dtype == "float32":
-            raise
-        # a draft in float weights drafts with float32 activations (only the speed of drafting differs)
-        draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, **kw)
+    draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, skip_tokenizer_init=not hetero)
+    # the target's precision (Q8_0 blocks for float layers, int8 activations), then the layers fused on those weights
+    _follow_target_weights(draft.model, ctx)
+    fuse_if_enabled(draft.model)
     tv, dv = ctx.target.config.vocab_size, draft.config.vocab_size
     if tv != dv and not hetero:
         raise ValueError(
