@@ -177,16 +177,16 @@ def quantize_dense_layers(module: nn.Module) -> int:
     n = 0
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            w = getattr(child, "weight", None)
-            if type(child) is nn.Linear and w.device.type == "cpu" and w.dtype == torch.float32:
-                dense = Dense(child.in_features, child.out_features, bias=child.bias is not None)
-                with torch.no_grad():
-                    dense.weight.copy_(child.weight)
-                    if child.bias is not None:
-                        dense.bias.copy_(child.bias)
-                if dense.quantize_q8():
-                    setattr(parent, name, dense)
-                    n += 1
+            if type(child) is not nn.Linear or child.weight.device.type != "cpu":
+                continue
+            dense = Dense(child.in_features, child.out_features, bias=child.bias is not None)
+            with torch.no_grad():
+                dense.weight.copy_(child.weight)
+                if child.bias is not None:
+                    dense.bias.copy_(child.bias)
+            if dense.quantize_q8():
+                setattr(parent, name, dense)
+                n += 1
     return n + sum(m.quantize_q8() for m in module.modules() if isinstance(m, Dense))
 
 

@@ -58,15 +58,15 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
     hetero = cfg.use_heterogeneous_vocab
     draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, skip_tokenizer_init=not hetero)
-    # the target's precision (Q8_0 blocks for float layers, int8 activations), then the layers fused on those weights
-    _follow_target_weights(draft.model, ctx)
-    fuse_if_enabled(draft.model)
     tv, dv = ctx.target.config.vocab_size, draft.config.vocab_size
     if tv != dv and not hetero:
         raise ValueError(
             f"speculative_config.model {cfg.model!r} has vocab_size={dv} but the target model has {tv}; "
             "draft_model needs the same vocabulary, or use_heterogeneous_vocab: true to draft across tokenizers"
         )
+    # the target's precision (Q8_0 blocks for float layers, int8 activations), then the layers fused on those weights
+    _follow_target_weights(draft.model, ctx)
+    fuse_if_enabled(draft.model)
     vocab_map = heterogeneous_vocab_map(ctx.target, draft, cfg.model) if hetero else None
     cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     runner = ModelRunner(draft.model, cache, ctx.device)
