@@ -211,6 +211,7 @@ SHADOW_BUDGET = 0.01
 # nothing, the next min(n - IDLE_AFTER + 1, IDLE_SKIP_MAX) steps ask for no drafts, shadows included, without
 # planning. A verified draft or a new request ends it. Short idle stretches (between the copied spans of an edit)
 # plan every step, so the next span is drafted from its start. Skipped steps count towards a request's probe
+# (PROBE_AFTER) and add to the probe credit
 IDLE_AFTER = 8
 IDLE_SKIP_MAX = 4
 
