@@ -7,6 +7,9 @@ unavailable) and the caller runs its PyTorch version; both compute the same func
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Sequence
+
 import torch
 
 from verispec.kernels.build import load_qgemm
@@ -242,3 +245,66 @@ def verify_sampled(
         torch.get_num_threads(),
     )
     return tokens, accepted
+
+
+def _i64(values: Sequence[int]) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def verify_greedy_host(
+    x: torch.Tensor, rows: Sequence[int], drafts: Sequence[int], b: int, k: int
+) -> tuple[list[int], list[int]] | None:
+    """verify_greedy with its small inputs as flat Python lists (rows [B * (K+1)], drafts [B * K], -1 padded) and
+    its outputs as lists: no torch op around the kernel. After a forward has streamed the weights through the
+    caches, each small torch op of a step costs tens of microseconds. None if not applicable."""
+    if not verify_applies(x):
+        return None
+    tokens, accepted = _i64([0] * b), _i64([0] * b)
+    load_qgemm().verify_greedy_f32(
+        x.data_ptr(),
+        x.shape[1],
+        x.stride(0),
+        b,
+        k,
+        _i64(rows),
+        _i64(drafts),
+        tokens,
+        accepted,
+        torch.get_num_threads(),
+    )
+    return list(tokens), list(accepted)
+
+
+def verify_sampled_host(
+    x: torch.Tensor,
+    rows: Sequence[int],
+    drafts: Sequence[int],
+    temperature: Sequence[float],
+    u_sample: Sequence[float],
+    b: int,
+    k: int,
+) -> tuple[list[int], list[int]] | None:
+    """Strict sampled verification (verify_sampled without u_accept) from flat Python lists: rows [B * (K+1)],
+    drafts [B * K] (-1 padded), temperature [B], u_sample [B * (K+1)]. None if not applicable."""
+    if not verify_applies(x):
+        return None
+    # 1 / t as float32 division of float32(t) gives it (the tensor path's 1.0 / temperature): a quotient in double
+    # rounded once more to float32 is the correctly rounded float32 quotient
+    scale = [1.0 / ctypes.c_float(t).value for t in temperature]
+    tokens, accepted = _i64([0] * b), _i64([0] * b)
+    load_qgemm().verify_sampled_f32(
+        x.data_ptr(),
+        x.shape[1],
+        x.stride(0),
+        b,
+        k,
+        _i64(rows),
+        _i64(drafts),
+        (ctypes.c_float * b)(*scale),
+        None,
+        (ctypes.c_float * len(u_sample))(*u_sample),
+        tokens,
+        accepted,
+        torch.get_num_threads(),
+    )
+    return list(tokens), list(accepted)

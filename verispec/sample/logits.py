@@ -285,7 +285,7 @@ def sample_key(seed: int) -> int:
 _HOST_UNIFORMS = 64
 
 
-def _uniform(key: int, pos: int) -> float:
+def position_uniform(key: int, pos: int) -> float:
     """position_uniforms for one (key, position) in Python integers: the same bits, so the same float."""
     return (_splitmix_int(key + pos * _GOLDEN) >> 40) * (1.0 / (1 << 24))
 
@@ -300,7 +300,7 @@ def position_uniforms(keys: Sequence[int], positions: torch.Tensor) -> torch.Ten
     # (on a GPU the positions would have to come to the host first)
     if small and positions.device.type == "cpu":
         # k / 2^24 with k < 2^24: exact in float32
-        rows = [[_uniform(k, p) for p in row] for k, row in zip(keys, positions.tolist())]
+        rows = [[position_uniform(k, p) for p in row] for k, row in zip(keys, positions.tolist())]
         return torch.tensor(rows, dtype=torch.float32, device=positions.device).view(positions.shape)
     # [B, n] int64, wrapping arithmetic
     z = torch.tensor(keys, dtype=torch.int64, device=positions.device)[:, None] + positions.long() * _GOLDEN

@@ -21,6 +21,7 @@ from verispec.sample.verify import (
     greedy_verify,
     rejection_sample,
 )
+from verispec.sampling_params import SamplingParams
 
 
 @dataclass
@@ -97,6 +98,10 @@ def sample_step(
     if all_greedy and k == 0 and not processed and not want_logprobs:
         # plain greedy decoding: each row's argmax, one host sync
         return StepTokens([[t] for t in S.greedy(logits).tolist()], [0] * b, None, 1)
+    if not processed and not want_logprobs and any_greedy == all_greedy:
+        host = _host_step(reqs, logits, drafts, k, rule, all_greedy)
+        if host is not None:
+            return host
     n_rows = [len(d) + 1 for d in drafts]
     # [B, K+1]
     rows = _row_map(n_rows, stride, dev)
@@ -152,6 +157,45 @@ def sample_step(
         emitted = torch.tensor([t + [0] * (stride - len(t)) for t in tokens], device=dev).view(-1)
         lp = S.compute_logprobs(raw.reshape(b * stride, v), emitted, want)
     return StepTokens(tokens, accepted, lp, stride)
+
+
+def _host_step(
+    reqs: list[Request], logits: torch.Tensor, drafts: list[list[int]], k: int, rule: VerifyRule, greedy: bool
+) -> StepTokens | None:
+    """The common CPU step, where nothing reshapes the logits (no penalties, constraints or logprobs; all rows
+    greedy, or all random under the strict rule without top-k / top-p / min-p): the fused verification kernels fed
+    from Python lists. The same kernels and inputs as the tensor path, so the same tokens, without its small torch
+    ops (after a forward has streamed the weights through the caches they cost 0.2-0.5 ms a step). None where it
+    does not apply."""
+    v, stride, b = logits.shape[-1], k + 1, len(reqs)
+    params = [r.params for r in reqs]
+    if not greedy and ((k and rule.method != "strict") or any(_truncates(p, v) for p in params)):
+        return None
+    # [B * (K+1)] each position's row in logits (a request's last row repeats as its padding), [B * K] drafts
+    rows: list[int] = []
+    flat: list[int] = []
+    start = 0
+    for d in drafts:
+        rows.extend(start + min(j, len(d)) for j in range(stride))
+        flat.extend(d + [-1] * (k - len(d)))
+        start += len(d) + 1
+    if greedy:
+        out = ops.verify_greedy_host(logits, rows, flat, b, k)
+    else:
+        # [B * (K+1)] the uniform of each position's sample (position_uniforms_of)
+        u = [
+            S.position_uniform(r.sample_key, len(r.output_token_ids) + j) for r in reqs for j in range(stride)
+        ]
+        out = ops.verify_sampled_host(logits, rows, flat, [p.temperature for p in params], u, b, k)
+    if out is None:
+        return None
+    tokens, accepted = out
+    return StepTokens([d[:n] + [t] for d, n, t in zip(drafts, accepted, tokens)], accepted, None, stride)
+
+
+def _truncates(p: SamplingParams, vocab_size: int) -> bool:
+    """Whether top-k, top-p or min-p cut this request's distribution (SamplingTensors.from_params' any_*)."""
+    return 0 < p.top_k < vocab_size or p.top_p < 1.0 or p.min_p > 0.0
 
 
 def _fused(src, src_rows, draft_t, st, spec, rule, uniform, thresholds, sample_u):
