@@ -281,9 +281,13 @@ class LLMEngine:
             if not r.finished
         ]
         if live:
-            dev = hidden.device
+            dev, n = hidden.device, hidden.shape[0]
+            # a range over every row (batch 1 without drafts) is the tensor itself: even a view costs tens of
+            # microseconds right after a forward, whose weights have streamed through the caches
             picked = [
-                hidden[i.start : i.stop] if isinstance(i, range) else hidden[torch.tensor(i, device=dev)]
+                (hidden if i.start == 0 and i.stop == n else hidden[i.start : i.stop])
+                if isinstance(i, range)
+                else hidden[torch.tensor(i, device=dev)]
                 for _, i in live
             ]
             p.observe_hidden([r for r, _ in live], picked)
