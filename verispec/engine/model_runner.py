@@ -46,6 +46,8 @@ class ModelRunner:
     def __init__(self, model: DecoderLM, cache: KVCache, device: torch.device):
         self.model, self.cache, self.device = model, cache, device
         self.window = model.cfg.sliding_window if model.cfg.layer_types else None
+        # [S, 1] aranges by S (read-only; made once)
+        self._slot_rows: dict[int, torch.Tensor] = {}
 
     def build_context(
         self, rows: list[RowInput]
@@ -79,14 +81,24 @@ class ModelRunner:
         start_t = torch.tensor(start, device=dev)[:, None]
         kv_len = max(st + ql for st, ql in zip(start, qlen))
         trees = any(r.tree_mask is not None for r in rows)
-        # plain decoding of every slot in range: one token each, at its sequence's next position (no padding)
-        one_each = q == 1 and all(qlen) and not trees and all(d[0] == 0 for d in depth)
+        # chains filling every slot in range (no padding, no trees, no depths): batch-1 decoding and verification,
+        # a batch that decodes one token each. Positions and mask follow from the start positions alone
+        dense = (
+            not trees
+            and all(n == q for n in qlen)
+            and all(r.depths is None or list(r.depths) == list(range(q)) for r in rows)
+        )
+        # plain decoding of every slot in range: one token each, at its sequence's next position
+        one_each = dense and q == 1
         # [S] real rows per sequence
-        qlen_t = None if one_each else torch.tensor(qlen, device=dev)
+        qlen_t = None if dense else torch.tensor(qlen, device=dev)
         valid = None
         if one_each:
             # [S, 1]
             cache_pos = positions = start_t
+        elif dense:
+            # [S, Q]
+            cache_pos = positions = start_t + torch.arange(q, device=dev)[None]
         else:
             # [1, Q]
             j = torch.arange(q, device=dev)[None]
@@ -98,9 +110,9 @@ class ModelRunner:
             positions = torch.where(valid, start_t + torch.tensor(depth, device=dev), 0)
         if s == 1 and q == 1:
             mask = sliding = None
-        elif one_each:
-            # [S, 1, 1, T]: each query sees its sequence's keys up to its own
-            mask = (torch.arange(kv_len, device=dev)[None, None] <= start_t[:, :, None])[:, None]
+        elif dense:
+            # [S, 1, Q, T]: each query sees its sequence's keys up to its own
+            mask = (torch.arange(kv_len, device=dev)[None, None] <= cache_pos[:, :, None])[:, None]
             sliding = None
         else:
             mask = self._mask(start_t, valid, positions, kv_len, rows, lo, q) if trees else None
@@ -124,7 +136,10 @@ class ModelRunner:
             if valid is not None:
                 # padded queries look at one key
                 sliding[..., 0] |= ~valid[:, None]
-        rows_idx = torch.arange(s, device=dev)[:, None]
+        # [S, 1]
+        rows_idx = self._slot_rows.get(s)
+        if rows_idx is None:
+            rows_idx = self._slot_rows[s] = torch.arange(s, device=dev)[:, None]
         identity = pad_pos == list(range(s * q))
         unpack = pack = lengths = None
         if not identity:
