@@ -42,6 +42,25 @@ class RunnerOutput:
     hidden_all: torch.Tensor | None = None
 
 
+def side_by_side(parts: list[torch.Tensor]) -> torch.Tensor:
+    """[N, H] tensors -> [N, len(parts) * H], their columns side by side (torch.cat on the last dim). Parts that
+    already are the adjacent column blocks of one row-major buffer (the fused layers' aux states) are that buffer,
+    not a copy."""
+    first = parts[0]
+    n, h = first.shape
+    k, size = len(parts), first.element_size()
+    storage = first.untyped_storage().data_ptr()
+    if first.stride() == (k * h, 1) and all(
+        p.shape == first.shape
+        and p.stride() == first.stride()
+        and p.untyped_storage().data_ptr() == storage
+        and p.data_ptr() == first.data_ptr() + i * h * size
+        for i, p in enumerate(parts)
+    ):
+        return first.as_strided((n, k * h), (k * h, 1))
+    return torch.cat(parts, dim=-1)
+
+
 class ModelRunner:
     def __init__(self, model: DecoderLM, cache: KVCache, device: torch.device):
         self.model, self.cache, self.device = model, cache, device

@@ -140,8 +140,18 @@ class FusedLayers:
             and (mask is None or (mask.dtype is torch.bool and mask.stride(-1) == 1 and mask.shape[1] == 1))
         )
 
-    def run(self, h: torch.Tensor, rope, ctx, kv: list[torch.Tensor], lo: int, hi: int) -> torch.Tensor:
-        """Layers [lo, hi) on the packed tokens h [N, hidden] (contiguous; updated in place and returned)."""
+    def run(
+        self,
+        h: torch.Tensor,
+        rope,
+        ctx,
+        kv: list[torch.Tensor],
+        aux_at: list[int] | None = None,
+        aux_out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Every layer on the packed tokens h [N, hidden] (contiguous; updated in place and returned). aux_at: layer
+        ids in 0 .. num_layers (sorted); aux_out [N, len(aux_at) * hidden] (contiguous) receives the streams
+        entering those layers side by side, copied by the same call."""
         # the engine's cache list (held here; its tensors never move): refresh on a new one
         if kv is not self._kv:
             for desc, t in zip(self.descs, kv):
@@ -160,10 +170,11 @@ class FusedLayers:
         )
         if mask is not None and mask.shape[0] == 1:
             ms = 0
-        first = ctypes.addressof(self.descs) + lo * ctypes.sizeof(LayerDesc)
+        n_aux = len(aux_at) if aux_at else 0
+        at = (ctypes.c_int64 * n_aux)(*aux_at) if n_aux else None
         self._lib.decoder_layers_f32(
-            first,
-            hi - lo,
+            ctypes.addressof(self.descs),
+            self.n,
             ctypes.addressof(self.dims),
             h.data_ptr(),
             s,
@@ -182,5 +193,8 @@ class FusedLayers:
             mq,
             self._scratch.data_ptr(),
             torch.get_num_threads(),
+            at,
+            n_aux,
+            aux_out.data_ptr() if n_aux else None,
         )
         return h

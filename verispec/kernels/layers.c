@@ -60,14 +60,25 @@ int64_t decoder_scratch_per_row(const ModelDims *m) {
     return 2 * m->hidden + 2 * F + 2 * m->hq * m->d + 3 * m->inter;
 }
 
+// aux_out[n, j * hidden : (j + 1) * hidden] = row n of the stream entering layer aux_at[j] (aux_at[j] == n_layers:
+// the stream after the last layer), for j < n_aux: the states EAGLE-3 drafts from, side by side.
+static void copy_aux(const float *h, int64_t N, int64_t H, int64_t l, const int64_t *aux_at, int64_t n_aux,
+                     float *aux_out) {
+    for (int64_t j = 0; j < n_aux; j++)
+        if (aux_at[j] == l)
+            for (int64_t n = 0; n < N; n++) memcpy(aux_out + (n * n_aux + j) * H, h + n * H, sizeof(float) * H);
+}
+
 // h [N, hidden] in place: the residual stream after layers [0, n_layers) of `layers`. pack [N] and qlen [S] (or both
 // NULL: N = S * Q).
 // cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL;
-// scratch: S * Q * decoder_scratch_per_row(m) floats.
+// scratch: S * Q * decoder_scratch_per_row(m) floats. aux_at [n_aux] layer ids in 0 .. n_layers, aux_out
+// [N, n_aux * hidden] (n_aux 0: both may be NULL): the streams entering those layers, copied on the way (copy_aux).
 void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
                         int64_t Q, const int64_t *pack, const int64_t *qlen, int64_t N, const float *cos,
                         const float *ssin, int64_t slot_lo, const int64_t *cache_pos, int64_t kv_len,
-                        const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads) {
+                        const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads,
+                        const int64_t *aux_at, int64_t n_aux, float *aux_out) {
     const int64_t P = S * Q, H = m->hidden, D = m->d, hq = m->hq, hkv = m->hkv, I = m->inter;
     const int64_t F = (hq + 2 * hkv) * D, O = hq * D;
     if (!pack) N = P;
@@ -77,6 +88,7 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
     if (pack) memset(qkv_pad, 0, sizeof(float) * P * F);  // padding rows: zeros (finite; never read back)
     for (int64_t l = 0; l < n_layers; l++) {
         const LayerDesc *L = layers + l;
+        copy_aux(h, N, H, l, aux_at, n_aux, aux_out);
         if (l == 0) add_rmsnorm_f32(h, NULL, L->norm_in, N, H, m->eps, h, normed);
         qgemm(m, L->f_qkv, normed, N, H, L->w_qkv, F, qkv, nthreads);
         if (L->b_qkv)
@@ -101,4 +113,5 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         else
             for (int64_t i = 0; i < N * H; i++) h[i] += a[i];
     }
+    copy_aux(h, N, H, n_layers, aux_at, n_aux, aux_out);
 }

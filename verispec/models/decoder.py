@@ -199,13 +199,13 @@ class DecoderLM(nn.Module):
     def _forward_fused(self, h, rope, ctx, kv, aux_layers) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """forward's layers by FusedLayers on the packed tokens h [N, hidden] (updated in place)."""
         h = h.contiguous()
-        aux, lo = [], 0
-        for i in sorted({i for i in aux_layers if 0 <= i <= len(self.layers)}):
-            h = self.fused.run(h, rope, ctx, kv, lo, i)
-            aux.append(h.clone())
-            lo = i
-        if lo < len(self.layers):
-            h = self.fused.run(h, rope, ctx, kv, lo, len(self.layers))
+        at = sorted({i for i in aux_layers if 0 <= i <= len(self.layers)})
+        n, width = h.shape
+        # [N, len(at) * hidden]: the aux layers' streams side by side, written by the layers' one call
+        side = h.new_empty(n, len(at) * width) if at else None
+        h = self.fused.run(h, rope, ctx, kv, at, side)
+        # each [N, hidden], columns of `side` (side_by_side in engine/model_runner.py gives `side` back)
+        aux = list(side.split(width, dim=1)) if at else []
         return self.norm.forward(h), aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
