@@ -73,6 +73,11 @@ def why_not_fusable(model) -> str | None:
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
         if any(not (t.is_cpu and t.dtype is torch.float32 and t.is_contiguous()) for t in norms):
             return "norm weights not CPU float32"
+    w = model.norm.weight
+    if not (w.is_cpu and w.dtype is torch.float32 and w.is_contiguous()):
+        return "norm weights not CPU float32"
+    if model.norm.eps != model.layers[0].input_layernorm.eps:
+        return "the final norm's eps differs from the layers'"
     return None
 
 
@@ -115,6 +120,8 @@ class FusedLayers:
         if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"], FMT_CODE["q6v"]}:
             # int8 activations: the same variant as the module path (QuantWeight.matmul) takes
             self.dims.i8_isa = INT8_ISAS[int8_isa()][0]
+        # the final norm (its eps is the layers' own: why_not_fusable)
+        self._final_norm = model.norm.weight.data_ptr()
         # keeps every pointer above alive
         self._model = model
         self._lib = load_qgemm()
@@ -148,10 +155,12 @@ class FusedLayers:
         kv: list[torch.Tensor],
         aux_at: list[int] | None = None,
         aux_out: torch.Tensor | None = None,
+        normed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every layer on the packed tokens h [N, hidden] (contiguous; updated in place and returned). aux_at: layer
         ids in 0 .. num_layers (sorted); aux_out [N, len(aux_at) * hidden] (contiguous) receives the streams
-        entering those layers side by side, copied by the same call."""
+        entering those layers side by side, copied by the same call. normed [N, hidden] (contiguous), if given,
+        receives the model's final norm of the result."""
         # the engine's cache list (held here; its tensors never move): refresh on a new one
         if kv is not self._kv:
             for desc, t in zip(self.descs, kv):
@@ -196,5 +205,7 @@ class FusedLayers:
             at,
             n_aux,
             aux_out.data_ptr() if n_aux else None,
+            self._final_norm if normed is not None else None,
+            normed.data_ptr() if normed is not None else None,
         )
         return h

@@ -50,7 +50,8 @@ void decoder_layers_f32(const struct LayerDesc *layers, int64_t n_layers, const 
                         int64_t S, int64_t Q, const int64_t *pack, const int64_t *qlen, int64_t N,
                         const float *cos, const float *ssin, int64_t slot_lo, const int64_t *cache_pos,
                         int64_t kv_len, const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads,
-                        const int64_t *aux_at, int64_t n_aux, float *aux_out);
+                        const int64_t *aux_at, int64_t n_aux, float *aux_out, const float *norm_final,
+                        float *normed_out);
 
 // qgemm_amx.c, in the 'amx' build only (AMX-BF16 tiles, float32 activations; q4t / q8t weights).
 int amx_init(void);

@@ -203,10 +203,12 @@ class DecoderLM(nn.Module):
         n, width = h.shape
         # [N, len(at) * hidden]: the aux layers' streams side by side, written by the layers' one call
         side = h.new_empty(n, len(at) * width) if at else None
-        h = self.fused.run(h, rope, ctx, kv, at, side)
+        # [N, hidden]: the final norm, by the same call
+        normed = torch.empty_like(h)
+        self.fused.run(h, rope, ctx, kv, at, side, normed)
         # each [N, hidden], columns of `side` (side_by_side in engine/model_runner.py gives `side` back)
         aux = list(side.split(width, dim=1)) if at else []
-        return self.norm.forward(h), aux
+        return normed, aux
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., V] (float32)."""
