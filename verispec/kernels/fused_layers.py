@@ -70,11 +70,14 @@ def why_not_fusable(model) -> str | None:
             return "a projection is not quantized"
         if any(d.bias is not None for d in dense[1:]):
             return "bias outside qkv"
-        norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-        if any(not (t.is_cpu and t.dtype is torch.float32 and t.is_contiguous()) for t in norms):
-            return "norm weights not CPU float32"
-    w = model.norm.weight
-    if not (w.is_cpu and w.dtype is torch.float32 and w.is_contiguous()):
+    norms = [
+        w
+        for layer in model.layers
+        for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    ]
+    if any(
+        not (t.is_cpu and t.dtype is torch.float32 and t.is_contiguous()) for t in [*norms, model.norm.weight]
+    ):
         return "norm weights not CPU float32"
     if model.norm.eps != model.layers[0].input_layernorm.eps:
         return "the final norm's eps differs from the layers'"
@@ -153,14 +156,14 @@ class FusedLayers:
         rope,
         ctx,
         kv: list[torch.Tensor],
+        normed: torch.Tensor,
         aux_at: list[int] | None = None,
         aux_out: torch.Tensor | None = None,
-        normed: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Every layer on the packed tokens h [N, hidden] (contiguous; updated in place and returned). aux_at: layer
-        ids in 0 .. num_layers (sorted); aux_out [N, len(aux_at) * hidden] (contiguous) receives the streams
-        entering those layers side by side, copied by the same call. normed [N, hidden] (contiguous), if given,
-        receives the model's final norm of the result."""
+        """Every layer on the packed tokens h [N, hidden] (contiguous; updated in place), then the model's final
+        norm into normed [N, hidden] (contiguous), which is returned. aux_at: layer ids in 0 .. num_layers (sorted);
+        aux_out [N, len(aux_at) * hidden] (contiguous) receives the streams entering those layers side by side,
+        copied by the same call."""
         # the engine's cache list (held here; its tensors never move): refresh on a new one
         if kv is not self._kv:
             for desc, t in zip(self.descs, kv):
@@ -205,7 +208,7 @@ class FusedLayers:
             at,
             n_aux,
             aux_out.data_ptr() if n_aux else None,
-            self._final_norm if normed is not None else None,
-            normed.data_ptr() if normed is not None else None,
+            self._final_norm,
+            normed.data_ptr(),
         )
-        return h
+        return normed

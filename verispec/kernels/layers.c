@@ -74,8 +74,8 @@ static void copy_aux(const float *h, int64_t N, int64_t H, int64_t l, const int6
 // cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL;
 // scratch: S * Q * decoder_scratch_per_row(m) floats. aux_at [n_aux] layer ids in 0 .. n_layers, aux_out
 // [N, n_aux * hidden] (n_aux 0: both may be NULL): the streams entering those layers, copied on the way (copy_aux).
-// norm_final [hidden] (or NULL): the model's final norm, normed_out [N, hidden] = rmsnorm(h) * norm_final, fused with
-// the last layer's residual add as between layers (the module path's final RMSNorm calls the same kernel).
+// norm_final [hidden]: the model's final norm, normed_out [N, hidden] = rmsnorm(h) * norm_final, fused with the last
+// layer's residual add as between layers (the module path's final RMSNorm calls the same kernel).
 void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
                         int64_t Q, const int64_t *pack, const int64_t *qlen, int64_t N, const float *cos,
                         const float *ssin, int64_t slot_lo, const int64_t *cache_pos, int64_t kv_len,
@@ -111,12 +111,9 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         qgemm(m, L->f_gate_up, normed, N, H, L->w_gate_up, 2 * I, gu, nthreads);
         silu_mul_f32(gu, N, I, act, nthreads);
         qgemm(m, L->f_down, act, N, I, L->w_down, H, a, nthreads);
-        if (l + 1 < n_layers)
-            add_rmsnorm_f32(h, a, layers[l + 1].norm_in, N, H, m->eps, h, normed);
-        else if (norm_final)
-            add_rmsnorm_f32(h, a, norm_final, N, H, m->eps, h, normed_out);
-        else
-            for (int64_t i = 0; i < N * H; i++) h[i] += a[i];
+        // the residual add, fused with the next norm: the next layer's, or the model's final one
+        const float *next = l + 1 < n_layers ? layers[l + 1].norm_in : norm_final;
+        add_rmsnorm_f32(h, a, next, N, H, m->eps, h, l + 1 < n_layers ? normed : normed_out);
     }
     copy_aux(h, N, H, n_layers, aux_at, n_aux, aux_out);
 }

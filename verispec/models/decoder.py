@@ -204,8 +204,7 @@ class DecoderLM(nn.Module):
         # [N, len(at) * hidden]: the aux layers' streams side by side, written by the layers' one call
         side = h.new_empty(n, len(at) * width) if at else None
         # [N, hidden]: the final norm, by the same call
-        normed = torch.empty_like(h)
-        self.fused.run(h, rope, ctx, kv, at, side, normed)
+        normed = self.fused.run(h, rope, ctx, kv, torch.empty_like(h), at, side)
         # each [N, hidden], columns of `side` (side_by_side in engine/model_runner.py gives `side` back)
         aux = list(side.split(width, dim=1)) if at else []
         return normed, aux
