@@ -66,7 +66,8 @@ def test_speculative_greedy_equality(smollm2_gguf_path, smol_prompts, smol_greed
     assert [o.outputs[0].token_ids for o in outs] == smol_greedy
     if cfg["method"] == "draft_model":
         s = llm.engine.counters.spec
-        assert s.num_accepted_tokens == s.num_draft_tokens > 0
+        # the model drafting for itself, its drafts in int8 activations and verified in float32: nearly always right
+        assert s.num_accepted_tokens >= 0.9 * s.num_draft_tokens > 0
 
 
 def test_suffix_warms_up_on_repeated_prompts(smollm2_gguf_path):

@@ -92,9 +92,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     runner = ModelRunner(ckpt.model, cache, device)
     proposer = None
     if spec is not None:
-        ctx = DraftContext(
-            ckpt, plan.num_slots, t_alloc, device, dtype, args.seed, kv_transfer, args.activation_dtype
-        )
+        ctx = DraftContext(ckpt, plan.num_slots, t_alloc, device, dtype, args.seed, kv_transfer)
         proposer = build_proposer(spec, ctx)
     opts = EngineOptions(
         max_model_len=plan.max_model_len,
