@@ -75,7 +75,7 @@ def _script(ck, fused: bool) -> tuple[list, int]:
         model.fused = keep
         if fused:
             keep.run = run
-    flat = [t for o in outs for t in (o.logits, o.hidden, *o.aux_hidden)]
+    flat = [t for o in outs for t in (o.logits, o.hidden, o.aux_hidden) if t is not None]
     return flat, calls
 
 

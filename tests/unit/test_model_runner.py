@@ -51,22 +51,3 @@ def test_tree_depths_are_not_a_chain():
     assert torch.equal(ctx.cache_pos, torch.tensor([[5, 6, 7]]))
     # the third token sees the prefix, the root and itself, not its sibling
     assert ctx.mask[0, 0, 2].tolist() == [True] * 5 + [True, False, True]
-
-
-def test_side_by_side_reuses_adjacent_column_blocks():
-    """The fused layers' aux states (column blocks of one buffer) come back as that buffer; other tensors are
-    concatenated, the same values either way."""
-    from verispec.engine.model_runner import side_by_side
-
-    buf = torch.arange(24.0).reshape(2, 12)
-    parts = list(buf.split(4, dim=1))
-    out = side_by_side(parts)
-    assert out.data_ptr() == buf.data_ptr() and torch.equal(out, buf)
-    # separate tensors, or blocks out of order: a copy with the same layout as torch.cat
-    copies = [p.clone() for p in parts]
-    assert torch.equal(side_by_side(copies), buf)
-    swapped = side_by_side([parts[1], parts[0], parts[2]])
-    assert swapped.data_ptr() != buf.data_ptr()
-    assert torch.equal(swapped, torch.cat([parts[1], parts[0], parts[2]], dim=-1))
-    # two of three blocks: not the whole buffer's layout
-    assert torch.equal(side_by_side(parts[:2]), buf[:, :8])

@@ -11,7 +11,7 @@ from itertools import accumulate
 import torch
 
 from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput, side_by_side
+from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.engine.request import Request, Status
 from verispec.engine.stop import commit_tokens, length_left, logprob_entry, may_end_early
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
@@ -258,12 +258,12 @@ class LLMEngine:
         )
         if every:
             # [tokens, len(aux_layers), H]
-            stacked = torch.stack(out.aux_hidden, dim=1)
+            stacked = out.aux_hidden.view(out.aux_hidden.shape[0], -1, out.hidden.shape[-1])
             sizes = [len(r.token_ids) for r in rows]
             self.proposer.observe_states(reqs, [r.token_ids for r in rows], list(stacked.split(sizes)))
         if not want_all:
             return out, None
-        return out, (side_by_side(out.aux_hidden) if aux else out.hidden_all)
+        return out, (out.aux_hidden if aux else out.hidden_all)
 
     def _observe_hidden(
         self, reqs: list[Request], hidden: torch.Tensor, rows: list[range] | list[list[int]]

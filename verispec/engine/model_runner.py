@@ -36,29 +36,11 @@ class RunnerOutput:
     logits: torch.Tensor
     # [N, hidden] final normed hidden at the same positions
     hidden: torch.Tensor
-    # per aux layer [N, hidden]; with aux_all: [every packed token, hidden]
-    aux_hidden: list[torch.Tensor]
+    # the aux layers' streams side by side [N, len(aux_layers) * hidden] (with aux_all: of every packed token), or
+    # None without aux layers
+    aux_hidden: torch.Tensor | None
     # with hidden_all: final normed hidden of every packed token
     hidden_all: torch.Tensor | None = None
-
-
-def side_by_side(parts: list[torch.Tensor]) -> torch.Tensor:
-    """[N, H] tensors -> [N, len(parts) * H], their columns side by side (torch.cat on the last dim). Parts that
-    already are the adjacent column blocks of one row-major buffer (the fused layers' aux states) are that buffer,
-    not a copy."""
-    first = parts[0]
-    n, h = first.shape
-    k, size = len(parts), first.element_size()
-    storage = first.untyped_storage().data_ptr()
-    if first.stride() == (k * h, 1) and all(
-        p.shape == first.shape
-        and p.stride() == first.stride()
-        and p.untyped_storage().data_ptr() == storage
-        and p.data_ptr() == first.data_ptr() + i * h * size
-        for i, p in enumerate(parts)
-    ):
-        return first.as_strided((n, k * h), (k * h, 1))
-    return torch.cat(parts, dim=-1)
 
 
 class ModelRunner:
@@ -209,5 +191,5 @@ class ModelRunner:
             idx = torch.tensor(flat, dtype=torch.long, device=self.device)
             # [n_logits, hidden]
             sel = hidden.index_select(0, idx)
-            aux_sel = aux if aux_all else [a.index_select(0, idx) for a in aux]
+            aux_sel = aux if aux_all or aux is None else aux.index_select(0, idx)
         return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel, hidden if hidden_all else None)

@@ -131,6 +131,20 @@ class FusedLayers:
         self._per_row = self._lib.decoder_scratch_per_row(ctypes.addressof(self.dims))
         # grown to the largest fused step seen (<= the KV budget), then reused
         self._scratch = torch.empty(0)
+        # aux layer ids as asked -> (the valid ones sorted, their C array): made once, since a step's ctypes objects
+        # cost tens of microseconds right after a forward, whose weights have streamed through the caches
+        self._aux: dict[tuple[int, ...], tuple[tuple[int, ...], ctypes.Array]] = {}
+
+    def _aux_entry(self, aux_layers: tuple[int, ...]) -> tuple[tuple[int, ...], ctypes.Array]:
+        got = self._aux.get(aux_layers)
+        if got is None:
+            ids = tuple(sorted({i for i in aux_layers if 0 <= i <= self.n}))
+            got = self._aux[aux_layers] = (ids, (ctypes.c_int64 * len(ids))(*ids))
+        return got
+
+    def aux_ids(self, aux_layers: tuple[int, ...]) -> tuple[int, ...]:
+        """The layer ids in 0 .. num_layers among aux_layers, sorted and unique: the streams run() copies."""
+        return self._aux_entry(aux_layers)[0]
 
     def applies(self, h: torch.Tensor, rope, ctx) -> bool:
         """Whether this step can run fused: inputs in the layouts layers.c reads.
@@ -157,7 +171,7 @@ class FusedLayers:
         ctx,
         kv: list[torch.Tensor],
         normed: torch.Tensor,
-        aux_at: list[int] | None = None,
+        aux_at: tuple[int, ...] | None = None,
         aux_out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every layer on the packed tokens h [N, hidden] (contiguous; updated in place), then the model's final
@@ -183,7 +197,7 @@ class FusedLayers:
         if mask is not None and mask.shape[0] == 1:
             ms = 0
         n_aux = len(aux_at) if aux_at else 0
-        at = (ctypes.c_int64 * n_aux)(*aux_at) if n_aux else None
+        at = self._aux_entry(tuple(aux_at))[1] if n_aux else None
         self._lib.decoder_layers_f32(
             ctypes.addressof(self.descs),
             self.n,

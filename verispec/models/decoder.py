@@ -174,11 +174,13 @@ class DecoderLM(nn.Module):
         # per layer [slots, 2*Hkv, T, D]
         kv: list[torch.Tensor],
         aux_layers: tuple[int, ...] = (),
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """Returns (final normed hidden [N, hidden], residual-stream inputs of the aux layers, each [N, hidden]).
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns (final normed hidden [N, hidden], the residual streams entering the aux layers side by side
+        [N, len(aux_layers) * hidden] in increasing layer order, or None without aux layers: EAGLE-3's input as it
+        is).
 
         Aux layer i is the residual stream entering layer i (vLLM's convention); i = num_layers is the stream after
-        the last layer, before the final norm. The list follows increasing layer index."""
+        the last layer, before the final norm."""
         h = self.embed(input_ids)
         rope = rope_cos_sin(positions, self.inv_freq, h.dtype)
         ropes = (
@@ -194,20 +196,17 @@ class DecoderLM(nn.Module):
             h = layer.forward(h, ropes, ctx, kv[i])
         if len(self.layers) in aux_layers:
             aux.append(h)
-        return self.norm.forward(h), aux
+        return self.norm.forward(h), torch.cat(aux, dim=-1) if aux else None
 
-    def _forward_fused(self, h, rope, ctx, kv, aux_layers) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def _forward_fused(self, h, rope, ctx, kv, aux_layers) -> tuple[torch.Tensor, torch.Tensor | None]:
         """forward's layers by FusedLayers on the packed tokens h [N, hidden] (updated in place)."""
         h = h.contiguous()
-        at = sorted({i for i in aux_layers if 0 <= i <= len(self.layers)})
+        at = self.fused.aux_ids(aux_layers)
         n, width = h.shape
         # [N, len(at) * hidden]: the aux layers' streams side by side, written by the layers' one call
         side = h.new_empty(n, len(at) * width) if at else None
         # [N, hidden]: the final norm, by the same call
-        normed = self.fused.run(h, rope, ctx, kv, torch.empty_like(h), at, side)
-        # each [N, hidden], columns of `side` (side_by_side in engine/model_runner.py gives `side` back)
-        aux = list(side.split(width, dim=1)) if at else []
-        return normed, aux
+        return self.fused.run(h, rope, ctx, kv, torch.empty_like(h), at, side), side
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., V] (float32)."""

@@ -97,8 +97,8 @@ def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) 
         res = runner.run([RowInput(0, 0, tokens)], aux_layers, aux_all=True, hidden_all=True)
         # [T]
         labels = model.compute_logits(res.hidden_all).argmax(-1)
-        # [T, 3 H]
-        aux = torch.cat(res.aux_hidden, dim=-1)
+        # [T, 3 H], out of inference mode (training reads it under autograd)
+        aux = res.aux_hidden.clone()
         samples.append(Sample(torch.tensor(tokens), aux.float().cpu(), labels.cpu()))
     return samples
 
