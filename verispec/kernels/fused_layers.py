@@ -131,20 +131,17 @@ class FusedLayers:
         self._per_row = self._lib.decoder_scratch_per_row(ctypes.addressof(self.dims))
         # grown to the largest fused step seen (<= the KV budget), then reused
         self._scratch = torch.empty(0)
-        # aux layer ids as asked -> (the valid ones sorted, their C array): made once, since a step's ctypes objects
-        # cost tens of microseconds right after a forward, whose weights have streamed through the caches
-        self._aux: dict[tuple[int, ...], tuple[tuple[int, ...], ctypes.Array]] = {}
+        # aux layer ids as asked -> (how many are in 0 .. num_layers, their C array, sorted and unique): made once,
+        # since a step's ctypes objects cost tens of microseconds right after a forward, whose weights have streamed
+        # through the caches
+        self._aux: dict[tuple[int, ...], tuple[int, ctypes.Array]] = {}
 
-    def _aux_entry(self, aux_layers: tuple[int, ...]) -> tuple[tuple[int, ...], ctypes.Array]:
+    def _aux_ids(self, aux_layers: tuple[int, ...]) -> tuple[int, ctypes.Array]:
         got = self._aux.get(aux_layers)
         if got is None:
-            ids = tuple(sorted({i for i in aux_layers if 0 <= i <= self.n}))
-            got = self._aux[aux_layers] = (ids, (ctypes.c_int64 * len(ids))(*ids))
+            ids = sorted({i for i in aux_layers if 0 <= i <= self.n})
+            got = self._aux[aux_layers] = (len(ids), (ctypes.c_int64 * len(ids))(*ids))
         return got
-
-    def aux_ids(self, aux_layers: tuple[int, ...]) -> tuple[int, ...]:
-        """The layer ids in 0 .. num_layers among aux_layers, sorted and unique: the streams run() copies."""
-        return self._aux_entry(aux_layers)[0]
 
     def applies(self, h: torch.Tensor, rope, ctx) -> bool:
         """Whether this step can run fused: inputs in the layouts layers.c reads.
@@ -171,13 +168,12 @@ class FusedLayers:
         ctx,
         kv: list[torch.Tensor],
         normed: torch.Tensor,
-        aux_at: tuple[int, ...] | None = None,
-        aux_out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        aux_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Every layer on the packed tokens h [N, hidden] (contiguous; updated in place), then the model's final
-        norm into normed [N, hidden] (contiguous), which is returned. aux_at: layer ids in 0 .. num_layers (sorted);
-        aux_out [N, len(aux_at) * hidden] (contiguous) receives the streams entering those layers side by side,
-        copied by the same call."""
+        norm into normed [N, hidden] (contiguous). -> (normed, the streams entering aux_layers' layers in 0 ..
+        num_layers side by side [N, n_aux * hidden] in increasing layer order, copied by the same call; None
+        without any)."""
         # the engine's cache list (held here; its tensors never move): refresh on a new one
         if kv is not self._kv:
             for desc, t in zip(self.descs, kv):
@@ -196,8 +192,9 @@ class FusedLayers:
         )
         if mask is not None and mask.shape[0] == 1:
             ms = 0
-        n_aux = len(aux_at) if aux_at else 0
-        at = self._aux_entry(tuple(aux_at))[1] if n_aux else None
+        n_aux, at = self._aux_ids(aux_layers) if aux_layers else (0, None)
+        # [N, n_aux * hidden]
+        side = h.new_empty(h.shape[0], n_aux * h.shape[1]) if n_aux else None
         self._lib.decoder_layers_f32(
             ctypes.addressof(self.descs),
             self.n,
@@ -219,10 +216,10 @@ class FusedLayers:
             mq,
             self._scratch.data_ptr(),
             torch.get_num_threads(),
-            at,
+            at if n_aux else None,
             n_aux,
-            aux_out.data_ptr() if n_aux else None,
+            side.data_ptr() if n_aux else None,
             self._final_norm,
             normed.data_ptr(),
         )
-        return normed
+        return normed, side

@@ -200,13 +200,8 @@ class DecoderLM(nn.Module):
 
     def _forward_fused(self, h, rope, ctx, kv, aux_layers) -> tuple[torch.Tensor, torch.Tensor | None]:
         """forward's layers by FusedLayers on the packed tokens h [N, hidden] (updated in place)."""
-        h = h.contiguous()
-        at = self.fused.aux_ids(aux_layers)
-        n, width = h.shape
-        # [N, len(at) * hidden]: the aux layers' streams side by side, written by the layers' one call
-        side = h.new_empty(n, len(at) * width) if at else None
-        # [N, hidden]: the final norm, by the same call
-        return self.fused.run(h, rope, ctx, kv, torch.empty_like(h), at, side), side
+        # the final norm [N, hidden] and the aux layers' streams side by side, by the layers' one call
+        return self.fused.run(h.contiguous(), rope, ctx, kv, torch.empty_like(h), tuple(aux_layers))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., V] (float32)."""
