@@ -156,6 +156,23 @@ def test_tiled_layout_keeps_the_weights(qtype, fmt):
     assert odd.tiled() is odd
 
 
+@pytest.mark.parametrize("isa", ["amx", "avx512", "avx2", None])
+def test_float_layout_follows_the_build(isa):
+    """The float32 layout a test expects is asked of the kernels, never assumed: q4t / q8t only on the AMX build."""
+    from types import SimpleNamespace
+
+    from verispec.kernels.qweight import float_layout
+
+    lib = SimpleNamespace(isa=isa)
+    tiled = isa == "amx"
+    assert float_layout("q4", lib) == ("q4t" if tiled else "q4")
+    assert float_layout("q8", lib) == ("q8t" if tiled else "q8")
+    assert float_layout("q6", lib) == "q6"
+    qw, _ = make_weight("Q4_1", 16, 64)
+    if build.kernel_isa() is not None:
+        assert qw.for_kernels().fmt == float_layout("q4")
+
+
 def test_tiled_weights_need_the_amx_build():
     qw, _ = make_weight("Q4_0", 16, 64)
     lib = build.build_qgemm("avx2") if build.kernel_isa() else None

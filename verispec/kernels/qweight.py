@@ -420,6 +420,13 @@ class QuantWeight:
         return y
 
 
+def float_layout(fmt: str, lib: ctypes.CDLL | None = None) -> str:
+    """The layout float32 activations multiply a `fmt` weight in on `lib` (default: this CPU's kernels), where its
+    shape allows: q4t / q8t on the AMX build, `fmt` itself elsewhere."""
+    lib = lib or load_qgemm()
+    return TILED.get(fmt, fmt) if getattr(lib, "isa", None) == "amx" else fmt
+
+
 def kernels_available() -> bool:
     """Whether GGUF weights can stay quantized here (x86-64 with AVX2/FMA, a C compiler, VERISPEC_KERNELS != 0)."""
     return load_qgemm() is not None
