@@ -66,7 +66,7 @@ def bench_params(temperature: float, max_tokens: int) -> SamplingParams:
 def spec_configs(ap: argparse.ArgumentParser, texts: list[str], model: str) -> list[dict]:
     """The --speculative-config arguments as dicts, each checked as the engine will check it; a bad one ends the run
     with the parser's usage error (exit 2) naming the key, before any model runs."""
-    from verispec.spec import resolve_speculative_config
+    from verispec.proposers.factory import resolve_speculative_config
 
     out = []
     for text in texts:

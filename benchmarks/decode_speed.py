@@ -31,7 +31,7 @@ from pathlib import Path
 import llama_cpp_peer
 import torch
 
-from verispec.engine.step_cost import sync
+from verispec.planner.step_cost import sync
 
 PROMPTS = [
     "Write a haiku about CPUs.",

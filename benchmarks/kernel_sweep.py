@@ -8,7 +8,7 @@ The int8 columns run the same weights in the int8 kernels' layouts (q4v / q8v) w
 (default: the best this CPU has; `all`: one column group per variant it runs; `none`: no int8 columns); the last
 lines give each kernel's cost of M rows against 1 row (verifying 4 drafts is M = 5).
 --step adds what the engine pays: its whole forward over M rows behind a 256-token context (the start-up profile
-of the draft-length planner, verispec/engine/step_cost.py: fused layers, attention, the LM head), float32 and int8
+of the draft-length planner, verispec/planner/step_cost.py: fused layers, attention, the LM head), float32 and int8
 activations. The sweep above calls each projection from Python, so its small-row figures carry per-call overhead
 that the engine's fused layers do not have.
 --baseline REF / --baseline-isa ISA add the kernels of git revision REF (built from its sources) or of another
@@ -112,7 +112,7 @@ def int8_variants(choice: str, lib) -> list[str]:
 def forward_steps(model: str, rows: list[int], reps: int, int8: bool) -> dict[str, dict[int, float]]:
     """activation dtype -> {rows: seconds of the engine's whole forward}, printed with each ratio to 1 row."""
     from verispec import LLM
-    from verispec.engine.step_cost import profile_step_cost
+    from verispec.planner.step_cost import profile_step_cost
 
     out = {}
     print("whole forward step, 256-token context (ms; cost against 1 row):")

@@ -30,8 +30,8 @@ import torch
 from adaptive_k import bench_params, cpu_model, spec_configs
 
 import verispec.engine.builder as builder
-import verispec.engine.step_cost as step_cost
-from verispec.engine.step_cost import StepCostModel, profile_batch_step, profile_points, profile_step_cost
+import verispec.planner.step_cost as step_cost
+from verispec.planner.step_cost import StepCostModel, profile_batch_step, profile_points, profile_step_cost
 from verispec.workloads import WORKLOADS, build_workload, chat_prompt_ids
 
 

@@ -14,8 +14,8 @@ if not torch.cuda.is_available():
 
 from tests.tiny_models import write_tiny_checkpoint
 from verispec.engine import builder
-from verispec.engine.step_cost import StepCostModel
-from verispec.spec.planner import DraftPlanner
+from verispec.planner.goodput import DraftPlanner
+from verispec.planner.step_cost import StepCostModel
 
 # Under pytest-xdist each worker takes its share of the cores: the native kernels run torch.get_num_threads() OpenMP
 # threads, and 15 workers of 16 threads each on 16 cores oversubscribe them (likely why a 16-core GPU machine ran

@@ -25,7 +25,10 @@ from typing import Any
 
 import torch
 
+from verispec import LLM
 from verispec.engine.args import EngineArgs
+from verispec.runner.model_runner import RowInput
+from verispec.sample import logits as S
 from verispec.sampling_params import SamplingParams
 
 # significance level of the sampled-law test: a lossless engine fails it once in a thousand audits
@@ -68,8 +71,6 @@ class AuditRow:
 def next_token_probs(llm, contexts: list[list[int]], sp: SamplingParams) -> torch.Tensor:
     """The target's next-token law after each context at `sp`'s temperature / top-p, from plain forwards on the
     engine's (idle) cache slots. -> [N, V] float32 on the CPU."""
-    from verispec.engine.model_runner import RowInput
-    from verispec.sample import logits as S
 
     runner = llm.engine.runner
     v = runner.model.cfg.vocab_size
@@ -298,7 +299,6 @@ def run_audit(
 ) -> list[AuditRow]:
     """Every check of the audit on `args` (which must have a speculative_config), on the prompts of the file
     `prompts` (`read_prompts`) or the built-in ones; ValueError for a bad setting."""
-    from verispec import LLM
 
     spec = args.speculative_config
     if not spec:

@@ -7,7 +7,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from verispec import LLM
 from verispec.engine.args import EngineArgs
+from verispec.plot import check_plot_path, plot_spec_decode
+from verispec.proposers.factory import resolve_speculative_config
 from verispec.sampling_params import SamplingParams
 from verispec.workloads import build_workload, chat_prompt_ids
 
@@ -166,8 +169,6 @@ def run_bench(
     """The workload's prompts decoded plainly, then with engine.speculative_config (ngram K=4 when none is given),
     at batch_size concurrent requests; a table on stdout and, with output, JSON; with plot, a chart of the speedup
     and per-position acceptance (verispec/plot.py; needs the `plot` extra). progress: a bar per run on stderr."""
-    from verispec import LLM
-    from verispec.spec import resolve_speculative_config
 
     spec = engine.speculative_config
     if spec is None:
@@ -187,8 +188,6 @@ def run_bench(
         if not Path(output).resolve().parent.is_dir():
             raise ValueError(f"--output {output}: its folder does not exist")
     if plot:
-        from verispec.plot import check_plot_path
-
         check_plot_path(plot)
     kw = {k: v for k, v in vars(engine).items() if k != "speculative_config"} | {"max_num_seqs": batch_size}
     model = engine.model
@@ -224,8 +223,6 @@ def run_bench(
         with open(output, "w") as f:
             json.dump(result, f, indent=2)
     if plot:
-        from verispec.plot import plot_spec_decode
-
         title = f"{Path(str(model)).name}, {workload}, {len(prompts)} prompts, batch {batch_size}"
         plot_spec_decode([result["plain"], result["spec_run"]], plot, title)
         print(f"plot: {plot}")

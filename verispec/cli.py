@@ -6,8 +6,11 @@ import argparse
 import sys
 import time
 
-from verispec import progress
+from verispec import LLM, SamplingParams, __version__, progress
+from verispec.audit import ALPHA, format_table, run_audit
+from verispec.bench import run_bench
 from verispec.engine.args import EngineArgs
+from verispec.server.cli import add_serve_args, run_server
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,7 +25,6 @@ def _fail(msg: str) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from verispec import LLM, SamplingParams
 
     llm = LLM(**vars(EngineArgs.from_cli_args(args)))
     sp = SamplingParams(
@@ -67,7 +69,6 @@ def _summary(tokens: int, seconds: float, engine) -> str:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from verispec.audit import ALPHA, format_table, run_audit
 
     engine = EngineArgs.from_cli_args(args)
     rows = run_audit(
@@ -91,7 +92,6 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from verispec.bench import run_bench
 
     engine = EngineArgs.from_cli_args(args)
     run_bench(
@@ -109,7 +109,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from verispec import __version__
 
     parser = _Parser(prog="verispec", description="Speculative-decoding LLM engine configured like vLLM")
     parser.add_argument("--version", action="version", version=f"verispec {__version__}")
@@ -157,15 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt")
     a.add_argument("--quiet", action="store_true", help="no progress bars")
     a.set_defaults(func=cmd_audit)
-    try:
-        from verispec.server.cli import add_serve_args, run_server
-    # server extras missing
-    except ImportError:
-        pass
-    else:
-        s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
-        add_serve_args(s)
-        s.set_defaults(func=run_server)
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
+    add_serve_args(s)
+    s.set_defaults(func=run_server)
     return parser
 
 

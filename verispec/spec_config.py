@@ -120,7 +120,7 @@ class SpeculativeConfig:
     # vLLM's fixed schedule: [[start_bs, end_bs, K], ...], K drafts at batch sizes start_bs..end_bs (0: none);
     # stored as a tuple of tuples
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
-    # the goodput planner (spec/planner.py) picks each step's draft lengths, num_speculative_tokens being the cap;
+    # the goodput planner (planner/goodput.py) picks each step's draft lengths, num_speculative_tokens being the cap;
     # on by default in verispec (false: every step drafts the fixed K, as vLLM)
     enable_adaptive_verification: bool = True
     disable_padded_drafter_batch: bool = False

@@ -23,7 +23,7 @@ from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
-from verispec.loader.hf import read_json
+from verispec.loader.files import read_json
 
 # llama.cpp token types (gguf.TokenType)
 TOKEN_NORMAL = 1

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from verispec import LLM, SamplingParams
-from verispec.spec import SUPPORTED_METHODS
+from verispec.proposers.factory import SUPPORTED_METHODS
 
 
 @dataclass(frozen=True)

@@ -667,7 +667,7 @@ def pass_through_eagle(tiny_llama, tmp_path_factory) -> str:
 def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_through_eagle, monkeypatch, batch):
     """A tree (6 root children, 3 of them with a child) drafted by EAGLE and verified in one forward: the output is
     plain decoding's, and accepted paths through a non-first branch had their K/V moved into place."""
-    from verispec.engine.kv_cache import KVCache
+    from verispec.runner.kv_cache import KVCache
 
     moves = []
     move = KVCache.move
@@ -856,8 +856,8 @@ def test_dynamic_tree_follows_target_distribution(tiny_llama, tiny_eagle, method
 def test_dynamic_tree_greedy_equality(request, tiny_llama, monkeypatch, drafter, batch):
     """EAGLE-2 dynamic trees (one per request and step, per-request attention masks) verified in one forward: the
     output is plain decoding's; whole trees ran (batch 8 x 8 rows exceeds the step budget: chains there)."""
-    from verispec.engine.kv_cache import KVCache
-    from verispec.spec.eagle import EagleProposer
+    from verispec.proposers.eagle import EagleProposer
+    from verispec.runner.kv_cache import KVCache
 
     moves, shapes = [], []
     move = KVCache.move

@@ -14,10 +14,11 @@ from safetensors.torch import load_file, save_file
 from tests.dflash_reference import dflash_reference
 from tests.tiny_models import write_tiny_dflash
 from verispec.config import model_config_from_hf
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput
+from verispec.loader.drafts import load_dflash
 from verispec.loader.hf import read_hf_config
-from verispec.models.dflash import build_target_layer_ids, dflash_config, load_dflash
+from verispec.models.dflash import build_target_layer_ids, dflash_config
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 CPU = torch.device("cpu")
 

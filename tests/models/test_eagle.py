@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.tiny_models import write_tiny_eagle
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput
-from verispec.models.eagle import load_eagle
+from verispec.loader.drafts import load_eagle
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 
 def test_draft_forward_matches_transformers(tiny_llama, tmp_path):

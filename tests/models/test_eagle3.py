@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from tests.eagle3_reference import eagle3_reference
 from tests.tiny_models import write_tiny_eagle3
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput
-from verispec.models.eagle3 import load_eagle3
+from verispec.loader.drafts import load_eagle3
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 
 def test_draft_block_matches_its_formula(tiny_llama, tmp_path):

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.kernels.fused_layers import why_not_fusable
 from verispec.loader.checkpoint import load_checkpoint
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 CPU = torch.device("cpu")
 

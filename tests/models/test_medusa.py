@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.tiny_models import write_tiny_medusa
-from verispec.models.medusa import MedusaConfig, load_medusa
+from verispec.loader.drafts import load_medusa
+from verispec.models.medusa import MedusaConfig
 
 
 def test_heads_compute_vllm_medusa(tiny_medusa):

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tests.tiny_models import write_tiny_mlp_speculator
-from verispec.models.mlp_speculator import load_mlp_speculator
+from verispec.loader.drafts import load_mlp_speculator
 
 
 def _reference(w: dict, cfg: dict, hidden: torch.Tensor, last: torch.Tensor, k: int) -> torch.Tensor:

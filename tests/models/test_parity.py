@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from tests.conftest import ARCHS
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput
 from verispec.loader.checkpoint import load_checkpoint
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 ATOL = 1e-4
 

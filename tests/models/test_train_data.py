@@ -8,7 +8,7 @@ import torch
 
 from verispec import LLM
 from verispec.train import data
-from verispec.train.eagle3 import Sample
+from verispec.train.data import Sample
 
 AUX = (2, 1, 0)
 

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 
 from tests.eagle3_reference import eagle3_reference
 from verispec import LLM, SamplingParams
-from verispec.train.eagle3 import collect, save, train
+from verispec.train.data import collect
+from verispec.train.eagle3 import save, train
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +238,8 @@ def test_q8_0_checkpoint_loads_to_the_blocks_and_drafts_losslessly(tiny_llama, t
 
 def test_answers_start_after_the_chat_templates_generation_prompt(tiny_llama):
     """mark_answers finds where each answer starts; training and the held-out score only count its tokens."""
-    from verispec.train.eagle3 import Sample, answer_marker, mark_answers
+    from verispec.train.data import Sample
+    from verispec.train.eagle3 import answer_marker, mark_answers
 
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=1)
     tok = llm.tokenizer

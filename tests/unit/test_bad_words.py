@@ -42,7 +42,7 @@ def test_verify_positions_see_the_drafts_before_them():
     """At verify position j the output so far includes drafts[:j]: a bad word completed by a draft is banned there."""
     import torch
 
-    from verispec.engine.request import Request
+    from verispec.request import Request
     from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
     from verispec.sample.step import sample_step
     from verispec.sampling_params import SamplingParams

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from verispec import drafts
-from verispec.spec import resolve_speculative_config
+from verispec.proposers.factory import resolve_speculative_config
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""verispec/engine/kv_cache.py: slots and context length from a memory budget (plan_cache), slot copies."""
+"""verispec/runner/kv_cache.py: slots and context length from a memory budget (plan_cache), slot copies."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from verispec.config import ModelConfig
-from verispec.engine.kv_cache import KVCache, plan_cache
+from verispec.runner.kv_cache import KVCache, plan_cache
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from verispec.engine.model_runner import ModelRunner, RowInput
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 
 def runner() -> ModelRunner:

@@ -1,10 +1,16 @@
 import numpy as np
 import pytest
 
-from verispec.engine.request import Request
+from verispec.proposers.ngram import (
+    NgramIndex,
+    NgramProposer,
+    match_confidence,
+    match_length,
+    ngram_lookup,
+    ngram_propose,
+)
+from verispec.request import Request
 from verispec.sampling_params import SamplingParams
-from verispec.spec.ngram import NgramIndex, match_confidence, match_length, ngram_lookup, ngram_propose
-from verispec.spec.ngram_proposer import NgramProposer
 
 
 def _ref_end(context: list[int], min_n: int, max_n: int) -> int:

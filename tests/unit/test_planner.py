@@ -1,4 +1,4 @@
-"""The goodput planner (verispec/spec/planner.py): allocation, acceptance estimates, probing, schedules."""
+"""The goodput planner (verispec/planner/goodput.py): allocation, acceptance estimates, probing, schedules."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import itertools
 
 import pytest
 
-from verispec.engine.step_cost import StepCostModel
-from verispec.spec.planner import (
+from verispec.planner.goodput import (
     EARLY_END_PRIOR_TOKENS,
     IDLE_AFTER,
     IDLE_SKIP_MAX,
@@ -22,6 +21,7 @@ from verispec.spec.planner import (
     plan_lengths,
     schedule_cap,
 )
+from verispec.planner.step_cost import StepCostModel
 
 
 def linear_cost(base: float, per_row: float):

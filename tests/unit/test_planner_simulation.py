@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from verispec.engine.step_cost import StepCostModel
-from verispec.spec.planner import DraftPlanner
+from verispec.planner.goodput import DraftPlanner
+from verispec.planner.step_cost import StepCostModel
 
 CAP = 8
 # a step's seconds by rows, relative to one row: an AVX2 CPU in int8 (Zen 3) and an AMX one

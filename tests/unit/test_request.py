@@ -1,10 +1,10 @@
-"""Per-request state (verispec/engine/request.py)."""
+"""Per-request state (verispec/request.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from verispec.engine.request import Request
+from verispec.request import Request
 from verispec.sampling_params import SamplingParams
 
 

@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from verispec.engine.request import Request
 from verispec.kernels import ops
+from verispec.request import Request
 from verispec.sample import step as step_mod
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
 from verispec.sample.step import sample_step

@@ -409,7 +409,7 @@ def test_sampled_drafts_of_a_head_need_a_branching_tree_under_probabilistic(conf
 
 
 def test_tree_children_follow_draft_sample_method():
-    from verispec.spec import _samples_trees
+    from verispec.proposers.factory import _samples_trees
 
     tree = {**EAGLE_TREE, "rejection_sample_method": "probabilistic"}
     assert _samples_trees(make(tree))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.request import Request
+from verispec.proposers.state_slots import _COMPACT_AFTER, StateSlots
+from verispec.request import Request
 from verispec.sampling_params import SamplingParams
-from verispec.spec.state_slots import _COMPACT_AFTER, StateSlots
 
 
 class _Cache:

@@ -1,4 +1,4 @@
-"""The step-cost model (verispec/engine/step_cost.py): interpolation, online refinement, profile points, cache."""
+"""The step-cost model (verispec/planner/step_cost.py): interpolation, online refinement, profile points, cache."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from verispec.engine import step_cost
-from verispec.engine.step_cost import StepCostModel, load_or_profile, monotone_profile, profile_points
+from verispec.planner import step_cost
+from verispec.planner.step_cost import StepCostModel, load_or_profile, monotone_profile, profile_points
 
 
 def test_interpolates_between_and_beyond_profile_points():

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from verispec.engine.request import Request
 from verispec.engine.stop import length_left, may_end_early
+from verispec.request import Request
 from verispec.sampling_params import SamplingParams
 
 

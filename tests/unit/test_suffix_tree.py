@@ -3,7 +3,7 @@ from collections import Counter
 
 import pytest
 
-from verispec.spec.suffix_tree import Draft, SuffixDecodingCache, SuffixTree
+from verispec.proposers.suffix import Draft, SuffixDecodingCache, SuffixTree
 
 # ---------------------------------------------------------------- brute-force references
 

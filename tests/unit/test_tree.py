@@ -2,7 +2,7 @@
 
 import torch
 
-from verispec.spec.tree import TokenTree, ancestors_of, batch_of, tree_accept
+from verispec.sample.tree import TokenTree, ancestors_of, batch_of, tree_accept
 
 # root -> (0,) a, (1,) b;  a -> (0, 0) c, (0, 1) d;  c -> (0, 0, 0) e
 TREE = TokenTree(((0,), (1,), (0, 0), (0, 1), (0, 0, 0)))

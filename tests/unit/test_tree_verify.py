@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from verispec.audit import chi2_pvalue
+from verispec.sample.tree import TokenTree, batch_of
 from verispec.sample.tree_verify import sample_children, tree_rejection_sample
-from verispec.spec.tree import TokenTree, batch_of
 
 # root -> 3 children (ranks 0, 1, 2); the first two have 2 children each
 TREE = TokenTree(((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (1, 1)))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.tiny_models import build_sp_tokenizer, build_tokenizer
-from verispec.spec.vocab_map import VocabKeys, build_vocab_map, piece_bytes, tokenizer_keys, vocab_keys
+from verispec.proposers.vocab_map import VocabKeys, build_vocab_map, piece_bytes, tokenizer_keys, vocab_keys
 from verispec.tokenizer import Tokenizer
 
 # a GPT-2 byte-level vocabulary ('Ġ' = space, 'Ã©' = the two UTF-8 bytes of 'é', 'â' = byte 0xE2 alone)

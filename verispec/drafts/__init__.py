@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from verispec.loader.checkpoint import ALIASES, resolve_model_path
+
 # (target alias, method) -> folder beside this file
 SHIPPED = {("smollm2-135m-instruct", "eagle3"): "smollm2-135m-instruct-eagle3"}
 
 
 def shipped_draft(target: str | None, method: object) -> str | None:
     """The shipped draft folder for `method` on `target` (an alias, or the path it resolves to), if any."""
-    from verispec.loader.checkpoint import ALIASES, resolve_model_path
 
     for (alias, m), folder in SHIPPED.items():
         if m != method or target is None:

@@ -10,20 +10,21 @@ import torch
 
 from verispec.engine.args import EngineArgs
 from verispec.engine.engine import EngineOptions, LLMEngine
-from verispec.engine.kv_cache import KVCache, plan_cache
-from verispec.engine.model_runner import ModelRunner
-from verispec.engine.step_cost import load_or_profile, model_fingerprint, profile_points
 from verispec.kernels import cuda_ops
+from verispec.kernels.build import build_digest, kernel_isa
 from verispec.loader.checkpoint import load_checkpoint
-from verispec.sample.metadata import VerifyRule
-from verispec.spec import (
+from verispec.planner.goodput import DraftPlanner
+from verispec.planner.step_cost import load_or_profile, model_fingerprint, profile_points
+from verispec.proposers.factory import (
     DraftContext,
     build_proposer,
     check_kv_transfer,
     draft_kv_share,
     resolve_speculative_config,
 )
-from verispec.spec.planner import DraftPlanner
+from verispec.runner.kv_cache import KVCache, plan_cache
+from verispec.runner.model_runner import ModelRunner
+from verispec.sample.metadata import VerifyRule
 
 
 def pick_device(device: str) -> torch.device:
@@ -121,7 +122,6 @@ _BATCH_PROFILE_SEQS = 16
 
 def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, max_rows: int) -> DraftPlanner:
     """The goodput planner with this model's step-cost profile (cached per model / device / kernel build)."""
-    from verispec.kernels.build import build_digest, kernel_isa
 
     k = spec.num_lookahead_slots
     top = min(max_rows, args.max_num_seqs * (k + 1))

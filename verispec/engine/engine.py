@@ -10,22 +10,23 @@ from itertools import accumulate
 
 import torch
 
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput
-from verispec.engine.request import Request, Status
 from verispec.engine.stop import commit_tokens, length_left, logprob_entry, may_end_early
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
+from verispec.planner.goodput import DraftPlanner, chance_to_run, schedule_cap
+from verispec.proposers.base import Proposal, Proposer, ProposerNeeds
+from verispec.request import Request, Status
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_position_constraints, set_token_constraints
 from verispec.sample.logits import make_generator, sample_key
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
 from verispec.sample.step import position_uniforms_of, sample_step
+from verispec.sample.tree import TokenTree, TreeBatch, batch_of, tree_accept
 from verispec.sample.tree_verify import tree_rejection_sample
 from verispec.sample.verify import draw_uniform
-from verispec.spec.base import Proposal, Proposer, ProposerNeeds
-from verispec.spec.planner import DraftPlanner, chance_to_run, schedule_cap
-from verispec.spec.tree import TokenTree, TreeBatch, batch_of, tree_accept
+from verispec.tokenizer import IncrementalDetokenizer
 
 
 @dataclass
@@ -136,8 +137,6 @@ class LLMEngine:
             g = self.generator
             req.sample_key = int(torch.randint(-(1 << 63), (1 << 63) - 1, (), generator=g, device=g.device))
         if self.tokenizer is not None:
-            from verispec.tokenizer import IncrementalDetokenizer
-
             req.detokenizer = IncrementalDetokenizer(
                 self.tokenizer, req.prompt_token_ids, params.skip_special_tokens
             )

@@ -7,8 +7,8 @@ max_model_len.
 
 from __future__ import annotations
 
-from verispec.engine.request import Request
 from verispec.outputs import Logprob
+from verispec.request import Request
 
 
 def logprob_entry(r: Request, lp, row: int, token: int, n: int) -> dict[int, Logprob]:

@@ -19,7 +19,6 @@ import numpy as np
 from torch import nn
 
 from verispec.kernels.qweight import QuantWeight
-from verispec.layers.linear import Dense
 
 # huge page size on x86-64 Linux; the mapping is laid out from a 2 MiB boundary
 _HUGE = 2 << 20
@@ -51,7 +50,7 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
     VERISPEC_HUGE_PAGES=0 turns it off. -> bytes moved."""
     if os.environ.get("VERISPEC_HUGE_PAGES", "1") == "0":
         return 0
-    layers = [m for m in module.modules() if isinstance(m, Dense) and m.qweight is not None]
+    layers = [m for m in module.modules() if getattr(m, "qweight", None) is not None]
     offsets, total = [], 0
     for m in layers:
         offsets.append(total)

@@ -10,11 +10,17 @@ from pathlib import Path
 import torch
 
 from verispec.config import ModelConfig, model_config_from_hf
+from verispec.kernels import build
 from verispec.kernels.arena import move_weights_to_huge_pages
 from verispec.kernels.qweight import kernels_available
+from verispec.layers.linear import keeps_quantized
+from verispec.layers.linear import use_int8_activations as convert
+from verispec.layers.rotary import rope_inv_freq
+from verispec.loader.gguf import load_gguf
 from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json
 from verispec.loader.weights import load_decoder_weights
 from verispec.models.decoder import DecoderLM
+from verispec.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 ACTIVATION_DTYPES = ("float32", "int8")
@@ -111,7 +117,6 @@ def load_checkpoint(
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"{path}: not a .gguf file or HF folder (pickle checkpoints are never loaded)")
-        from verispec.loader.gguf import load_gguf
 
         # On the CPU in float32, quantized projections stay in their blocks for the native kernels.
         keep = keep_quantized and device.type == "cpu" and dtype in ("auto", "float32", torch.float32)
@@ -127,12 +132,8 @@ def load_checkpoint(
         tensors = load_hf_tensors(path)
         eos = _eos_ids(path, hf_config)
         if not skip_tokenizer_init and tokenizer is None and (path / "tokenizer.json").is_file():
-            from verispec.tokenizer import Tokenizer
-
             tok = Tokenizer.from_hf_dir(path)
     if tokenizer is not None and not skip_tokenizer_init:
-        from verispec.tokenizer import Tokenizer
-
         tok = Tokenizer.from_hf_dir(Path(tokenizer))
     if skip_tokenizer_init:
         tok = None
@@ -163,16 +164,13 @@ def fuse_if_enabled(net: DecoderLM) -> None:
 def use_int8_activations(net: DecoderLM, source: str) -> None:
     """Switch every quantized projection of `net` (the LM head included) to int8 activations, or raise ValueError
     saying why it cannot be (no int8 kernel for this CPU, or no weight kept quantized)."""
-    from verispec.kernels.build import int8_isa
-    from verispec.layers.linear import keeps_quantized
-    from verispec.layers.linear import use_int8_activations as convert
 
     if not net.embed_tokens.weight.is_cpu:
         raise ValueError(
             f"activation_dtype='int8' runs on the CPU only (x86 integer kernels); the model is on "
             f"{net.embed_tokens.weight.device.type}: use device='cpu' or activation_dtype='float32'"
         )
-    if not kernels_available() or int8_isa() is None:
+    if not kernels_available() or build.int8_isa() is None:
         raise ValueError(
             "activation_dtype='int8' needs the native kernels (x86-64 with AVX2 and FMA, a C compiler, "
             "VERISPEC_KERNELS not 0); this machine has none: use activation_dtype='float32'"
@@ -186,7 +184,6 @@ def use_int8_activations(net: DecoderLM, source: str) -> None:
 
 
 def _init_rope(net: DecoderLM, cfg: ModelConfig) -> None:
-    from verispec.layers.rotary import rope_inv_freq
 
     scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
     net.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling).to(net.embed_tokens.weight.device)

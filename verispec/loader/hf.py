@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-
-def read_json(path: Path) -> dict:
-    """A JSON object from `path`; ValueError naming the file if it is missing, not JSON or not an object."""
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+from verispec.loader.files import read_json
+from verispec.loader.gguf import load_gguf_tensors
 
 
 def read_draft_config(folder: Path, model_type: str, what: str) -> dict:
@@ -64,8 +53,6 @@ def load_hf_tensors(folder: Path) -> dict[str, torch.Tensor]:
     tensors: dict[str, torch.Tensor] = {}
     ggufs = sorted(folder.glob("*.gguf"))
     if ggufs and not any(folder.glob("*.safetensors")):
-        from verispec.loader.gguf import load_gguf_tensors
-
         for f in ggufs:
             tensors.update(load_gguf_tensors(f))
         return tensors

@@ -19,24 +19,12 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 from torch import nn
 
-from verispec.kernels.qweight import QuantWeight
+from verispec.layers.weight_loader import Tensor, default_weight_loader
 
 if TYPE_CHECKING:
     from verispec.models.decoder import DecoderLM
 
-# A GGUF loaded with keep_quantized=True gives QuantWeights for its 2-D projections.
-Tensor = torch.Tensor | QuantWeight
 M = TypeVar("M", bound=nn.Module)
-
-
-def default_weight_loader(param: nn.Parameter, value: Tensor) -> None:
-    """Copy `value` (dequantized if quantized) into `param`, cast to its dtype."""
-    if isinstance(value, QuantWeight):
-        value = value.dequantize()
-    if tuple(value.shape) != tuple(param.shape):
-        raise ValueError(f"has shape {tuple(value.shape)}, expected {tuple(param.shape)}")
-    with torch.no_grad():
-        param.copy_(value.to(param.dtype))
 
 
 def load_weights(model: nn.Module, tensors: Mapping[str, Tensor], source: str | Path, what: str = "") -> None:

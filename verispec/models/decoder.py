@@ -13,11 +13,12 @@ from torch import nn
 
 from verispec.config import ModelConfig
 from verispec.kernels import cuda_ops, ops
+from verispec.kernels.fused_layers import FusedLayers, why_not_fusable
 from verispec.layers.attention import AttnContext, attention, write_kv
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
-from verispec.loader.weights import default_weight_loader
+from verispec.layers.weight_loader import default_weight_loader
 
 # Submodules are called through .forward(): nn.Module.__call__ costs a few microseconds of hook bookkeeping per
 # call, ~300 times per decode step, and nothing here uses hooks.
@@ -154,7 +155,6 @@ class DecoderLM(nn.Module):
 
     def fuse_layers(self) -> str | None:
         """Run the layers through one C call where possible (kernels/fused_layers.py); returns why not, or None."""
-        from verispec.kernels.fused_layers import FusedLayers, why_not_fusable
 
         reason = why_not_fusable(self)
         self.fused = FusedLayers(self) if reason is None else None

@@ -26,19 +26,16 @@ prefix, `midlayer.` for `layers.0.` and `encoder.{fc,output_norm_enc}.` are acce
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from verispec.config import ModelConfig, config_int, model_config_from_hf
+from verispec.config import ModelConfig, config_int
 from verispec.kernels import ops
 from verispec.layers.attention import AttnContext, attention, write_kv
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import check_token_ids, load_hf_tensors, read_hf_config, require_weights
-from verispec.loader.weights import load_draft
 from verispec.models.decoder import MLP
 
 # k / v are fused (the context pass needs them without q); gate / up as in the decoder
@@ -277,67 +274,3 @@ def dflash_config(hf: dict, num_target_layers: int, where: str = "config.json") 
     causal = hf.get("is_causal")
     causal = dflash.get("causal") if causal is None else causal
     return DFlashConfig(block, tuple(aux), bool(causal))
-
-
-def load_dflash(
-    folder: str | Path, device: torch.device, dtype: torch.dtype, target: ModelConfig
-) -> DFlashDraft:
-    """A DFlash draft for `target` (its layer count and hidden size size the fusion layer)."""
-    folder = Path(folder)
-    where = str(folder / "config.json")
-    hf = read_hf_config(folder)
-    spec = dflash_config(hf, target.num_layers, where)
-    # vLLM's default RoPE base for DFlash (Qwen3) drafts
-    rope = {} if "rope_theta" in hf or "rope_parameters" in hf else {"rope_theta": 1_000_000.0}
-    cfg = model_config_from_hf({**hf, **rope, "architectures": ["Qwen3ForCausalLM"]}, where)
-    tensors = {}
-    for name, value in load_hf_tensors(folder).items():
-        name = name.removeprefix("model.")
-        for old, new in _RENAMES:
-            name = name.replace(old, new)
-        tensors[name] = value
-    tensors.pop("t2d", None)
-    dflash2 = sorted(n for n in tensors if n.startswith("candidate_selector.") or "_conv." in n)
-    if dflash2:
-        raise ValueError(
-            f"{folder}: {dflash2[0]!r} belongs to a DFlash2 draft (candidate selector, dynamic convolutions), which "
-            "this build does not run; it runs DFlash drafts"
-        )
-    last = f"layers.{cfg.num_layers - 1}.input_layernorm.weight"
-    require_weights(tensors, [last], folder, "DFlash", f"says {cfg.num_layers} layers")
-    fc_in = len(spec.aux_layers) * target.hidden_size
-    fc = tensors.get("fc.weight")
-    if fc is not None and tuple(fc.shape) != (cfg.hidden_size, fc_in):
-        raise ValueError(
-            f"{folder}: 'fc.weight' has shape {tuple(fc.shape)} but {len(spec.aux_layers)} target layers "
-            f"({[i - 1 for i in spec.aux_layers]}) of hidden size {target.hidden_size} need "
-            f"({cfg.hidden_size}, {fc_in}): an incompatible draft / target pair"
-        )
-    draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
-    if draft_vocab > cfg.vocab_size:
-        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
-    own_embed, own_head = "embed_tokens.weight" in tensors, "lm_head.weight" in tensors
-    draft = DFlashDraft(cfg, spec, fc_in, draft_vocab, own_embed, own_head)
-    if (folder / "mask_embedding.pt").is_file():
-        raise ValueError(
-            f"{folder}: mask_embedding.pt is a pickle, which this build does not load; store the embedding as a "
-            "tensor 'mask_embedding' in a .safetensors file of the folder instead"
-        )
-    mask_embedding = tensors.pop("mask_embedding", None)
-    if mask_embedding is not None:
-        if mask_embedding.numel() != cfg.hidden_size or not mask_embedding.is_floating_point():
-            raise ValueError(
-                f"{folder}: 'mask_embedding' must hold {cfg.hidden_size} floats (the hidden size), got "
-                f"{mask_embedding.dtype} {tuple(mask_embedding.shape)}"
-            )
-        draft.mask_embedding = mask_embedding.reshape(-1).float()
-    d2t = tensors.pop("d2t", None)
-    if draft_vocab != cfg.vocab_size:
-        if not own_head or d2t is None:
-            raise ValueError(
-                f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs its own "
-                f"'lm_head.weight' and a 'd2t' tensor of {draft_vocab} offsets"
-            )
-        check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
-        draft.d2t = d2t.long()
-    return load_draft(draft, tensors, folder, "DFlash", device, dtype)

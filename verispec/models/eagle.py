@@ -16,17 +16,13 @@ and safetensors `fc.weight` [H, 2H] (`fc.bias` if present), `layers.{i}.self_att
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from verispec.config import ModelConfig, model_config_from_hf
+from verispec.config import ModelConfig
 from verispec.layers.attention import AttnContext
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import load_hf_tensors, read_hf_config, require_weights
-from verispec.loader.weights import load_draft
 from verispec.models.decoder import PACKED_MODULES, DecoderLayer
 
 SPECULATORS_NAMES = {
@@ -102,18 +98,3 @@ class EagleDraft(TargetHeadDraft):
         for layer, cache in zip(self.layers, kv):
             h = layer.forward(h, (rope, rope), ctx, cache)
         return h, h
-
-
-def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> EagleDraft:
-    folder = Path(folder)
-    hf = read_hf_config(folder)
-    # EAGLE checkpoints name their own architectures (LlamaForCausalLMEagle, ...): the blocks are Llama blocks
-    cfg = model_config_from_hf({**hf, "architectures": ["LlamaForCausalLM"]}, str(folder / "config.json"))
-    tensors = {}
-    for name, value in load_hf_tensors(folder).items():
-        name = name.removeprefix("model.")
-        tensors[SPECULATORS_NAMES.get(name, name)] = value
-    last = f"layers.{cfg.num_layers - 1}.mlp.down_proj.weight"
-    require_weights(tensors, [last], folder, "EAGLE", f"says {cfg.num_layers} layers")
-    draft = EagleDraft(cfg, fc_bias="fc.bias" in tensors, para_norm=bool(hf.get("add_para_norm", False)))
-    return load_draft(draft, tensors, folder, "EAGLE", device, dtype)

@@ -18,18 +18,14 @@ Checkpoint: an HF folder with a Llama-style config.json (`draft_vocab_size`, `ta
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
-from verispec.config import ModelConfig, config_int, model_config_from_hf
+from verispec.config import ModelConfig
 from verispec.layers.attention import AttnContext
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import check_token_ids, load_hf_tensors, read_hf_config
-from verispec.loader.weights import load_draft
 from verispec.models.decoder import MLP, PACKED_MODULES, Attention
 
 
@@ -135,34 +131,3 @@ def aux_layer_ids(hf: dict, num_target_layers: int) -> tuple[int, ...]:
     if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise ValueError(f"EAGLE-3 config.json: {key} must be a list of layer indices, got {ids!r}")
     return tuple(ids)
-
-
-def load_eagle3(
-    folder: str | Path, device: torch.device, dtype: torch.dtype, target_hidden: int
-) -> Eagle3Draft:
-    folder = Path(folder)
-    hf = read_hf_config(folder)
-    cfg = model_config_from_hf({**hf, "architectures": ["LlamaForCausalLM"]}, str(folder / "config.json"))
-    tensors = {}
-    for name, value in load_hf_tensors(folder).items():
-        name = name.removeprefix("model.").replace("layers.0.", "midlayer.")
-        # the block's weights sit at the top of Eagle3Draft
-        tensors[name.removeprefix("midlayer.")] = value
-    tensors.pop("t2d", None)
-    where = str(folder / "config.json")
-    draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
-    if draft_vocab > cfg.vocab_size:
-        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
-    th = config_int(hf.get("target_hidden_size") or target_hidden, "target_hidden_size", where)
-    own_embed = "embed_tokens.weight" in tensors
-    draft = Eagle3Draft(cfg, th, draft_vocab, bool(hf.get("norm_before_residual", False)), own_embed)
-    d2t = tensors.pop("d2t", None)
-    if draft_vocab != cfg.vocab_size:
-        if d2t is None or tuple(d2t.shape) != (draft_vocab,):
-            raise ValueError(
-                f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs a 'd2t' tensor of "
-                f"{draft_vocab} offsets"
-            )
-        check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
-        draft.d2t = d2t.long()
-    return load_draft(draft, tensors, folder, "EAGLE-3", device, dtype)

@@ -14,13 +14,9 @@ stored as `lm_heads.0.weight`), `medusa_fc_bias`, `logit_scale`) and safetensors
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
-
-from verispec.loader.hf import check_token_ids, load_hf_tensors, read_draft_config, require_weights
-from verispec.loader.weights import load_draft
 
 
 @dataclass(frozen=True)
@@ -112,25 +108,3 @@ class MedusaHeads(nn.Module):
         # [B, num_heads]
         ids = torch.stack(heads, dim=1)
         return ids if self.token_map is None else self.token_map[ids]
-
-
-def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MedusaHeads:
-    folder = Path(folder)
-    hf = read_draft_config(folder, "medusa", "a Medusa")
-    cfg = MedusaConfig.from_hf(hf, str(folder))
-    tensors = {k.removeprefix("medusa_heads."): v for k, v in load_hf_tensors(folder).items()}
-    last = f"blocks.{cfg.num_heads - 1}.layers.{cfg.num_hidden_layers - 1}.weight"
-    require_weights(
-        tensors, [last], folder, "Medusa", f"says {cfg.num_heads} heads of {cfg.num_hidden_layers} layers"
-    )
-    heads = MedusaHeads(cfg)
-    token_map = tensors.pop("token_map", None)
-    if cfg.truncated_vocab_size < cfg.vocab_size:
-        if token_map is None or token_map.shape != (cfg.truncated_vocab_size,):
-            raise ValueError(
-                f"{folder}: truncated_vocab_size={cfg.truncated_vocab_size} < vocab_size={cfg.vocab_size} needs a "
-                f"'token_map' tensor of {cfg.truncated_vocab_size} token ids"
-            )
-        check_token_ids(token_map, "token_map", cfg.truncated_vocab_size, cfg.vocab_size, folder)
-        heads.token_map = token_map.long()
-    return load_draft(heads, tensors, folder, "Medusa", device, dtype)

@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
-
-from verispec.loader.hf import load_hf_tensors, read_draft_config, require_weights
-from verispec.loader.weights import load_draft
 
 
 @dataclass(frozen=True)
@@ -103,14 +99,3 @@ class MLPSpeculator(nn.Module):
             drafts.append(token)
         # [B, k]
         return torch.stack(drafts, dim=1)
-
-
-def load_mlp_speculator(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MLPSpeculator:
-    folder = Path(folder)
-    hf = read_draft_config(folder, "mlp_speculator", "an MLP speculator")
-    cfg = MLPSpeculatorConfig.from_hf(hf, str(folder))
-    tensors = {k.removeprefix("speculator."): v for k, v in load_hf_tensors(folder).items()}
-    last = f"head.{0 if cfg.tie_weights else cfg.n_predict - 1}.weight"
-    require_weights(tensors, [last], folder, "MLP speculator", f"says n_predict={cfg.n_predict}")
-    model = MLPSpeculator(cfg)
-    return load_draft(model, tensors, folder, "MLP speculator", device, dtype)

@@ -12,8 +12,6 @@ every position with the first (one cache, one alignment; vLLM's note: DeepSeek e
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import nn
 
@@ -21,8 +19,6 @@ from verispec.config import ModelConfig
 from verispec.layers.attention import AttnContext
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import rope_cos_sin, rope_inv_freq
-from verispec.loader.hf import load_hf_tensors
-from verispec.loader.weights import load_draft
 from verispec.models.decoder import PACKED_MODULES, DecoderLayer
 from verispec.models.eagle import TargetHeadDraft
 
@@ -55,15 +51,3 @@ class MTPLayer(TargetHeadDraft):
         rope = rope_cos_sin(positions, self.inv_freq, x.dtype)
         out = self.final_layernorm.forward(self.block.forward(x, (rope, rope), ctx, kv[0]))
         return out, out
-
-
-def load_mtp(folder: str | Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> MTPLayer:
-    """The first MTP layer of the target checkpoint at `folder` (its Qwen2 config `cfg`)."""
-    folder = Path(folder)
-    prefix = "model.mtp_layers.0."
-    tensors = {k.removeprefix(prefix): v for k, v in load_hf_tensors(folder).items() if k.startswith(prefix)}
-    if not tensors:
-        raise ValueError(f"{folder}: no MTP layer weights ({prefix}*) in the checkpoint")
-    block = {"self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm."}
-    tensors = {("block." + k if any(k.startswith(b) for b in block) else k): v for k, v in tensors.items()}
-    return load_draft(MTPLayer(cfg), tensors, folder, "MTP", device, dtype)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.request import Request
+from verispec.request import Request
 
 
 def bad_words_token_ids(words: list[str], tokenizer) -> list[list[int]]:

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.engine.request import Request
 from verispec.kernels import ops
+from verispec.request import Request
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_constraints, penalty_state, suppress_early_stops
 from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule

@@ -16,7 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import uvicorn
+
 from verispec.engine.args import EngineArgs
+from verispec.llm import LLM
+from verispec.server.app import build_app
+from verispec.server.async_engine import on_engine_thread
+from verispec.server.shutdown import DrainingServer
 from verispec.spec_config import parse_json_config
 
 
@@ -179,13 +185,6 @@ def run_server(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     level = logging.DEBUG if cfg.uvicorn_log_level in ("debug", "trace") else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
-
-    import uvicorn
-
-    from verispec.llm import LLM
-    from verispec.server.app import build_app
-    from verispec.server.async_engine import on_engine_thread
-    from verispec.server.shutdown import DrainingServer
 
     def load() -> LLM:
         return LLM(**vars(cfg.engine))

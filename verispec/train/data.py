@@ -28,6 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
+
+from verispec import SamplingParams, progress
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
+from verispec.workloads import chat_prompt_ids
 
 MANIFEST = "manifest.json"
 
@@ -48,7 +54,6 @@ def self_instruct_queries(llm, n: int, seed: int, max_tokens: int = 128) -> list
     """Up to n user requests written by the target itself (Magpie): its chat template up to the user's turn,
     sampled at temperature 1 until the end of the turn. Requests cut at max_tokens or shorter than 16 characters
     are dropped."""
-    from verispec import SamplingParams
 
     tok = llm.tokenizer
     marker = "\x00"
@@ -80,7 +85,6 @@ def write_atomic(path: Path, write) -> None:
 
 def write_shard(path: Path, samples) -> tuple[int, int]:
     """samples: eagle3.Sample list -> (sequences, positions) written."""
-    from safetensors.torch import save_file
 
     lengths = torch.tensor([0] + [len(s.tokens) for s in samples])
     tensors = {
@@ -94,7 +98,6 @@ def write_shard(path: Path, samples) -> tuple[int, int]:
 
 
 def read_shard(path: Path) -> Shard:
-    from safetensors.torch import load_file
 
     try:
         t = load_file(str(path))
@@ -108,7 +111,6 @@ def read_shard(path: Path) -> Shard:
 
 def load_samples(folder: Path, max_positions: int | None = None) -> list:
     """The folder's sequences as eagle3.Sample (aux kept in bfloat16), shard by shard up to max_positions."""
-    from verispec.train.eagle3 import Sample
 
     manifest = read_manifest(folder)
     if manifest is None:
@@ -144,8 +146,6 @@ def collect_shards(
     llm: the target, which writes the requests and answers and records the states and labels, in the numerics
     `activation_dtype` names (int8 activations collect about twice as fast; a folder keeps one numerics).
     self_instruct=False stops once the curated conversations are used up (a held-out set)."""
-    from verispec.train.eagle3 import collect
-    from verispec.workloads import chat_prompt_ids
 
     folder.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(folder) or {
@@ -196,3 +196,45 @@ def collect_shards(
             f"({time.perf_counter() - t0:.0f} s)"
         )
     return manifest
+
+
+@dataclass
+class Sample:
+    # [T] prompt + answer
+    tokens: torch.Tensor
+    # [T, 3 H] the target's streams entering the aux layers, per position
+    aux: torch.Tensor
+    # [T] the target's argmax at each position (its pick for position p + 1)
+    labels: torch.Tensor
+    # the answer's first position: a base p drafts answer tokens when p + 1 >= start (the chat template's
+    # prompt before it is the same in every conversation; learning it teaches the draft nothing it will use)
+    start: int = 0
+
+
+def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[int, ...]) -> list[Sample]:
+    """Greedy answers from the target, then one forward per prompt + answer for its states and argmaxes."""
+
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=progress.enabled())
+    return target_states(llm, [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)], aux_layers)
+
+
+@torch.no_grad()
+def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) -> list[Sample]:
+    """One target forward per sequence: the streams entering `aux_layers` and the argmax at every position.
+
+    Without autograd, as the engine runs (on CUDA the labels then come from the same batch-invariant kernels)."""
+
+    model, device = llm.ckpt.model, llm.engine.runner.device
+    # the cache holds K and V in the model's dtype (bfloat16 on CUDA)
+    cache = KVCache(model.cfg, 1, max(len(t) for t in sequences) + 1, device, model.embed_tokens.weight.dtype)
+    runner = ModelRunner(model, cache, device)
+    samples = []
+    for tokens in progress.bar(sequences, desc="target states", unit="seq"):
+        res = runner.run([RowInput(0, 0, tokens)], aux_layers, aux_all=True, hidden_all=True)
+        # [T]
+        labels = model.compute_logits(res.hidden_all).argmax(-1)
+        # [T, 3 H], out of inference mode (training reads it under autograd)
+        aux = res.aux_hidden.clone()
+        samples.append(Sample(torch.tensor(tokens), aux.float().cpu(), labels.cpu()))
+    return samples

@@ -29,28 +29,19 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
-from verispec import progress
+from verispec import LLM, progress
 from verispec.layers.rotary import rope_inv_freq
-
-
-@dataclass
-class Sample:
-    # [T] prompt + answer
-    tokens: torch.Tensor
-    # [T, 3 H] the target's streams entering the aux layers, per position
-    aux: torch.Tensor
-    # [T] the target's argmax at each position (its pick for position p + 1)
-    labels: torch.Tensor
-    # the answer's first position: a base p drafts answer tokens when p + 1 >= start (the chat template's
-    # prompt before it is the same in every conversation; learning it teaches the draft nothing it will use)
-    start: int = 0
+from verispec.loader.hf import load_hf_tensors
+from verispec.models.eagle3 import aux_layer_ids
+from verispec.train.data import Sample, collect_shards, load_samples, write_atomic
+from verispec.workloads import build_workload, training_conversations
 
 
 def answer_marker(tokenizer) -> list[int]:
@@ -68,38 +59,6 @@ def mark_answers(samples: list[Sample], marker: list[int]) -> list[Sample]:
         ids = s.tokens.tolist()
         hits = [i for i in range(len(ids) - m, -1, -1) if ids[i : i + m] == marker] if m else []
         s.start = hits[0] + m if hits else 0
-    return samples
-
-
-def collect(llm, prompts: list[list[int]], max_tokens: int, aux_layers: tuple[int, ...]) -> list[Sample]:
-    """Greedy answers from the target, then one forward per prompt + answer for its states and argmaxes."""
-    from verispec import SamplingParams
-
-    sp = SamplingParams(temperature=0, max_tokens=max_tokens)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=progress.enabled())
-    return target_states(llm, [p + list(o.outputs[0].token_ids) for p, o in zip(prompts, outs)], aux_layers)
-
-
-@torch.no_grad()
-def target_states(llm, sequences: list[list[int]], aux_layers: tuple[int, ...]) -> list[Sample]:
-    """One target forward per sequence: the streams entering `aux_layers` and the argmax at every position.
-
-    Without autograd, as the engine runs (on CUDA the labels then come from the same batch-invariant kernels)."""
-    from verispec.engine.kv_cache import KVCache
-    from verispec.engine.model_runner import ModelRunner, RowInput
-
-    model, device = llm.ckpt.model, llm.engine.runner.device
-    # the cache holds K and V in the model's dtype (bfloat16 on CUDA)
-    cache = KVCache(model.cfg, 1, max(len(t) for t in sequences) + 1, device, model.embed_tokens.weight.dtype)
-    runner = ModelRunner(model, cache, device)
-    samples = []
-    for tokens in progress.bar(sequences, desc="target states", unit="seq"):
-        res = runner.run([RowInput(0, 0, tokens)], aux_layers, aux_all=True, hidden_all=True)
-        # [T]
-        labels = model.compute_logits(res.hidden_all).argmax(-1)
-        # [T, 3 H], out of inference mode (training reads it under autograd)
-        aux = res.aux_hidden.clone()
-        samples.append(Sample(torch.tensor(tokens), aux.float().cpu(), labels.cpu()))
     return samples
 
 
@@ -319,7 +278,6 @@ class Eagle3Trainable(nn.Module):
 def load_trainable(folder: Path, tcfg) -> tuple[Eagle3Trainable, torch.Tensor]:
     """A written draft (model.safetensors, or model.gguf's Q8_0 blocks dequantized) -> (the trainable block holding
     its weights, t2d: target id -> draft id or -1), to score it with `evaluate` as stored."""
-    from verispec.loader.hf import load_hf_tensors
 
     tensors = load_hf_tensors(Path(folder))
     if "d2t" not in tensors or "lm_head.weight" not in tensors:
@@ -413,9 +371,6 @@ def evaluate(
 
 def _save_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer, info: dict) -> None:
     """Training state in safetensors + JSON (no pickle): parameters, AdamW's moments and the counters."""
-    from safetensors.torch import save_file
-
-    from verispec.train.data import write_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {f"param.{n}": p.detach() for n, p in model.named_parameters()}
@@ -432,7 +387,6 @@ def _save_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer, info
 
 
 def _load_state(folder: Path, model: nn.Module, opt: torch.optim.Optimizer) -> dict | None:
-    from safetensors.torch import load_file
 
     if not (folder / "state.json").exists():
         return None
@@ -609,7 +563,6 @@ def save(
     """tcfg: the target's ModelConfig (the draft block has the target's dimensions). weights: "float32"
     (model.safetensors, vLLM's format) or "q8_0" (model.gguf: the quantized target's weight format, the blocks
     its CPU kernels run the draft with)."""
-    from safetensors.torch import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
     tensors = model.checkpoint(d2t)
@@ -707,8 +660,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def _heldout(llm, args: argparse.Namespace, aux: tuple[int, ...]) -> list[Sample]:
     """The held-out samples (--heldout, default OUT/../<OUT name>-heldout), collected first if missing."""
-    from verispec.train.data import collect_shards, load_samples
-    from verispec.workloads import build_workload
 
     out = Path(args.out)
     heldout = Path(args.heldout) if args.heldout else out.parent / f"{out.name}-heldout"
@@ -730,8 +681,6 @@ def _heldout(llm, args: argparse.Namespace, aux: tuple[int, ...]) -> list[Sample
 def evaluate_draft(args: argparse.Namespace) -> None:
     """--evaluate DRAFT: the written draft's teacher-forced acceptance on the held-out set, as stored (Q8_0
     blocks dequantized), under the held-out set's numerics."""
-    from verispec import LLM
-    from verispec.models.eagle3 import aux_layer_ids
 
     llm = LLM(args.model, max_model_len=2048, max_num_seqs=64, activation_dtype=args.activation_dtype)
     model = llm.ckpt.model
@@ -749,10 +698,6 @@ def run(args: argparse.Namespace) -> None:
     """Collect until the data folder holds --positions positions, train (resuming from OUT/train_state), write
     the draft and OUT/training.json (the command, the data's manifest, the losses). Rerun the same command after
     an interruption: both halves continue where they stopped."""
-    from verispec import LLM
-    from verispec.models.eagle3 import aux_layer_ids
-    from verispec.train.data import collect_shards, load_samples
-    from verispec.workloads import training_conversations
 
     out = Path(args.out)
     data = Path(args.data) if args.data else out.parent / f"{out.name}-data"

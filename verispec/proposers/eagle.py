@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.model_runner import ModelRunner, RowInput
-from verispec.engine.request import Request
+from verispec.proposers.base import Proposal, ProposerNeeds, asked, scatter
+from verispec.proposers.state_slots import StateSlots
+from verispec.request import Request
+from verispec.runner.model_runner import ModelRunner, RowInput
 from verispec.sample.logits import draw_noise
+from verispec.sample.tree import DynamicTree, TokenTree, TreeBatch, ancestors_of
 from verispec.sample.tree_verify import sample_children
-from verispec.spec.base import Proposal, ProposerNeeds, asked, scatter
-from verispec.spec.state_slots import StateSlots
-from verispec.spec.tree import DynamicTree, TokenTree, TreeBatch, ancestors_of
 
 
 class EagleProposer(StateSlots):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.request import Request
+from verispec.request import Request
+from verispec.runner.kv_cache import KVCache
 
 # pending states of one request kept as views (one per step) before they are copied into one tensor
 _COMPACT_AFTER = 32

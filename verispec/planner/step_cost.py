@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from verispec.engine.model_runner import ModelRunner, RowInput
+from verispec.kernels.build import cache_dir
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 # per-step decay of the online fit's weights (a memory of about 200 steps)
 _DECAY = 0.995
@@ -336,7 +337,6 @@ def model_fingerprint(path: str | Path) -> tuple:
 
 def _cache_dir() -> Path:
     # beside the compiled kernels, under VERISPEC_CACHE (or ~/.cache/verispec)
-    from verispec.kernels.build import cache_dir
 
     return cache_dir().parent / "step_cost"
 

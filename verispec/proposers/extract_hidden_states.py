@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from verispec.engine.request import Request
-from verispec.spec.base import Proposal, ProposerNeeds
+from verispec.proposers.base import Proposal, ProposerNeeds
+from verispec.request import Request
 
 CONNECTOR = "ExampleHiddenStatesConnector"
 KV_TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")

@@ -6,7 +6,7 @@ tokens per second for the whole batch:
 
     maximise  (B + sum_b sum_{i <= k_b} P(drafts 1..i of b accepted)) / (C(B + sum_b k_b) + D)
 
-with C the measured cost of a target step over that many rows (engine/step_cost.py) and D the drafting cost. The
+with C the measured cost of a target step over that many rows (planner/step_cost.py) and D the drafting cost. The
 probabilities of a request's drafts decrease with depth, so the best allocation of n extra rows takes the n largest
 probabilities over the batch; the planner scans n and keeps the best ratio (exact for this objective).
 
@@ -449,7 +449,7 @@ class _Shadow:
 
 class DraftPlanner:
     """The engine's per-step draft-length decisions: an AcceptanceModel, the target's StepCostModel
-    (engine/step_cost.py) and the drafting cost the engine measures, brought together by `plan_lengths`."""
+    (planner/step_cost.py) and the drafting cost the engine measures, brought together by `plan_lengths`."""
 
     def __init__(
         self,

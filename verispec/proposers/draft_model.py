@@ -8,7 +8,7 @@ Parallel drafting (`parallel_drafting: true`, PARD draft models): the catch-up f
 tokens (the config's `pard_token`) after the newest token, and the K drafts are read from that one forward's last K
 positions (each drawn from its own position's q, so `probabilistic` stays exact).
 
-Cross-tokenizer drafting (`use_heterogeneous_vocab: true`, a `VocabMap`; TLI, see spec/vocab_map.py): the draft
+Cross-tokenizer drafting (`use_heterogeneous_vocab: true`, a `VocabMap`; TLI, see proposers/vocab_map.py): the draft
 reads the context in its own vocabulary (each committed target token translated into the draft tokens spelling the
 same bytes, the draft's BOS first when its tokenizer adds one), so its cache positions count draft tokens. It picks
 only tokens of the intersection (logits masked to it before temperature, top-k/top-p and the argmax or sample), and
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.kv_cache import KVCache
-from verispec.engine.model_runner import ModelRunner, RowInput
-from verispec.engine.request import Request
+from verispec.proposers.base import Proposal, ProposerNeeds, scatter
+from verispec.proposers.vocab_map import VocabMap
+from verispec.request import Request
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner, RowInput
 from verispec.sample import logits as S
-from verispec.spec.base import Proposal, ProposerNeeds, scatter
-from verispec.spec.vocab_map import VocabMap
 
 
 class DraftModelProposer:

@@ -1,16 +1,24 @@
-"""Prompt-lookup (n-gram) drafting as pure functions over token lists.
+"""`ngram` (prompt lookup): drafts are the tokens that followed the longest earlier match of the context's suffix.
+
+Each draft carries a confidence from the match's length (measured back past max_n): a suffix that matches the
+earlier text for dozens of tokens is a span being copied, whose drafts are accepted far more often than those of a
+bare max_n-token match. The planner calibrates it and verifies more drafts of long matches.
+
+Prompt-lookup (n-gram) drafting as pure functions over token lists.
 
 Find the longest n in [min_n, max_n] such that the last n tokens of the context also occur earlier in it (ending
 before the last position), take the EARLIEST such occurrence and propose up to k tokens that followed it.
 
 `NgramIndex` keeps, for every n in [min_n, max_n], the first end position of each n-gram of a growing context, so
 that a step's lookup is one dict probe per n and a committed token costs one insert per n: a request's drafting
-time does not grow with its context.
-"""
+time does not grow with its context."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+
+from verispec.proposers.base import Proposal, ProposerNeeds
+from verispec.request import Request
 
 # the longest match `match_length` measures: past it a draft is as good as certain to be copied
 MATCH_CAP = 64
@@ -85,3 +93,44 @@ def ngram_propose(context: Sequence[int], min_n: int, max_n: int, k: int) -> lis
     if k <= 0 or best < 0:
         return []
     return context[best + 1 : best + 1 + k]
+
+
+class NgramProposer:
+    needs = ProposerNeeds()
+
+    def __init__(self, min_n: int, max_n: int):
+        self.min_n, self.max_n = min_n, max_n
+        # per request, the n-gram index of its committed tokens (built at its first draft, extended at each next)
+        self._index: dict[str, NgramIndex] = {}
+
+    def add_request(self, req: Request) -> None:
+        self._index[req.request_id] = NgramIndex(self.min_n, self.max_n)
+
+    def remove_request(self, req: Request, aborted: bool) -> None:
+        self._index.pop(req.request_id, None)
+
+    def _context(self, req: Request) -> NgramIndex:
+        index = self._index[req.request_id]
+        n = len(index)
+        # the prompt, then the output tokens committed since the last draft
+        if n < req.num_prompt:
+            index.extend(req.prompt_token_ids[n:])
+            n = req.num_prompt
+        if req.num_tokens > n:
+            index.extend(req.output_token_ids[n - req.num_prompt :])
+        return index
+
+    def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
+        drafts, confidence = [], []
+        for r, k in zip(reqs, k_max):
+            index = self._context(r) if k > 0 else None
+            end = -1 if index is None else index.lookup()
+            if end < 0:
+                drafts.append([])
+                confidence.append([])
+                continue
+            ctx = index.tokens
+            draft = ctx[end + 1 : end + 1 + k]
+            drafts.append(draft)
+            confidence.append(match_confidence(match_length(ctx, end), len(draft)))
+        return Proposal(drafts, confidence=confidence)

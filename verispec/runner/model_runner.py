@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from verispec.engine.kv_cache import KVCache
 from verispec.layers.attention import AttnContext
 from verispec.models.decoder import DecoderLM
+from verispec.runner.kv_cache import KVCache
 
 
 @dataclass

@@ -28,6 +28,8 @@ from functools import lru_cache
 
 import torch
 
+from verispec.tokenizer import bytes_to_unicode
+
 # a normal token's text as bytes, or a special token's content as str (never equal to each other)
 Key = bytes | str
 
@@ -51,7 +53,6 @@ def piece_bytes(piece: str, byte_level: bool, byte_fallback: bool) -> tuple[byte
 @lru_cache(maxsize=1)
 def _unicode_to_byte() -> dict[str, int]:
     """GPT-2's printable character -> the byte it spells."""
-    from verispec.tokenizer import bytes_to_unicode
 
     return {c: b for b, c in bytes_to_unicode().items()}
 

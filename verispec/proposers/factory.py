@@ -10,7 +10,30 @@ from typing import Any
 import torch
 
 from verispec.drafts import shipped_draft
-from verispec.spec.base import Proposal, Proposer, ProposerNeeds
+from verispec.layers.linear import keeps_quantized, quantize_dense_layers, use_int8_activations
+from verispec.loader.checkpoint import ALIASES, fuse_if_enabled, load_checkpoint, resolve_model_path
+from verispec.loader.drafts import (
+    load_dflash,
+    load_eagle,
+    load_eagle3,
+    load_medusa,
+    load_mlp_speculator,
+    load_mtp,
+)
+from verispec.loader.hf import read_hf_config
+from verispec.models.eagle3 import aux_layer_ids
+from verispec.proposers.base import Proposal, Proposer, ProposerNeeds
+from verispec.proposers.dflash import DFlashProposer
+from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.eagle import EagleProposer
+from verispec.proposers.extract_hidden_states import HiddenStatesExtractor, hidden_states_folder
+from verispec.proposers.heads import HeadProposer
+from verispec.proposers.ngram import NgramProposer
+from verispec.proposers.suffix import SuffixProposer
+from verispec.proposers.vocab_map import build_vocab_map, tokenizer_keys
+from verispec.runner.kv_cache import KVCache
+from verispec.runner.model_runner import ModelRunner
+from verispec.sample.tree import DynamicTree, TokenTree
 from verispec.spec_config import MTP_MODEL_TYPES, TREE_METHODS, SpeculativeConfig, parse_json_config
 
 __all__ = [
@@ -43,16 +66,11 @@ class DraftContext:
 
 
 def _ngram(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.spec.ngram_proposer import NgramProposer
 
     return NgramProposer(cfg.prompt_lookup_min, cfg.prompt_lookup_max)
 
 
 def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.engine.kv_cache import KVCache
-    from verispec.engine.model_runner import ModelRunner
-    from verispec.loader.checkpoint import fuse_if_enabled, load_checkpoint
-    from verispec.spec.draft_model import DraftModelProposer
 
     hetero = cfg.use_heterogeneous_vocab
     draft = load_checkpoint(cfg.model, ctx.device, ctx.dtype, skip_tokenizer_init=not hetero)
@@ -77,8 +95,7 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 
 def heterogeneous_vocab_map(target, draft, name: str):
-    """The TLI map between two loaded checkpoints' vocabularies (spec/vocab_map.py), from their tokenizers."""
-    from verispec.spec.vocab_map import build_vocab_map, tokenizer_keys
+    """The TLI map between two loaded checkpoints' vocabularies (proposers/vocab_map.py), from their tokenizers."""
 
     for who, ckpt in (("target model", target), (f"speculative_config.model {name!r}", draft)):
         if ckpt.tokenizer is None:
@@ -106,7 +123,6 @@ def parallel_drafting_token(hf: dict, vocab: int) -> int:
 
 
 def _suffix(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.spec.suffix import SuffixProposer
 
     return SuffixProposer(
         cfg.suffix_decoding_max_tree_depth,
@@ -120,7 +136,6 @@ def _head_proposer(
     cfg: SpeculativeConfig, ctx: DraftContext, heads, hidden: int, vocab: int, n: int, unit: str
 ):
     """Checks shared by the draft heads that read the target's hidden state, then their proposer."""
-    from verispec.spec.head_proposer import HeadProposer
 
     target = ctx.target.config
     for key, mine, theirs in (
@@ -141,7 +156,6 @@ def _head_proposer(
 
 
 def _medusa(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.models.medusa import load_medusa
 
     heads = load_medusa(cfg.model, ctx.device, ctx.dtype)
     c = heads.cfg
@@ -149,7 +163,6 @@ def _medusa(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 
 def _mlp_speculator(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.models.mlp_speculator import load_mlp_speculator
 
     model = load_mlp_speculator(cfg.model, ctx.device, ctx.dtype)
     c = model.cfg
@@ -157,7 +170,6 @@ def _mlp_speculator(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 
 def _extract_hidden_states(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.spec.extract_hidden_states import HiddenStatesExtractor, hidden_states_folder
 
     if cfg.model not in (None, "extract_hidden_states"):
         raise ValueError(
@@ -190,7 +202,6 @@ def _follow_target_weights(draft: torch.nn.Module, ctx: DraftContext) -> None:
     kernels run a draft's small, few-row products faster than float32 ones (an EAGLE-3 step's drafting ~20% faster
     on Zen 4). Only a draft with the target's own weights loses: under a float32 target its drafts no longer round
     exactly as the target does."""
-    from verispec.layers.linear import keeps_quantized, quantize_dense_layers, use_int8_activations
 
     if keeps_quantized(ctx.target.model):
         quantize_dense_layers(draft)
@@ -198,10 +209,6 @@ def _follow_target_weights(draft: torch.nn.Module, ctx: DraftContext) -> None:
 
 
 def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.engine.kv_cache import KVCache
-    from verispec.engine.model_runner import ModelRunner
-    from verispec.models.eagle import load_eagle
-    from verispec.spec.eagle import EagleProposer
 
     _no_parallel_eagle(cfg)
     draft = load_eagle(cfg.model, ctx.device, ctx.dtype)
@@ -226,11 +233,6 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 
 def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.engine.kv_cache import KVCache
-    from verispec.engine.model_runner import ModelRunner
-    from verispec.loader.hf import read_hf_config
-    from verispec.models.eagle3 import aux_layer_ids, load_eagle3
-    from verispec.spec.eagle import EagleProposer
 
     _no_parallel_eagle(cfg)
     target = ctx.target.config
@@ -256,11 +258,6 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 
 def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.engine.kv_cache import KVCache
-    from verispec.engine.model_runner import ModelRunner
-    from verispec.loader.hf import read_hf_config
-    from verispec.models.dflash import load_dflash
-    from verispec.spec.dflash import DFlashProposer
 
     target = ctx.target.config
     draft = load_dflash(cfg.model, ctx.device, ctx.dtype, target)
@@ -288,10 +285,6 @@ def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 
 def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
-    from verispec.engine.kv_cache import KVCache
-    from verispec.engine.model_runner import ModelRunner
-    from verispec.models.mtp import load_mtp
-    from verispec.spec.eagle import EagleProposer
 
     target = ctx.target
     if target.config.architecture not in MTP_ARCHITECTURES:
@@ -353,7 +346,6 @@ def _samples_trees(cfg: SpeculativeConfig) -> bool:
 def token_tree(cfg: SpeculativeConfig, draft_vocab: int | None = None):
     """The configured speculative_token_tree as a TokenTree, a DynamicTree, or None when it is a chain (the
     default). With draft_vocab: every child rank must name one of the drafter's tokens."""
-    from verispec.spec.tree import DynamicTree, TokenTree
 
     if cfg.dynamic_tree:
         return DynamicTree(cfg.eagle_topk, cfg.num_draft_tokens - 1, cfg.num_speculative_tokens)
@@ -428,8 +420,6 @@ def check_kv_transfer(cfg: SpeculativeConfig | None, kv_transfer_config: Mapping
 
 def _draft_hf_config(spec: Mapping[str, Any]) -> dict | None:
     """Read the draft's config (method inference, n_predict) without loading its weights where possible."""
-    from verispec.loader.checkpoint import ALIASES, resolve_model_path
-    from verispec.loader.hf import read_hf_config
 
     model = spec.get("model")
     if not isinstance(model, str) or model in ("ngram", "[ngram]"):

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import torch
 
-from verispec.engine.model_runner import ModelRunner, RowInput
-from verispec.engine.request import Request
 from verispec.models.dflash import DFlashDraft
-from verispec.spec.base import Proposal, ProposerNeeds
-from verispec.spec.state_slots import StateSlots
+from verispec.proposers.base import Proposal, ProposerNeeds
+from verispec.proposers.state_slots import StateSlots
+from verispec.request import Request
+from verispec.runner.model_runner import ModelRunner, RowInput
 
 
 class DFlashProposer(StateSlots):

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.engine.request import Request
-from verispec.spec.base import Proposal, ProposerNeeds, asked, scatter
+from verispec.proposers.base import Proposal, ProposerNeeds, asked, scatter
+from verispec.request import Request
 
 
 class HeadProposer:

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from verispec.engine.request import Request
-    from verispec.spec.tree import TokenTree, TreeBatch
+    from verispec.request import Request
+    from verispec.sample.tree import TokenTree, TreeBatch
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,179 @@
+"""Draft checkpoints (EAGLE, EAGLE-3, MTP, Medusa, MLP speculator, DFlash) read from their folders into the
+modules of verispec/models: config checks, tensors, one `load_draft` each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from verispec.config import ModelConfig, config_int, model_config_from_hf
+from verispec.loader.hf import (
+    check_token_ids,
+    load_hf_tensors,
+    read_draft_config,
+    read_hf_config,
+    require_weights,
+)
+from verispec.loader.weights import load_draft
+from verispec.models.dflash import _RENAMES, DFlashDraft, dflash_config
+from verispec.models.eagle import SPECULATORS_NAMES, EagleDraft
+from verispec.models.eagle3 import Eagle3Draft
+from verispec.models.medusa import MedusaConfig, MedusaHeads
+from verispec.models.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
+from verispec.models.mtp import MTPLayer
+
+
+def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> EagleDraft:
+    folder = Path(folder)
+    hf = read_hf_config(folder)
+    # EAGLE checkpoints name their own architectures (LlamaForCausalLMEagle, ...): the blocks are Llama blocks
+    cfg = model_config_from_hf({**hf, "architectures": ["LlamaForCausalLM"]}, str(folder / "config.json"))
+    tensors = {}
+    for name, value in load_hf_tensors(folder).items():
+        name = name.removeprefix("model.")
+        tensors[SPECULATORS_NAMES.get(name, name)] = value
+    last = f"layers.{cfg.num_layers - 1}.mlp.down_proj.weight"
+    require_weights(tensors, [last], folder, "EAGLE", f"says {cfg.num_layers} layers")
+    draft = EagleDraft(cfg, fc_bias="fc.bias" in tensors, para_norm=bool(hf.get("add_para_norm", False)))
+    return load_draft(draft, tensors, folder, "EAGLE", device, dtype)
+
+
+def load_eagle3(
+    folder: str | Path, device: torch.device, dtype: torch.dtype, target_hidden: int
+) -> Eagle3Draft:
+    folder = Path(folder)
+    hf = read_hf_config(folder)
+    cfg = model_config_from_hf({**hf, "architectures": ["LlamaForCausalLM"]}, str(folder / "config.json"))
+    tensors = {}
+    for name, value in load_hf_tensors(folder).items():
+        name = name.removeprefix("model.").replace("layers.0.", "midlayer.")
+        # the block's weights sit at the top of Eagle3Draft
+        tensors[name.removeprefix("midlayer.")] = value
+    tensors.pop("t2d", None)
+    where = str(folder / "config.json")
+    draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
+    if draft_vocab > cfg.vocab_size:
+        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
+    th = config_int(hf.get("target_hidden_size") or target_hidden, "target_hidden_size", where)
+    own_embed = "embed_tokens.weight" in tensors
+    draft = Eagle3Draft(cfg, th, draft_vocab, bool(hf.get("norm_before_residual", False)), own_embed)
+    d2t = tensors.pop("d2t", None)
+    if draft_vocab != cfg.vocab_size:
+        if d2t is None or tuple(d2t.shape) != (draft_vocab,):
+            raise ValueError(
+                f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs a 'd2t' tensor of "
+                f"{draft_vocab} offsets"
+            )
+        check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
+        draft.d2t = d2t.long()
+    return load_draft(draft, tensors, folder, "EAGLE-3", device, dtype)
+
+
+def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MedusaHeads:
+    folder = Path(folder)
+    hf = read_draft_config(folder, "medusa", "a Medusa")
+    cfg = MedusaConfig.from_hf(hf, str(folder))
+    tensors = {k.removeprefix("medusa_heads."): v for k, v in load_hf_tensors(folder).items()}
+    last = f"blocks.{cfg.num_heads - 1}.layers.{cfg.num_hidden_layers - 1}.weight"
+    require_weights(
+        tensors, [last], folder, "Medusa", f"says {cfg.num_heads} heads of {cfg.num_hidden_layers} layers"
+    )
+    heads = MedusaHeads(cfg)
+    token_map = tensors.pop("token_map", None)
+    if cfg.truncated_vocab_size < cfg.vocab_size:
+        if token_map is None or token_map.shape != (cfg.truncated_vocab_size,):
+            raise ValueError(
+                f"{folder}: truncated_vocab_size={cfg.truncated_vocab_size} < vocab_size={cfg.vocab_size} needs a "
+                f"'token_map' tensor of {cfg.truncated_vocab_size} token ids"
+            )
+        check_token_ids(token_map, "token_map", cfg.truncated_vocab_size, cfg.vocab_size, folder)
+        heads.token_map = token_map.long()
+    return load_draft(heads, tensors, folder, "Medusa", device, dtype)
+
+
+def load_mlp_speculator(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MLPSpeculator:
+    folder = Path(folder)
+    hf = read_draft_config(folder, "mlp_speculator", "an MLP speculator")
+    cfg = MLPSpeculatorConfig.from_hf(hf, str(folder))
+    tensors = {k.removeprefix("speculator."): v for k, v in load_hf_tensors(folder).items()}
+    last = f"head.{0 if cfg.tie_weights else cfg.n_predict - 1}.weight"
+    require_weights(tensors, [last], folder, "MLP speculator", f"says n_predict={cfg.n_predict}")
+    model = MLPSpeculator(cfg)
+    return load_draft(model, tensors, folder, "MLP speculator", device, dtype)
+
+
+def load_mtp(folder: str | Path, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> MTPLayer:
+    """The first MTP layer of the target checkpoint at `folder` (its Qwen2 config `cfg`)."""
+    folder = Path(folder)
+    prefix = "model.mtp_layers.0."
+    tensors = {k.removeprefix(prefix): v for k, v in load_hf_tensors(folder).items() if k.startswith(prefix)}
+    if not tensors:
+        raise ValueError(f"{folder}: no MTP layer weights ({prefix}*) in the checkpoint")
+    block = {"self_attn.", "mlp.", "input_layernorm.", "post_attention_layernorm."}
+    tensors = {("block." + k if any(k.startswith(b) for b in block) else k): v for k, v in tensors.items()}
+    return load_draft(MTPLayer(cfg), tensors, folder, "MTP", device, dtype)
+
+
+def load_dflash(
+    folder: str | Path, device: torch.device, dtype: torch.dtype, target: ModelConfig
+) -> DFlashDraft:
+    """A DFlash draft for `target` (its layer count and hidden size size the fusion layer)."""
+    folder = Path(folder)
+    where = str(folder / "config.json")
+    hf = read_hf_config(folder)
+    spec = dflash_config(hf, target.num_layers, where)
+    # vLLM's default RoPE base for DFlash (Qwen3) drafts
+    rope = {} if "rope_theta" in hf or "rope_parameters" in hf else {"rope_theta": 1_000_000.0}
+    cfg = model_config_from_hf({**hf, **rope, "architectures": ["Qwen3ForCausalLM"]}, where)
+    tensors = {}
+    for name, value in load_hf_tensors(folder).items():
+        name = name.removeprefix("model.")
+        for old, new in _RENAMES:
+            name = name.replace(old, new)
+        tensors[name] = value
+    tensors.pop("t2d", None)
+    dflash2 = sorted(n for n in tensors if n.startswith("candidate_selector.") or "_conv." in n)
+    if dflash2:
+        raise ValueError(
+            f"{folder}: {dflash2[0]!r} belongs to a DFlash2 draft (candidate selector, dynamic convolutions), which "
+            "this build does not run; it runs DFlash drafts"
+        )
+    last = f"layers.{cfg.num_layers - 1}.input_layernorm.weight"
+    require_weights(tensors, [last], folder, "DFlash", f"says {cfg.num_layers} layers")
+    fc_in = len(spec.aux_layers) * target.hidden_size
+    fc = tensors.get("fc.weight")
+    if fc is not None and tuple(fc.shape) != (cfg.hidden_size, fc_in):
+        raise ValueError(
+            f"{folder}: 'fc.weight' has shape {tuple(fc.shape)} but {len(spec.aux_layers)} target layers "
+            f"({[i - 1 for i in spec.aux_layers]}) of hidden size {target.hidden_size} need "
+            f"({cfg.hidden_size}, {fc_in}): an incompatible draft / target pair"
+        )
+    draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
+    if draft_vocab > cfg.vocab_size:
+        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
+    own_embed, own_head = "embed_tokens.weight" in tensors, "lm_head.weight" in tensors
+    draft = DFlashDraft(cfg, spec, fc_in, draft_vocab, own_embed, own_head)
+    if (folder / "mask_embedding.pt").is_file():
+        raise ValueError(
+            f"{folder}: mask_embedding.pt is a pickle, which this build does not load; store the embedding as a "
+            "tensor 'mask_embedding' in a .safetensors file of the folder instead"
+        )
+    mask_embedding = tensors.pop("mask_embedding", None)
+    if mask_embedding is not None:
+        if mask_embedding.numel() != cfg.hidden_size or not mask_embedding.is_floating_point():
+            raise ValueError(
+                f"{folder}: 'mask_embedding' must hold {cfg.hidden_size} floats (the hidden size), got "
+                f"{mask_embedding.dtype} {tuple(mask_embedding.shape)}"
+            )
+        draft.mask_embedding = mask_embedding.reshape(-1).float()
+    d2t = tensors.pop("d2t", None)
+    if draft_vocab != cfg.vocab_size:
+        if not own_head or d2t is None:
+            raise ValueError(
+                f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs its own "
+                f"'lm_head.weight' and a 'd2t' tensor of {draft_vocab} offsets"
+            )
+        check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
+        draft.d2t = d2t.long()
+    return load_draft(draft, tensors, folder, "DFlash", device, dtype)

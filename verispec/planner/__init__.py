@@ -1,0 +1,1 @@
+"""How many drafts each request verifies per step: the goodput planner, the fixed-K planner, the step cost."""

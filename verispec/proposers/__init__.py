@@ -1,0 +1,1 @@
+"""Proposers: one module per speculative method; `factory.build_proposer` maps a config to one."""
