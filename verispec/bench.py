@@ -75,7 +75,7 @@ class RunTimer:
 
 def warm_up(llm, prompt: list[int], batch: int = 1) -> None:
     """`batch` copies of a prompt for a few tokens: a fresh engine's first run at a batch size it has not seen is
-    5-8% slower (measured at batch 16), which would fall on whichever engine was built last."""
+    slower, which would fall on whichever engine was built last."""
     llm.generate([{"prompt_token_ids": prompt}] * max(1, batch), SamplingParams(max_tokens=4), use_tqdm=False)
 
 

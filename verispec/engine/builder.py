@@ -9,7 +9,8 @@ import warnings
 import torch
 
 from verispec.engine.args import EngineArgs
-from verispec.engine.engine import EngineOptions, LLMEngine
+from verispec.engine.engine import LLMEngine
+from verispec.engine.options import EngineOptions
 from verispec.kernels import cuda_ops
 from verispec.kernels.build import build_digest, kernel_isa
 from verispec.loader.checkpoint import load_checkpoint

@@ -1,4 +1,5 @@
-"""The step loop: admission, prefill / decode scheduling, proposing, verifying, committing, stopping."""
+"""The step loop: admit waiting requests, then one chunked prefill or one decode step (draft, forward, verify,
+commit), then stop rules."""
 
 from __future__ import annotations
 
@@ -10,40 +11,23 @@ from itertools import accumulate
 
 import torch
 
+from verispec.engine.drafting import Drafter
+from verispec.engine.options import EngineOptions
 from verispec.engine.stop import commit_tokens, length_left, logprob_entry, may_end_early
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
-from verispec.planner.goodput import DraftPlanner, chance_to_run, schedule_cap
-from verispec.proposers.base import Proposal, Proposer, ProposerNeeds
+from verispec.planner.fixed import FixedPlanner
+from verispec.planner.goodput import DraftPlanner, chance_to_run
+from verispec.proposers.base import Proposer, ProposerNeeds
 from verispec.request import Request, Status
 from verispec.runner.kv_cache import KVCache
 from verispec.runner.model_runner import ModelRunner, RowInput
 from verispec.sample import logits as S
-from verispec.sample.constraints import constrain_tokens, has_position_constraints, set_token_constraints
+from verispec.sample.constraints import set_token_constraints
 from verispec.sample.logits import make_generator, sample_key
-from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
-from verispec.sample.step import position_uniforms_of, sample_step
-from verispec.sample.tree import TokenTree, TreeBatch, batch_of, tree_accept
-from verispec.sample.tree_verify import tree_rejection_sample
-from verispec.sample.verify import draw_uniform
+from verispec.sample.metadata import SpecDecodeMetadata, StepTokens, VerifyRule
+from verispec.sample.step import sample_step
 from verispec.tokenizer import IncrementalDetokenizer
-
-
-@dataclass
-class EngineOptions:
-    max_model_len: int
-    max_num_batched_tokens: int = 1024
-    num_speculative_tokens: int = 0
-    verify: VerifyRule = VerifyRule()
-    disable_by_batch_size: int | None = None
-    log_interval_s: float = 10.0
-    # Most tokens one decode step may score (committed + drafts). Verifying more rows than this turns the
-    # forward compute-bound (on a CPU from ~32 rows), so at large batch each request gets fewer drafts.
-    spec_token_budget: int = 32
-    # speculative_config.max_model_len: no drafts past this length
-    draft_max_model_len: int | None = None
-    # num_speculative_tokens_per_batch_size: [(start_bs, end_bs, K), ...], K by decode batch size
-    spec_schedule: tuple[tuple[int, int, int], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -56,20 +40,6 @@ class SchedulerStats:
     num_kv_slots: int
 
 
-def fit_budget(drafts: list[list[int]], allowance: int) -> list[list[int]]:
-    """Trim drafts so that their total length is at most `allowance`, sharing it evenly (short drafts first)."""
-    if sum(len(d) for d in drafts) <= allowance:
-        return drafts
-    out = [d for d in drafts]
-    order = sorted(range(len(drafts)), key=lambda i: len(drafts[i]))
-    left = max(0, allowance)
-    for n, i in enumerate(order):
-        take = min(len(drafts[i]), left // (len(order) - n))
-        out[i] = drafts[i][:take]
-        left -= take
-    return out
-
-
 class LLMEngine:
     def __init__(
         self,
@@ -79,12 +49,16 @@ class LLMEngine:
         proposer: Proposer | None,
         eos_token_ids: tuple[int, ...],
         seed: int = 0,
-        planner: DraftPlanner | None = None,
+        planner: DraftPlanner | FixedPlanner | None = None,
     ):
-        """planner: the goodput planner choosing each step's draft lengths (None: fixed K, fit to
-        spec_token_budget)."""
+        """planner: chooses each step's draft lengths (None: fixed K, fit to spec_token_budget)."""
         self.runner, self.tokenizer, self.opts, self.proposer = runner, tokenizer, opts, proposer
-        self.planner = planner if proposer is not None else None
+        self.planner = (
+            planner if planner is not None and proposer is not None else FixedPlanner(opts.spec_token_budget)
+        )
+        self.drafter = Drafter(proposer, self.planner, opts)
+        # a proposer that drafts from the target's states gets them after every forward
+        self.wants_hidden = proposer is not None and proposer.needs.target_hidden != "none"
         self.cache: KVCache = runner.cache
         self.eos_token_ids = eos_token_ids
         self.device = runner.device
@@ -102,8 +76,8 @@ class LLMEngine:
         k = opts.num_speculative_tokens if proposer is not None else 0
         self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
-        if self.spec_log is not None and self.planner is not None:
-            self.spec_log.extra = self._planner_log
+        if self.spec_log is not None:
+            self.spec_log.extra = self.planner.log_line
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -235,6 +209,8 @@ class LLMEngine:
             step = sample_step(finals, logits, SpecDecodeMetadata.none(len(finals)), VerifyRule())
             self._commit(finals, step.tokens, step)
         # every prompt position of every chunk
+        if not self.wants_hidden:
+            return finals
         if states is not None:
             sizes = [len(row.token_ids) for row in rows]
             starts = accumulate(sizes, initial=0)
@@ -272,8 +248,6 @@ class LLMEngine:
         or that last row alone ("last": Medusa, MLP speculator). A range of rows is handed over as a view (no copy,
         no index tensor); a list (a tree's path) is gathered."""
         p = self.proposer
-        if p is None or p.needs.target_hidden == "none":
-            return
         live = [
             (r, idx[-1:] if p.needs.target_hidden == "last" else idx)
             for r, idx in zip(reqs, rows)
@@ -314,117 +288,60 @@ class LLMEngine:
         return span * q > 2 * real + 64
 
     def _decode(self, reqs: list[Request]) -> list[Request]:
-        drafts = [[] for _ in reqs]
-        draft_probs = confidence = None
-        spec = [r for r in reqs if r.speculate]
-        planner = self.planner
-        ids = [r.request_id for r in spec]
-        # drafts asked of each speculating request (none where nothing is drafted)
-        ask: list[int] = []
-        # an idle stretch's skipped step runs as a plain one: no drafter, no planning
-        if spec and self.proposer is not None and (planner is None or not planner.skips(ids)):
-            worth = self._token_worth(reqs, spec)
-            k_step = schedule_cap(self.opts.spec_schedule, len(reqs), self.opts.num_speculative_tokens)
-            caps = [self._draft_cap(r, k_step) for r in spec]
-            # a drafter with a forward of its own first reads what was committed since it last drafted
-            reads = planner is not None and self.proposer.needs.runs_forward
-            backlog = [self.proposer.backlog(r) for r in spec] if reads else None
-            left = [length_left(r, self.opts.max_model_len) for r in spec] if reads else None
-            ask = caps if planner is None else planner.ask(ids, caps, len(reqs), worth, backlog, left)
-            t = time.perf_counter()
-            # nothing asked of any request: the drafter is not called
-            prop = self.proposer.propose(spec, ask) if any(ask) else Proposal([[] for _ in spec])
-            draft_seconds = time.perf_counter() - t
-            if planner is not None:
-                read = sum(backlog) - sum(self.proposer.backlog(r) for r in spec) if backlog else None
-                planner.observe_draft_time(max(ask, default=0), draft_seconds, read)
-            # a dynamic tree's node budget: its most confident nodes that pay (none: this step drafts nothing)
-            no_drafts = False
-            if planner is not None and isinstance(prop.tree, TreeBatch) and prop.confidence is not None:
-                prop = self._node_budget(planner, spec, prop, len(reqs), draft_seconds, worth)
-                no_drafts = prop.tree is None
-            if prop.tree is not None:
-                if self._tree_step_ok(reqs, spec, caps, prop.tree):
-                    return self._decode_tree(reqs, prop)
-                # this step verifies the tree's top-1 path as a chain
-                if isinstance(prop.tree, TreeBatch):
-                    prop = Proposal(prop.tree.top_chains(prop.token_ids))
-                else:
-                    chain = prop.tree.chain
-                    # a sampled tree's first children are draws from q at their parents: q goes along
-                    probs = prop.draft_probs
-                    probs = None if probs is None else probs[:, [0] + chain[:-1]]
-                    prop = Proposal([[toks[i - 1] for i in chain] for toks in prop.token_ids], probs)
-            asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
-            if planner is None:
-                kept = fit_budget(asked, self.opts.spec_token_budget - len(reqs))
-            elif no_drafts:
-                kept = asked
-            else:
-                lengths = planner.choose(
-                    ids,
-                    asked,
-                    prop.confidence,
-                    len(reqs),
-                    draft_seconds,
-                    one_hot=prop.draft_probs is None,
-                    worth=worth,
-                )
-                kept = [d[:n] for d, n in zip(asked, lengths)]
-                if prop.confidence is not None:
-                    conf_by_id = dict(zip(ids, prop.confidence))
-                    confidence = [conf_by_id.get(r.request_id) for r in reqs]
-            by_id = {r.request_id: d for r, d in zip(spec, kept)}
-            drafts = [by_id.get(r.request_id, []) for r in reqs]
-            if prop.draft_probs is not None:
-                draft_probs = self._align_draft_probs(reqs, spec, prop.draft_probs, drafts)
-        rows = [RowInput(r.slot, r.num_computed, [r.last_token_id] + d) for r, d in zip(reqs, drafts)]
+        """Draft, one forward over every request's last token and drafts, verify, commit."""
+        drafts = self.drafter.draft(reqs, self._token_worth)
+        spec = drafts.spec
+        rows = _rows(reqs, spec)
         t = time.perf_counter()
         out, states = self._forward(reqs, rows)
-        step = sample_step(reqs, out.logits, SpecDecodeMetadata(drafts, draft_probs), self.opts.verify)
-        if planner is not None:
-            # step.num_accepted is on the host: the step's work is done
-            n_rows = sum(len(row.token_ids) for row in rows)
-            planner.step_cost.observe(n_rows, time.perf_counter() - t, drafted=any(drafts))
-            planner.observe_step(len(reqs) + sum(step.num_accepted), n_rows, max(ask, default=0), len(reqs))
-        # the step's spec-decode counts, only when it verified drafts (a step without any adds nothing)
+        step = sample_step(reqs, out.logits, spec, self.opts.verify, self.generator)
+        # step.num_accepted is on the host: the step's work is done
+        n_rows = sum(len(row.token_ids) for row in rows)
+        ids = [r.request_id for r in reqs]
+        self.planner.observe_verified(
+            ids, spec, drafts.confidence, step, n_rows, time.perf_counter() - t, drafts.longest_ask
+        )
+        self.planner.report(self.counters)
+        self._accept(reqs, spec, step)
+        self._commit(reqs, step.tokens, step)
+        if self.wants_hidden:
+            self._observe_hidden(reqs, out.hidden if states is None else states, _hidden_rows(spec, step))
+        return reqs
+
+    def _accept(self, reqs: list[Request], spec: SpecDecodeMetadata, step: StepTokens) -> None:
+        """Move each request past its accepted drafts (the rejected ones roll back: O(1)), a tree's accepted nodes'
+        K/V to the positions after the root, and count the step's drafts (a step without any adds nothing)."""
+        tree = spec.tree
+        k = (
+            self.opts.num_speculative_tokens
+            if tree is None
+            else max(self.opts.num_speculative_tokens, tree.max_depth)
+        )
         stats = None
-        for b, (r, d, n) in enumerate(zip(reqs, drafts, step.num_accepted)):
-            # roll back the rejected drafts: O(1)
+        for b, (r, d, n) in enumerate(zip(reqs, spec.draft_token_ids, step.num_accepted)):
+            if tree is not None:
+                self._compact_path(r, step.accepted_nodes(b))
             r.num_computed += 1 + n
             r.decode_steps += 1
             if d:
+                # a chain covers its own length of positions, a tree its depth
+                depth = len(d) if tree is None else tree.max_depth
                 r.num_draft_tokens += len(d)
                 r.num_accepted_tokens += n
-                r.spec_steps.append((len(d), n))
-                stats = stats or SpecDecodingStats(self.opts.num_speculative_tokens)
-                stats.observe_draft(len(d), n)
-                if planner is not None:
-                    planner.observe(
-                        r.request_id, len(d), n, confidence[b] if confidence else None, step.tokens[b]
-                    )
-            elif planner is not None:
-                # drafts it did not verify are judged against the token it commits
-                planner.committed(r.request_id, step.tokens[b])
+                r.spec_steps.append((depth, n))
+                stats = stats or SpecDecodingStats(k)
+                stats.observe_draft(len(d), n, depth)
         if stats is not None:
             self.counters.spec.add(stats)
             self.spec_log.observe(stats)
-        if planner is not None:
-            self.counters.mean_chosen_k = planner.mean_chosen_k
-            self.counters.verified_row_cost = planner.verified_row_cost()
-        self._commit(reqs, step.tokens, step)
-        if self.proposer is not None and self.proposer.needs.target_hidden != "none":
-            # each request's first scored row
-            starts = accumulate((1 + len(d) for d in drafts), initial=0)
-            rows_of = [range(s, s + 1 + n) for s, n in zip(starts, step.num_accepted)]
-            self._observe_hidden(reqs, out.hidden if states is None else states, rows_of)
-        return reqs
 
-    def _planner_log(self) -> str:
-        p = self.planner
-        return (
-            f", Planner: mean chosen K {p.mean_chosen_k:.2f}, verified row cost {p.verified_row_cost():.2f}"
-        )
+    def _compact_path(self, r: Request, path: list[int]) -> None:
+        """A tree's accepted nodes (breadth-first = increasing depth) to positions start + 1.. (O(depth))."""
+        moved = [(j, d) for d, j in enumerate(path, start=1) if j != d]
+        if moved:
+            self.cache.move(
+                r.slot, [r.num_computed + j for j, _ in moved], [r.num_computed + d for _, d in moved]
+            )
 
     def _token_worth(self, reqs: list[Request], spec: list[Request]) -> list[float] | None:
         """Per speculating request, what its tokens are worth to a closed batch (DraftPlanner.token_worth). Each
@@ -434,7 +351,7 @@ class LLMEngine:
         long, from the early ends seen so far (chance_to_run). None where finished requests' slots may be
         refilled."""
         # a batch of one: each of its tokens is worth a whole step, as in an open batch
-        if self.planner is None or not spec or not self.closed or self.waiting or len(reqs) == 1:
+        if not self.planner.weighs_worth or not self.closed or self.waiting or len(reqs) == 1:
             return None
         left = [max(1, length_left(r, self.opts.max_model_len)) for r in reqs]
         steps = [math.ceil(n / r.tokens_per_step()) for r, n in zip(reqs, left)]
@@ -450,165 +367,6 @@ class LLMEngine:
             return None
         by_id = dict(zip((r.request_id for r in reqs), worth))
         return [by_id[r.request_id] for r in spec]
-
-    def _node_budget(
-        self,
-        planner: DraftPlanner,
-        spec: list[Request],
-        prop: Proposal,
-        rows: int,
-        draft_seconds: float,
-        worth: list[float] | None,
-    ) -> Proposal:
-        """A dynamic tree cut to the node count the planner finds pays this step (its most confident nodes), or no
-        drafts at all (a Proposal without a tree) when none does."""
-        tree = prop.tree
-        n = planner.choose_nodes(
-            [r.request_id for r in spec],
-            tree.host_parent,
-            tree.host_depth,
-            prop.confidence,
-            rows,
-            draft_seconds,
-            worth,
-        )
-        if n == 0:
-            return Proposal([[] for _ in spec])
-        return Proposal(
-            [t[:n] for t in prop.token_ids], tree=tree.prefix(n), confidence=[c[:n] for c in prop.confidence]
-        )
-
-    def _tree_step_ok(
-        self, reqs: list[Request], spec: list[Request], caps: list[int], tree: TokenTree | TreeBatch
-    ) -> bool:
-        """Whether this step can verify whole trees: every request speculates with room for the tree's depth, the
-        trees fit the step's token budget, and no request needs position-dependent processing along a path
-        (penalties, bad words, min_tokens still pending, logprobs): those steps verify the top-1 path instead."""
-        if len(spec) != len(reqs) or min(caps) < tree.max_depth:
-            return False
-        if len(reqs) * (tree.size + 1) > max(self.opts.spec_token_budget, tree.size + 1):
-            return False
-        return not any(has_position_constraints(r) for r in reqs)
-
-    def _decode_tree(self, reqs: list[Request], prop: Proposal) -> list[Request]:
-        """Verify a token tree per request in one forward: walk it with the target's own picks (tree_accept), or, under
-        `probabilistic` with random requests, by recursive rejection sampling against the drafter's probabilities
-        (tree_rejection_sample); make the accepted path's K/V contiguous; commit."""
-        b = len(reqs)
-        tree = prop.tree if isinstance(prop.tree, TreeBatch) else batch_of(prop.tree, b)
-        n = tree.size + 1
-        # [B][1 + N]
-        nodes = [[r.last_token_id] + toks for r, toks in zip(reqs, prop.token_ids)]
-        depth_l = tree.depth.tolist()
-        rows = [
-            RowInput(r.slot, r.num_computed, t, tree_mask=tree.ancestors[i], depths=depth_l[i])
-            for i, (r, t) in enumerate(zip(reqs, nodes))
-        ]
-        t = time.perf_counter()
-        out, states = self._forward(reqs, rows)
-        v = out.logits.shape[-1]
-        logits = out.logits.view(b, n, v)
-        if any(r.disallowed is not None or r.logit_bias_ids is not None for r in reqs):
-            logits = logits.clone()
-            # position-independent: allowed ids, logit bias
-            constrain_tokens(
-                logits,
-                reqs,
-                [[] for _ in reqs],
-            )
-        flat = logits.reshape(b * n, v)
-        params = [r.params for r in reqs]
-        gens = [r.generator for r in reqs]
-        argmax = S.greedy(flat)
-        dev = argmax.device
-        tok = torch.tensor(nodes, device=dev)
-        parent, anc, depth = tree.parent.to(dev), tree.ancestors.to(dev), tree.depth.to(dev)
-        probs = sample_u = greedy = None
-        if not all(p.is_greedy for p in params):
-            st = S.SamplingTensors.from_params(params, flat.device, v).repeat_interleave([n] * b)
-            probs, greedy = S.logits_to_probs(flat, st), st.is_greedy
-        if probs is not None and self.opts.verify.method == "probabilistic":
-            # greedy rows: one-hot at the argmax, their walk then follows the argmax
-            target = torch.where(
-                greedy[:, None], torch.nn.functional.one_hot(argmax, v).to(probs.dtype), probs
-            )
-            sampled = ~greedy.view(b, n)[:, 0]
-            if prop.draft_probs is None:
-                sampled = torch.zeros_like(sampled)
-            uniform = draw_uniform((b, n), gens, dev)
-            sample_u = S.draw_row_uniforms([1] * b, gens, dev, self.generator)
-            deepest, bonus = tree_rejection_sample(
-                tok,
-                target.view(b, n, v),
-                prop.draft_probs,
-                sampled,
-                tree.children().to(dev),
-                tree.max_depth,
-                uniform,
-                sample_u,
-            )
-            on_path = anc[torch.arange(b, device=dev), deepest]
-        else:
-            if probs is not None:
-                # a node's pick reads the uniform of its position (depth), as plain decoding there would
-                sample_u = position_uniforms_of(reqs, depth).view(-1)
-            # [B, 1 + N] the target's own pick at every node
-            picks = S.greedy_or_sample(argmax, probs, sample_u, greedy).view(b, n)
-            deepest, on_path = tree_accept(tok, picks, parent, anc, depth)
-            bonus = picks.gather(1, deepest[:, None]).squeeze(1)
-        # the step's host sync
-        on_l, bonus_l = on_path.tolist(), bonus.tolist()
-        planner = self.planner
-        if planner is not None:
-            planner.step_cost.observe(b * n, time.perf_counter() - t, drafted=True)
-            if prop.confidence is not None and tree.host_parent is not None:
-                for i in range(b):
-                    planner.observe_tree(tree.host_parent[i], tree.host_depth[i], prop.confidence[i], on_l[i])
-            for i, r in enumerate(reqs):
-                # the per-position estimates that decide how deep to draft (the ask) learn the accepted depth
-                depth_i = tree.max_depth if tree.host_depth is None else max(tree.host_depth[i])
-                planner.observe(r.request_id, depth_i, sum(on_l[i]) - 1)
-        stats = SpecDecodingStats(max(self.opts.num_speculative_tokens, tree.max_depth))
-        emitted, hidden_rows = [], []
-        for i, r in enumerate(reqs):
-            # breadth-first order = increasing depth
-            path = [j for j in range(1, n) if on_l[i][j]]
-            emitted.append([nodes[i][j] for j in path] + [bonus_l[i]])
-            moved = [(j, d) for d, j in enumerate(path, start=1) if j != d]
-            # the accepted nodes' K/V to positions start + 1.. (O(depth) per request)
-            if moved:
-                self.cache.move(
-                    r.slot, [r.num_computed + j for j, _ in moved], [r.num_computed + d for _, d in moved]
-                )
-            r.num_computed += 1 + len(path)
-            r.decode_steps += 1
-            r.num_draft_tokens += n - 1
-            r.num_accepted_tokens += len(path)
-            r.spec_steps.append((tree.max_depth, len(path)))
-            stats.observe_draft(n - 1, len(path), tree.max_depth)
-            hidden_rows.append([i * n] + [i * n + j for j in path])
-        self.counters.spec.add(stats)
-        self.spec_log.observe(stats)
-        self._commit(reqs, emitted, None)
-        self._observe_hidden(reqs, out.hidden if states is None else states, hidden_rows)
-        return reqs
-
-    def _align_draft_probs(self, reqs, spec, probs: torch.Tensor, drafts) -> torch.Tensor:
-        k = max(len(d) for d in drafts) if drafts else 0
-        if len(spec) == len(reqs) and probs.shape[1] == k:
-            return probs
-        idx = {r.request_id: i for i, r in enumerate(spec)}
-        full = torch.zeros(len(reqs), k, probs.shape[-1], device=probs.device, dtype=probs.dtype)
-        for b, r in enumerate(reqs):
-            if r.request_id in idx and drafts[b]:
-                full[b, : len(drafts[b])] = probs[idx[r.request_id], : len(drafts[b])]
-        return full
-
-    def _draft_cap(self, r: Request, k: int) -> int:
-        """At most k drafts, and room for them and the step's own token within the request's (and the drafter's)
-        length."""
-        context = min(self.opts.max_model_len, self.opts.draft_max_model_len or 1 << 30)
-        return max(0, min(k, length_left(r, context) - 1))
 
     # ------------------------------------------------------------------ commit
     def _commit(self, reqs: list[Request], tokens: list[list[int]], step) -> None:
@@ -635,8 +393,7 @@ class LLMEngine:
             self.early_ends += req.finish_reason == "stop"
         if self.proposer is not None:
             self.proposer.remove_request(req, aborted)
-        if self.planner is not None:
-            self.planner.remove(req.request_id)
+        self.planner.remove(req.request_id)
         if aborted:
             self.counters.requests_aborted += 1
         else:
@@ -675,3 +432,28 @@ class LLMEngine:
         return SpecDecodeMetrics.from_steps(
             r.spec_steps, self.opts.num_speculative_tokens, r.num_draft_tokens
         )
+
+
+def _rows(reqs: list[Request], spec: SpecDecodeMetadata) -> list[RowInput]:
+    """A decode step's rows: each request's newest token, then its chain of drafts or its tree's nodes."""
+    tree = spec.tree
+    if tree is None:
+        return [
+            RowInput(r.slot, r.num_computed, [r.last_token_id] + d)
+            for r, d in zip(reqs, spec.draft_token_ids)
+        ]
+    depths = tree.depth.tolist()
+    return [
+        RowInput(r.slot, r.num_computed, [r.last_token_id] + t, tree_mask=tree.ancestors[b], depths=depths[b])
+        for b, (r, t) in enumerate(zip(reqs, spec.draft_token_ids))
+    ]
+
+
+def _hidden_rows(spec: SpecDecodeMetadata, step: StepTokens) -> list[range] | list[list[int]]:
+    """Per request, the rows of the step's states behind the positions it committed: the newest token and the
+    accepted drafts (a range for a chain, a list of rows for a tree's path)."""
+    if spec.tree is None:
+        starts = accumulate((1 + len(d) for d in spec.draft_token_ids), initial=0)
+        return [range(s, s + 1 + n) for s, n in zip(starts, step.num_accepted)]
+    n = step.row_stride
+    return [[b * n] + [b * n + j for j in step.accepted_nodes(b)] for b in range(len(step.tokens))]

@@ -1,11 +1,10 @@
 """Anonymous memory for the CPU's big buffers: one huge-page-backed block for a model's kept-quantized weights,
-small pages for the KV cache (engine/kv_cache.py).
+small pages for the KV cache (runner/kv_cache.py).
 
-Every decode step streams all of a model's weights (about 110 MB for SmolLM2-135M in Q4_1). Each projection is a
-separate numpy array of well under 2 MiB, so the OS backs them with 4 KiB pages: a step touches ~28,000 pages,
-more than the TLB holds, and pays a page walk every 4 KiB. Moved into one anonymous mapping that asks for
-transparent huge pages (MADV_HUGEPAGE; Linux's default THP mode 'madvise' honours it), the same bytes sit on ~55
-pages of 2 MiB. Where the OS has no huge pages to give (THP 'never', fragmented memory, not Linux), the mapping
+Every decode step streams all of a model's weights. Each projection is a separate numpy array of well under 2 MiB,
+so the OS backs them with 4 KiB pages: a step touches tens of thousands of pages, more than the TLB holds, and pays
+a page walk every 4 KiB. Moved into one anonymous mapping that asks for transparent huge pages (MADV_HUGEPAGE;
+Linux's default THP mode 'madvise' honours it), the same bytes sit on a few dozen pages of 2 MiB. Where the OS has no huge pages to give (THP 'never', fragmented memory, not Linux), the mapping
 still works with small pages: only the speed differs, never a result.
 """
 

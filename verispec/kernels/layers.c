@@ -1,7 +1,7 @@
 // A run of Llama-style decoder layers in one call: the kernels of qgemm.c and ops.c, called in the order and with
 // the arguments the PyTorch module code (verispec/models/decoder.py) gives them, minus ~30 Python-level ops per
 // layer. Every value is computed by the same C function as on the module path, so both paths are bitwise equal
-// (tests/models/test_fused_layers.py) and a row's result still never depends on the other rows.
+// (tests/models/kernels/test_fused_layers.py) and a row's result still never depends on the other rows.
 //
 // Layer l, on the N packed rows (the real tokens; pack[i] is row i's place in the padded [S, Q] layout, row s * Q + t
 // being token t of sequence s; qlen[s]: sequence s's rows, 0 .. qlen[s] - 1 of the layout; both NULL: N = S * Q, no

@@ -116,8 +116,8 @@ static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
 #define VL 8
 #define MID_COLS 2   // 3-4 row tiles (16 vector registers)
 // 5-8 rows (verifying 4-7 drafts) in one tile of a single column: up to 8 accumulators beside the block's 4
-// expanded weight vectors, each row's x loads folded into its FMAs (on Zen 3, 5 rows run 1.3x faster this way than
-// as 4 + 1, and a 6-row tile is the fastest per row: more rows go in groups of 6)
+// expanded weight vectors, each row's x loads folded into its FMAs (faster than 4 + 1 rows; a 6-row tile is the
+// fastest per row, so more rows go in groups of 6)
 #define ONE_TILE_ROWS 8
 #define ROW_TILES_WIDE(X, T) X(T, 5, 1) X(T, 6, 1) X(T, 7, 1) X(T, 8, 1)
 // more rows in groups of 6

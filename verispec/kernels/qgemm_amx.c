@@ -10,7 +10,7 @@
 //     y += d[b,n] * s (+ m[b,n] * S[b] for q4, S[b] = sum_k x: the block's d * q + m, factored).
 // Determinism: a row's three parts sit in three rows of one A tile and its result is computed from them alone, in
 // a fixed order, whatever M is and whichever tile, chunk or thread it falls in: a row's output never depends on
-// the batch (the contract of qgemm.c; tests/unit/test_qgemm.py checks it bitwise).
+// the batch (the contract of qgemm.c; tests/unit/kernels/test_qgemm.py checks it bitwise).
 //
 // Layouts (verispec/kernels/qweight.py builds them): output columns in groups of 16; group g, block b starts at
 // ((g * K/32) + b) * TBLOCK. q4t (384 bytes): float d[16], float m[16], a nibble plane: 4 chunks of 32
@@ -41,8 +41,8 @@
 #define CTILE (3 * A_ROWS * GROUP)  // floats per stored C tile
 #define AHEAD 2     // blocks expanded ahead of the one multiplied
 #define RING 4      // B tile buffers per tile slot (> AHEAD)
-// blocks of weights fetched ahead of the expansion (~9 KB of q4t, ~2.3 KB of q8t: measured best in decode steps,
-// where the weights come from memory, not cache)
+// blocks of weights fetched ahead of the expansion (tuned on decode steps, where the weights come from memory, not
+// cache)
 #define PREFETCH(F) ((F) == Q4T ? 24 : 4)
 
 // The two formats. An item is what one thread computes over all K: q4t two column groups (each its own B tile

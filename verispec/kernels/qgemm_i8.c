@@ -169,13 +169,13 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 // vpmaddubsw multiplies u8 x s8 and adds pairs into int16 (saturating), vpmaddwd by ones adds those pairs into
 // int32: the same exact dot as VNNI's as long as no int16 sum passes 32767. Activations are -127..127, so two
 // pairs summed in int16 (VDP2) stay within 4 x 15 x 127 = 7620 for q4v's nibbles and 4 x 63 x 127 = 32004 for
-// q6v's codes (summing more q4v pairs first measured slower on Zen 3). q8v's w = q + 128 would not (255 x 127 x 2):
+// q6v's codes. q8v's w = q + 128 would not (255 x 127 x 2):
 // it runs signed, |q| <= 128 against x negated where q < 0 (llama.cpp's trick), 32512 at most.
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define PFX(name) avx2i8_##name
 #include "qgemm_i8_ymm.h"
-// up to 6 rows in one tile of a single vector (on Zen 3, 5 and 6 rows ran 1.1x faster than as 3 + 2 and 3 + 3)
+// up to 6 rows in one tile of a single vector (5 and 6 rows run faster as one tile than as 3 + 2 and 3 + 3)
 #define RMAX 6
 #define CMAX 2
 #define TILES(X, F) X(F, 1, 2) X(F, 2, 2) X(F, 3, 1) X(F, 4, 1) X(F, 5, 1) X(F, 6, 1)

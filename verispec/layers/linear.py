@@ -4,7 +4,7 @@ GGUF weights in Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 / Q6_K stay in their blocks (`l
 verispec/kernels (the same float32 weight values, 4-9x fewer bytes streamed per token), with float32 activations
 or, after `use_int8_activations`, activations quantized to int8 per row and 32-block (llama.cpp's numerics).
 Otherwise, on CPU with MKL, weights are pre-packed once (MKL's packed SGEMM, the layout torch.compile's CPU backend
-uses): for the 1-40 row products of decoding and verification it runs 1.2-2x faster than nn.Linear, and
+uses): for the few-row products of decoding and verification it runs faster than nn.Linear, and
 its result for a row does not depend on how many rows are in the batch (bitwise), which keeps plain
 decoding and speculative verification numerically identical. On CUDA it runs cuBLAS products of a fixed row
 count (cuda_ops.linear), batch-invariant as well; elsewhere (no MKL) it is x @ W^T.

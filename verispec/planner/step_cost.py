@@ -28,7 +28,7 @@ _DECAY = 0.995
 _MIN_GROUP = 2.0
 # the fixed cost of verifying counts as if this many more steps with drafts had shown none: a fit from a few noisy
 # steps is taken in part, so that a slow moment cannot price verifying out for good (nothing verified, nothing
-# measured: a fit from 2-3 slow steps kept a batch from verifying anything for four rounds)
+# measured)
 _V_PRIOR_STEPS = 4.0
 _PROFILE_CONTEXT = 256
 _PROFILE_REPEATS = 6
@@ -251,8 +251,8 @@ def profile_batch_step(
 ) -> tuple[int, float]:
     """(n, seconds): the best of a few plain steps over n = len(slots) sequences of one row each, every one behind a
     copy of the first slot's _PROFILE_CONTEXT-token context. The rows profile times one sequence: a batch step also
-    reads every sequence's own keys and values (at batch 16 with 300-token contexts, a plain step cost 12 ms where
-    16 rows of one sequence cost 7), which a closed batch saves once a request has ended. The slots are scratch."""
+    reads every sequence's own keys and values, which a closed batch saves once a request has ended. The slots are
+    scratch."""
     context = _profile_context(runner, slots[0], 1)
     runner.cache.copy_prefix(slots[0], slots[1:], context)
     rows = [RowInput(s, context, [0]) for s in slots]
@@ -274,8 +274,7 @@ def monotone_profile(best: dict[int, float]) -> dict[int, float]:
     real step up (a row tile filling) has a point above it on either side and stays. What still decreases is
     pooled with its neighbours into their mean (pool-adjacent-violators: the least-squares non-decreasing fit).
     Taking instead the least time measured at or above each point let one fast stretch pull every point below it
-    down to its time, and the planner, which weighs the rows in between, saw verified rows as free (a plateau over
-    15-19 rows at batch 16 while they cost 0.35 ms each)."""
+    down to its time, and the planner, which weighs the rows in between, saw verified rows as free."""
     rows = sorted(best)
     times = [best[r] for r in rows]
     smooth = list(times)

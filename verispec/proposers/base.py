@@ -1,7 +1,7 @@
 """The one contract every speculative method implements; the engine never looks at a method's name.
 
 A proposer declares what it needs from the engine in a `ProposerNeeds`; the engine reads that declaration, and the
-factory (spec/__init__.py) is the only place that maps a method name to a proposer.
+factory (proposers/factory.py) is the only place that maps a method name to a proposer.
 """
 
 from __future__ import annotations

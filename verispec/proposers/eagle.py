@@ -244,31 +244,44 @@ class EagleProposer(StateSlots):
             anc = grown
         # [B, C]
         all_tok, all_score, all_parent = torch.cat(c_tok, 1), torch.cat(c_score, 1), torch.cat(c_parent, 1)
-        n = min(spec.num_nodes, all_tok.shape[1])
-        # [B, n] kept candidates by path confidence, most confident first: a parent comes before its children (it
-        # is at least as confident, and drafted earlier for the stable sort), so every prefix is a tree (the
-        # planner's node budget keeps one)
-        keep = torch.sort(all_score, dim=1, descending=True, stable=True).indices[:, :n]
-        # candidate id + 1 -> node index (root 0)
-        remap = torch.zeros(b, all_tok.shape[1] + 1, dtype=torch.long, device=dev)
-        remap.scatter_(1, keep + 1, torch.arange(1, n + 1, device=dev).expand(b, n))
-        root = torch.full((b, 1), -1, dtype=torch.long, device=dev)
-        parent = torch.cat([root, remap.gather(1, all_parent.gather(1, keep))], dim=1)
-        node_depth = torch.tensor([0] + c_depth, device=dev)[torch.cat([root + 1, keep + 1], dim=1)]
-        # depth doublings reach every ancestor (further ones change nothing)
-        ancestors = ancestors_of(parent, depth)
-        # [B, n] each node's draft probability at its parent: exp(its path score - the parent's)
-        kept_score = all_score.gather(1, keep)
-        up_score = torch.cat([torch.zeros_like(kept_score[:, :1]), kept_score], 1).gather(1, parent[:, 1:])
-        conf = (kept_score - up_score).exp()
-        # the step's one host sync: [B, 4n] the kept tokens, their parents, depths and confidences (float64 holds
-        # the integers exactly)
-        host = (
-            torch.cat([all_tok.gather(1, keep), parent[:, 1:], node_depth[:, 1:], conf], 1).double().tolist()
-        )
-        tokens = [[int(x) for x in row[:n]] for row in host]
-        parents = [[-1] + [int(x) for x in row[n : 2 * n]] for row in host]
-        depths = [[0] + [int(x) for x in row[2 * n : 3 * n]] for row in host]
-        max_depth = max(max(d) for d in depths)
-        tree = TreeBatch(parent, node_depth, ancestors, max_depth, k, parents, depths)
-        return Proposal(tokens, tree=tree, confidence=[row[3 * n :] for row in host])
+        return _best_nodes(all_tok, all_score, all_parent, c_depth, spec.num_nodes, depth, k)
+
+
+def _best_nodes(
+    all_tok: torch.Tensor,
+    all_score: torch.Tensor,
+    all_parent: torch.Tensor,
+    c_depth: list[int],
+    num_nodes: int,
+    depth: int,
+    k: int,
+) -> Proposal:
+    """Every drafted candidate ([B, C] tokens, path confidences, parents as candidate id + 1; depths [C]) -> the
+    num_nodes most confident per request as one tree each (EAGLE-2's final selection)."""
+    b, dev = all_tok.shape[0], all_tok.device
+    n = min(num_nodes, all_tok.shape[1])
+    # [B, n] kept candidates by path confidence, most confident first: a parent comes before its children (it
+    # is at least as confident, and drafted earlier for the stable sort), so every prefix is a tree (the
+    # planner's node budget keeps one)
+    keep = torch.sort(all_score, dim=1, descending=True, stable=True).indices[:, :n]
+    # candidate id + 1 -> node index (root 0)
+    remap = torch.zeros(b, all_tok.shape[1] + 1, dtype=torch.long, device=dev)
+    remap.scatter_(1, keep + 1, torch.arange(1, n + 1, device=dev).expand(b, n))
+    root = torch.full((b, 1), -1, dtype=torch.long, device=dev)
+    parent = torch.cat([root, remap.gather(1, all_parent.gather(1, keep))], dim=1)
+    node_depth = torch.tensor([0] + c_depth, device=dev)[torch.cat([root + 1, keep + 1], dim=1)]
+    # depth doublings reach every ancestor (further ones change nothing)
+    ancestors = ancestors_of(parent, depth)
+    # [B, n] each node's draft probability at its parent: exp(its path score - the parent's)
+    kept_score = all_score.gather(1, keep)
+    up_score = torch.cat([torch.zeros_like(kept_score[:, :1]), kept_score], 1).gather(1, parent[:, 1:])
+    conf = (kept_score - up_score).exp()
+    # the step's one host sync: [B, 4n] the kept tokens, their parents, depths and confidences (float64 holds
+    # the integers exactly)
+    host = torch.cat([all_tok.gather(1, keep), parent[:, 1:], node_depth[:, 1:], conf], 1).double().tolist()
+    tokens = [[int(x) for x in row[:n]] for row in host]
+    parents = [[-1] + [int(x) for x in row[n : 2 * n]] for row in host]
+    depths = [[0] + [int(x) for x in row[2 * n : 3 * n]] for row in host]
+    max_depth = max(max(d) for d in depths)
+    tree = TreeBatch(parent, node_depth, ancestors, max_depth, k, parents, depths)
+    return Proposal(tokens, tree=tree, confidence=[row[3 * n :] for row in host])

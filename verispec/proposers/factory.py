@@ -199,8 +199,7 @@ def _follow_target_weights(draft: torch.nn.Module, ctx: DraftContext) -> None:
     """A draft's float layers become Q8_0 blocks when the target runs on quantized blocks (a GGUF target kept
     quantized), as vLLM's draft follows the target's dtype, and those blocks take int8 activations whatever the
     target's activation_dtype: drafts only propose, so the output cannot change, and on every x86 CPU the int8
-    kernels run a draft's small, few-row products faster than float32 ones (an EAGLE-3 step's drafting ~20% faster
-    on Zen 4). Only a draft with the target's own weights loses: under a float32 target its drafts no longer round
+    kernels run a draft's small, few-row products faster than float32 ones. Only a draft with the target's own weights loses: under a float32 target its drafts no longer round
     exactly as the target does."""
 
     if keeps_quantized(ctx.target.model):

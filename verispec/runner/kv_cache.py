@@ -68,8 +68,8 @@ def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
     """Zeroed cache memory. On the CPU in float32, a private anonymous mapping: the OS hands out zero pages lazily,
     so a multi-GiB budget costs nothing until a slot's rows are written (torch.zeros would memset it all at
     start-up). Huge pages are refused for it: a slot's K/V rows of one head lie a head's stride apart, so its first
-    tokens would touch (and the kernel zero) a 2 MiB page per head and layer, ~0.2 GB per new slot (numpy's own
-    allocations ask for huge pages; that made first prompts spend half their time zeroing pages)."""
+    tokens would touch (and the kernel zero) a 2 MiB page per head and layer (numpy's own allocations ask for huge
+    pages; first prompts then spent much of their time zeroing pages)."""
     if torch.device(device).type == "cpu" and dtype == torch.float32:
         buf = anonymous_buffer(4 * int(np.prod(shape)), huge_pages=False)
         return torch.from_numpy(buf.view(np.float32).reshape(shape))

@@ -110,49 +110,33 @@ class ModelRunner:
             # [S, Q]
             positions = torch.where(valid, start_t + torch.tensor(depth, device=dev), 0)
         if s == 1 and q == 1:
-            mask = sliding = None
+            mask = None
         elif dense:
             # [S, 1, Q, T]: each query sees its sequence's keys up to its own
             mask = (torch.arange(kv_len, device=dev)[None, None] <= cache_pos[:, :, None])[:, None]
-            sliding = None
         else:
-            mask = self._mask(start_t, valid, positions, kv_len, rows, lo, q) if trees else None
-            if mask is None:
-                # [1, 1, T]
-                key = torch.arange(kv_len, device=dev)[None, None]
-                # [S, Q, T]
-                mask = key <= (start_t + j)[:, :, None]
-            mask = mask & valid[:, :, None]
-            # padded queries look at one key: no NaN rows
-            mask[:, :, 0] |= ~valid
-            sliding = None
-            # [S, 1, Q, T]
-            mask = mask[:, None]
-        if self.window is not None:
-            key = torch.arange(kv_len, device=dev)[None, None, None]
-            # [S, 1, Q, T]
-            near = key > positions[:, None, :, None] - self.window
-            base = mask if mask is not None else torch.ones_like(near)
-            sliding = base & near
-            if valid is not None:
-                # padded queries look at one key
-                sliding[..., 0] |= ~valid[:, None]
+            tree_mask = self._mask(start_t, valid, positions, kv_len, rows, lo, q) if trees else None
+            mask = _padded_mask(tree_mask, start_t, valid, kv_len)
+        sliding = None if self.window is None else self._sliding(mask, positions, valid, kv_len)
         # [S, 1]
         rows_idx = self._slot_rows.get(s)
         if rows_idx is None:
             rows_idx = self._slot_rows[s] = torch.arange(s, device=dev)[:, None]
-        identity = pad_pos == list(range(s * q))
-        unpack = pack = lengths = None
-        if not identity:
-            # [N] padded position of each packed token
-            pack = torch.tensor(pad_pos, device=dev)
-            # [S*Q] padding reads row 0 (masked)
-            unpack = torch.zeros(s * q, dtype=torch.long, device=dev)
-            unpack[pack] = torch.arange(len(pad_pos), device=dev)
-            # the kernels skip the padding
-            lengths = qlen_t
+        unpack, pack, lengths = _packing(pad_pos, s, q, qlen_t, dev)
         ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack, lengths)
         return ids_t, positions, ctx, flat
+
+    def _sliding(
+        self, mask: torch.Tensor | None, positions: torch.Tensor, valid: torch.Tensor | None, kv_len: int
+    ) -> torch.Tensor:
+        """[S, 1, Q, T] the mask of the sliding-window layers: the full mask within `window` keys of each query."""
+        key = torch.arange(kv_len, device=positions.device)[None, None, None]
+        near = key > positions[:, None, :, None] - self.window
+        sliding = (mask if mask is not None else torch.ones_like(near)) & near
+        if valid is not None:
+            # padded queries look at one key
+            sliding[..., 0] |= ~valid[:, None]
+        return sliding
 
     def _mask(self, start_t, valid, positions, kv_len, rows, lo, q) -> torch.Tensor:
         """Prefix keys plus ancestor-or-self keys inside each row's tree. -> [S, Q, T]."""
@@ -193,3 +177,35 @@ class ModelRunner:
             sel = hidden.index_select(0, idx)
             aux_sel = aux if aux_all or aux is None else aux.index_select(0, idx)
         return RunnerOutput(self.model.compute_logits(sel), sel, aux_sel, hidden if hidden_all else None)
+
+
+def _padded_mask(
+    tree_mask: torch.Tensor | None, start_t: torch.Tensor, valid: torch.Tensor, kv_len: int
+) -> torch.Tensor:
+    """[S, 1, Q, T] the mask of ragged rows: causal over each sequence's keys (or the rows' tree masks), padded
+    queries looking at one key (no NaN rows)."""
+    q = valid.shape[1]
+    if tree_mask is None:
+        key = torch.arange(kv_len, device=valid.device)[None, None]
+        j = torch.arange(q, device=valid.device)[None]
+        # [S, Q, T]
+        tree_mask = key <= (start_t + j)[:, :, None]
+    mask = tree_mask & valid[:, :, None]
+    mask[:, :, 0] |= ~valid
+    return mask[:, None]
+
+
+def _packing(
+    pad_pos: list[int], s: int, q: int, qlen_t: torch.Tensor | None, dev: torch.device
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(unpack [S*Q], pack [N], lengths [S]) between the packed tokens and the padded [S, Q] layout; all None when
+    every slot in range is full (the layouts coincide)."""
+    if pad_pos == list(range(s * q)):
+        return None, None, None
+    # [N] padded position of each packed token
+    pack = torch.tensor(pad_pos, device=dev)
+    # [S*Q] padding reads row 0 (masked)
+    unpack = torch.zeros(s * q, dtype=torch.long, device=dev)
+    unpack[pack] = torch.arange(len(pad_pos), device=dev)
+    # the kernels skip the padding
+    return unpack, pack, qlen_t

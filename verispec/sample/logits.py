@@ -403,3 +403,10 @@ def greedy_or_sample(
     if probs is None:
         return argmax
     return torch.where(is_greedy, argmax, sample(probs, u))
+
+
+def position_uniforms_of(reqs: list, offsets: torch.Tensor) -> torch.Tensor:
+    """[B, n] the uniform of each request's output position len(output) + offsets ([n] or [B, n] int64): the one
+    plain decoding reads at that position (logits.position_uniforms)."""
+    first = torch.tensor([len(r.output_token_ids) for r in reqs], device=offsets.device)
+    return position_uniforms([r.sample_key for r in reqs], first[:, None] + offsets)

@@ -1,10 +1,14 @@
-"""What the engine hands the sampler for one step: the drafts to verify and how to verify them."""
+"""What the engine hands the sampler for one step (the drafts to verify and how to verify them) and what it gets
+back (the tokens to commit)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from verispec.sample.logits import Logprobs
+from verispec.sample.tree import TreeBatch
 
 
 @dataclass(frozen=True)
@@ -55,8 +59,11 @@ class SpecDecodeMetadata:
 
     # per request 0..K draft token ids
     draft_token_ids: list[list[int]]
-    # [B, K, V] the drafter's distribution at each draft; None: one-hot at the draft (draft-free proposers)
+    # [B, K, V] the drafter's distribution at each draft; None: one-hot at the draft (draft-free proposers).
+    # With a tree: [B, 1 + N, V] at each node, its children's law
     draft_probs: torch.Tensor | None = None
+    # a token tree per request: draft_token_ids[b] are its N nodes breadth-first; None: chains
+    tree: TreeBatch | None = None
 
     @classmethod
     def none(cls, batch: int) -> SpecDecodeMetadata:
@@ -65,3 +72,22 @@ class SpecDecodeMetadata:
     @property
     def max_drafts(self) -> int:
         return max((len(d) for d in self.draft_token_ids), default=0)
+
+
+@dataclass
+class StepTokens:
+    """What one step emits, per request in batch order."""
+
+    # accepted drafts then one recovered / bonus token
+    tokens: list[list[int]]
+    num_accepted: list[int]
+    # per scored row (flattened [B * (K + 1)]) when any request asked for logprobs
+    logprobs: Logprobs | None
+    # K + 1 (a tree: 1 + N)
+    row_stride: int
+    # a tree step: per request, whether each of its 1 + N nodes is on the accepted path (the root always is)
+    on_path: list[list[bool]] | None = None
+
+    def accepted_nodes(self, b: int) -> list[int]:
+        """A tree step's accepted nodes of request b (1..N, breadth-first = increasing depth)."""
+        return [j for j, on in enumerate(self.on_path[b]) if on and j]

@@ -6,15 +6,15 @@ the same sampler functions either way, which is what keeps speculation lossless.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from verispec.kernels import ops
 from verispec.request import Request
 from verispec.sample import logits as S
 from verispec.sample.constraints import constrain_tokens, has_constraints, penalty_state, suppress_early_stops
-from verispec.sample.metadata import SpecDecodeMetadata, VerifyRule
+from verispec.sample.logits import position_uniforms_of
+from verispec.sample.metadata import SpecDecodeMetadata, StepTokens, VerifyRule
+from verispec.sample.tree_verify import verify_tree
 from verispec.sample.verify import (
     draw_uniform,
     entropy_thresholds,
@@ -22,17 +22,6 @@ from verispec.sample.verify import (
     rejection_sample,
 )
 from verispec.sampling_params import SamplingParams
-
-
-@dataclass
-class StepTokens:
-    # per request: accepted drafts then one recovered / bonus token
-    tokens: list[list[int]]
-    num_accepted: list[int]
-    # per scored row (flattened [B * (K + 1)]) when any request asked for logprobs
-    logprobs: S.Logprobs | None
-    # K + 1
-    row_stride: int
 
 
 def _row_map(n_rows: list[int], stride: int, dev: torch.device) -> torch.Tensor:
@@ -56,15 +45,15 @@ def _pad_rows(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return logits.index_select(0, rows.view(-1)).view(b, stride, logits.shape[-1])
 
 
-def position_uniforms_of(reqs: list[Request], offsets: torch.Tensor) -> torch.Tensor:
-    """[B, n] the uniform of each request's output position len(output) + offsets ([n] or [B, n] int64): the one
-    plain decoding reads at that position (logits.position_uniforms)."""
-    first = torch.tensor([len(r.output_token_ids) for r in reqs], device=offsets.device)
-    return S.position_uniforms([r.sample_key for r in reqs], first[:, None] + offsets)
-
-
-def _processed(raw: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> torch.Tensor:
-    """raw [B, K+1, V] with the requests' token constraints and min_tokens applied (a copy when any apply)."""
+def _processed(
+    raw: torch.Tensor,
+    reqs: list[Request],
+    drafts: list[list[int]],
+    draft_t: torch.Tensor,
+    st: S.SamplingTensors | None,
+) -> torch.Tensor:
+    """raw [B, K+1, V] -> [B * (K+1), V] with the requests' token constraints and min_tokens applied, then (st
+    given) their penalties, counting the drafts before each position (a copy when any apply)."""
     proc = raw
     if any(has_constraints(r) for r in reqs):
         proc = proc.clone()
@@ -72,7 +61,14 @@ def _processed(raw: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) 
     if any(r.params.min_tokens > 0 for r in reqs):
         proc = proc.clone() if proc is raw else proc
         suppress_early_stops(proc, reqs, raw.shape[1])
-    return proc
+    b, stride, v = raw.shape
+    proc = proc.reshape(b * stride, v)
+    if st is None:
+        return proc
+    mask, counts = penalty_state(reqs, v, raw.device)
+    counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
+    per_row = st.repeat_interleave([stride] * b) if stride > 1 else st
+    return S.apply_penalties(proc, mask.repeat_interleave(stride, 0), counts, per_row)
 
 
 def sample_step(
@@ -80,11 +76,14 @@ def sample_step(
     logits: torch.Tensor,
     spec: SpecDecodeMetadata,
     rule: VerifyRule,
+    generator: torch.Generator | None = None,
 ) -> StepTokens:
-    """Tokens to emit per request. logits [N, V]: N = sum(len(drafts[b]) + 1) rows in request order. Block Verify
-    applies to steps verifying at least 3 drafts (vLLM Ascend's rule: shorter blocks gain nothing); Entropy
-    Verify's thresholds come from the raw target logits (before penalties, temperature and top-k/p), as vLLM
-    Ascend computes them."""
+    """Tokens to emit per request: the one entry for plain decoding (no drafts), chains and trees (spec.tree;
+    `generator` draws a tree's bonus uniforms for requests without a seed). logits [N, V]: N = sum(len(drafts[b])
+    + 1) rows in request order. Block Verify applies to steps verifying at least 3 drafts (vLLM Ascend's rule);
+    Entropy Verify's thresholds come from the raw target logits (before penalties, temperature and top-k/p)."""
+    if spec.tree is not None:
+        return verify_tree(reqs, logits, spec, rule, generator)
     drafts = spec.draft_token_ids
     b, v, dev = len(reqs), logits.shape[-1], logits.device
     k = spec.max_drafts
@@ -117,13 +116,8 @@ def sample_step(
     # reshapes them, else a processed [B * (K+1), V] copy
     src, src_rows = logits, rows
     if processed:
-        src = _processed(raw, reqs, drafts).reshape(b * stride, v)
+        src = _processed(raw, reqs, drafts, draft_t, st if any_penalties else None)
         src_rows = torch.arange(b * stride, device=dev).view(b, stride)
-        if any_penalties:
-            mask, counts = penalty_state(reqs, v, dev)
-            counts = S.draft_aware_counts(counts, draft_t).reshape(b * stride, v)
-            per_row = st.repeat_interleave([stride] * b) if stride > 1 else st
-            src = S.apply_penalties(src, mask.repeat_interleave(stride, 0), counts, per_row)
     # ([B], [B]) the greedy rule's emitted token and accepted count, for the greedy rows
     greedy = _greedy(src, src_rows, draft_t) if any_greedy else None
     if all_greedy:
@@ -165,8 +159,8 @@ def _host_step(
     """The common CPU step, where nothing reshapes the logits (no penalties, constraints or logprobs; all rows
     greedy, or all random under the strict rule without top-k / top-p / min-p): the fused verification kernels fed
     from Python lists. The same kernels and inputs as the tensor path, so the same tokens, without its small torch
-    ops (after a forward has streamed the weights through the caches they cost 0.2-0.5 ms a step). None where it
-    does not apply."""
+    ops (right after a forward has streamed the weights through the caches, each costs tens of microseconds). None
+    where it does not apply."""
     v, stride, b = logits.shape[-1], k + 1, len(reqs)
     params = [r.params for r in reqs]
     if not greedy and ((k and rule.method != "strict") or any(_truncates(p, v) for p in params)):

@@ -25,7 +25,12 @@ from __future__ import annotations
 
 import torch
 
-from verispec.sample.verify import categorical
+from verispec.request import Request
+from verispec.sample import logits as S
+from verispec.sample.constraints import constrain_tokens
+from verispec.sample.metadata import SpecDecodeMetadata, StepTokens, VerifyRule
+from verispec.sample.tree import tree_accept
+from verispec.sample.verify import categorical, draw_uniform
 
 _TINY = torch.finfo(torch.float32).tiny
 
@@ -112,3 +117,68 @@ def sample_children(
     """[B, k] k tokens drawn without replacement from q, in draw order: the k largest q / Exp(1) (an exponential race
     run k times, i.e. Plackett-Luce / Gumbel-top-k). Tokens with q = 0 come last, only when q's support is used up."""
     return (q / noise.clamp_min(_TINY)).topk(k, dim=-1).indices
+
+
+def verify_tree(
+    reqs: list[Request],
+    logits: torch.Tensor,
+    spec: SpecDecodeMetadata,
+    rule: VerifyRule,
+    generator: torch.Generator | None,
+) -> StepTokens:
+    """A token tree per request, scored in one forward (logits [B * (1 + N), V], root first): walk it with the
+    target's own pick at every node (tree_accept), or, under `probabilistic` with random requests, by recursive
+    rejection sampling against the drafter's probabilities (tree_rejection_sample). Only position-independent
+    processing applies (allowed ids, logit bias): the engine verifies the top-1 path as a chain where a request
+    needs more."""
+    tree = spec.tree
+    b, n, v = len(reqs), tree.size + 1, logits.shape[-1]
+    # [B][1 + N]
+    nodes = [[r.last_token_id] + toks for r, toks in zip(reqs, spec.draft_token_ids)]
+    if any(r.disallowed is not None or r.logit_bias_ids is not None for r in reqs):
+        logits = logits.clone()
+        constrain_tokens(logits.view(b, n, v), reqs, [[] for _ in reqs])
+    params = [r.params for r in reqs]
+    argmax = S.greedy(logits)
+    dev = argmax.device
+    tok = torch.tensor(nodes, device=dev)
+    probs = greedy = None
+    if not all(p.is_greedy for p in params):
+        st = S.SamplingTensors.from_params(params, dev, v).repeat_interleave([n] * b)
+        probs, greedy = S.logits_to_probs(logits, st), st.is_greedy
+    if probs is not None and rule.method == "probabilistic":
+        # greedy rows: one-hot at the argmax, their walk then follows the argmax
+        target = torch.where(greedy[:, None], torch.nn.functional.one_hot(argmax, v).to(probs.dtype), probs)
+        sampled = ~greedy.view(b, n)[:, 0]
+        if spec.draft_probs is None:
+            sampled = torch.zeros_like(sampled)
+        gens = [r.generator for r in reqs]
+        uniform = draw_uniform((b, n), gens, dev)
+        bonus_u = S.draw_row_uniforms([1] * b, gens, dev, generator)
+        children = tree.children().to(dev)
+        args = (
+            tok,
+            target.view(b, n, v),
+            spec.draft_probs,
+            sampled,
+            children,
+            tree.max_depth,
+            uniform,
+            bonus_u,
+        )
+        deepest, bonus = tree_rejection_sample(*args)
+        on_path = tree.ancestors.to(dev)[torch.arange(b, device=dev), deepest]
+    else:
+        depth = tree.depth.to(dev)
+        # a node's pick reads the uniform of its position (depth), as plain decoding there would
+        sample_u = None if probs is None else S.position_uniforms_of(reqs, depth).view(-1)
+        # [B, 1 + N] the target's own pick at every node
+        picks = S.greedy_or_sample(argmax, probs, sample_u, greedy).view(b, n)
+        deepest, on_path = tree_accept(tok, picks, tree.parent.to(dev), tree.ancestors.to(dev), depth)
+        bonus = picks.gather(1, deepest[:, None]).squeeze(1)
+    # the step's host sync
+    on_l, bonus_l = on_path.tolist(), bonus.tolist()
+    emitted = [
+        [t for t, on in zip(toks[1:], on[1:]) if on] + [x] for toks, on, x in zip(nodes, on_l, bonus_l)
+    ]
+    return StepTokens(emitted, [len(e) - 1 for e in emitted], None, n, on_l)

@@ -8,8 +8,7 @@ serving.
 The engine thread is also where the server loads the model (`on_engine_thread`): every kernel call then starts its
 parallel regions from one OS thread. libgomp keeps a worker pool per thread that starts parallel regions; with a
 second pool (model loaded on the main thread, steps on another) it counts more threads than CPUs on a small
-machine and lets its workers sleep between regions (benchmarks/serve_load.py, 2 cores: 44.8 vs 117.0 tok/s at
-concurrency 1 before / after).
+machine and lets its workers sleep between regions (benchmarks/serve_load.py measures the difference).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ every five minutes), writes the draft. Rerun it after an interruption and both h
 3. Training-time test (`step_logits`): step 1 reads (x_{p+1}, fc(aux_p)) at position p and predicts label[p + 1];
    step k reads (x_{p+k}, the step k-1 output of the same base p) at position p + k - 1 and predicts label[p + k],
    attending to the step-1 entries 0..p and to its own base's entries of steps 2..k: exactly the entries the
-   proposer's KV cache holds when it drafts k tokens after committed position p (spec/eagle.py).
+   proposer's KV cache holds when it drafts k tokens after committed position p (proposers/eagle.py).
 4. `save`: config.json (Llama-style, `LlamaForCausalLMEagle3`, `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`)
    and model.safetensors (`fc`, `midlayer.*`, `norm`, `lm_head`, `d2t`); the target's embedding is not copied.
    OUT/training.json records the arguments, the data's manifest and the losses.
@@ -437,26 +437,10 @@ def train(
     torch.manual_seed(seed)
     cfg = target.cfg
     ids, t2d = draft_vocabulary(samples, draft_vocab, cfg.vocab_size)
-    model = Eagle3Trainable(cfg, len(ids), samples[0].aux.shape[-1] // 3)
-    with torch.no_grad():
-        q = target.lm_head.qweight
-        # [V, H]
-        head = q.dequantize() if q is not None else target.lm_head.weight
-        model.lm_head.copy_(head.float()[ids])
-        model.norm.copy_(target.norm.weight.float())
+    model = _draft_from_target(target, ids, samples[0].aux.shape[-1] // 3)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     total = epochs * len(samples)
-    info = {"done": 0, "seen": 0, "history": [], "epoch_losses": [], "curve": []}
-    if state_dir is not None:
-        resumed = _load_state(state_dir, model, opt)
-        if resumed is not None:
-            if resumed.get("total") != total:
-                raise ValueError(
-                    f"{state_dir} holds a run of {resumed.get('total')} steps, not {total}: other data or "
-                    "epochs; remove the folder to start over"
-                )
-            info = resumed
-    info["total"] = total
+    info = _resume(state_dir, model, opt, total)
     # warm-up then cosine, counted from the first step of the run (a resumed run starts at info["done"])
     done = info["done"]
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -465,21 +449,7 @@ def train(
     t0, saved = time.perf_counter(), time.perf_counter()
 
     def score() -> None:
-        # labels outside the draft vocabulary map to -1, which no argmax equals
-        acc, walk = scores(chain_lengths(model, eval_samples, target, t2d, steps, bf16), steps)
-        info["curve"].append(
-            {
-                "positions": info["seen"],
-                "acceptance": [round(a, 4) for a in acc],
-                "engine_length": round(walk, 4),
-            }
-        )
-        with bar.external_write_mode():
-            print(
-                f"held-out after {info['seen']} positions: acceptance {' / '.join(f'{a:.3f}' for a in acc)}, "
-                f"mean acceptance length at K={steps} {1 + sum(acc):.2f} per base, {walk:.2f} per engine step",
-                flush=True,
-            )
+        _score(model, eval_samples, target, t2d, steps, bf16, info, bar)
 
     bar = progress.bar(total=total, desc="training", unit="seq", initial=info["done"])
     while info["done"] < total:
@@ -488,22 +458,7 @@ def train(
         losses = info.setdefault("epoch_losses", [])
         for i in range(start, len(samples)):
             s = samples[order[i]]
-            embeds = target_embeds(target, s.tokens)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = model.step_logits(embeds, s.aux.float(), steps)
-            loss = 0.0
-            for k, lg in enumerate(logits, start=1):
-                # -1: outside the draft vocabulary (ignored)
-                lab = t2d[s.labels[k : k + lg.shape[0]]]
-                # only answer tokens count: label index j = p + k predicts position j + 1
-                lab[: max(0, s.start - k)] = -1
-                loss = loss + (0.8 ** (k - 1)) * F.cross_entropy(lg.float(), lab, ignore_index=-1)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
+            losses.append(_train_step(model, opt, sched, target, s, t2d, steps, bf16))
             info["done"] += 1
             info["seen"] += len(s.tokens)
             bar.update()
@@ -529,6 +484,73 @@ def train(
     if state_dir is not None:
         _save_state(state_dir, model, opt, info)
     return model, ids - torch.arange(len(ids)), info["history"]
+
+
+def _score(model, eval_samples: list[Sample], target, t2d, steps: int, bf16: bool, info: dict, bar) -> None:
+    """The held-out acceptance now, appended to the run's learning curve and printed above the progress bar."""
+    # labels outside the draft vocabulary map to -1, which no argmax equals
+    acc, walk = scores(chain_lengths(model, eval_samples, target, t2d, steps, bf16), steps)
+    point = {
+        "positions": info["seen"],
+        "acceptance": [round(a, 4) for a in acc],
+        "engine_length": round(walk, 4),
+    }
+    info["curve"].append(point)
+    with bar.external_write_mode():
+        print(
+            f"held-out after {info['seen']} positions: acceptance {' / '.join(f'{a:.3f}' for a in acc)}, "
+            f"mean acceptance length at K={steps} {1 + sum(acc):.2f} per base, {walk:.2f} per engine step",
+            flush=True,
+        )
+
+
+def _draft_from_target(target, ids: torch.Tensor, hidden: int) -> Eagle3Trainable:
+    """A new draft whose LM head holds the target's rows of the draft vocabulary and whose final norm is the
+    target's."""
+    model = Eagle3Trainable(target.cfg, len(ids), hidden)
+    with torch.no_grad():
+        q = target.lm_head.qweight
+        # [V, H]
+        head = q.dequantize() if q is not None else target.lm_head.weight
+        model.lm_head.copy_(head.float()[ids])
+        model.norm.copy_(target.norm.weight.float())
+    return model
+
+
+def _resume(state_dir: Path | None, model: Eagle3Trainable, opt, total: int) -> dict:
+    """The run's progress: loaded from state_dir (model and optimizer too) when it holds this run, else new."""
+    info = {"done": 0, "seen": 0, "history": [], "epoch_losses": [], "curve": []}
+    resumed = _load_state(state_dir, model, opt) if state_dir is not None else None
+    if resumed is not None:
+        if resumed.get("total") != total:
+            raise ValueError(
+                f"{state_dir} holds a run of {resumed.get('total')} steps, not {total}: other data or "
+                "epochs; remove the folder to start over"
+            )
+        info = resumed
+    info["total"] = total
+    return info
+
+
+def _train_step(model, opt, sched, target, s: Sample, t2d: torch.Tensor, steps: int, bf16: bool) -> float:
+    """One optimizer step on one sequence: the draft unrolled `steps` times, each step's loss weighted 0.8^(k-1).
+    -> the loss."""
+    embeds = target_embeds(target, s.tokens)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model.step_logits(embeds, s.aux.float(), steps)
+    loss = 0.0
+    for k, lg in enumerate(logits, start=1):
+        # -1: outside the draft vocabulary (ignored)
+        lab = t2d[s.labels[k : k + lg.shape[0]]]
+        # only answer tokens count: label index j = p + k predicts position j + 1
+        lab[: max(0, s.start - k)] = -1
+        loss = loss + (0.8 ** (k - 1)) * F.cross_entropy(lg.float(), lab, ignore_index=-1)
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return float(loss.detach())
 
 
 def write_q8_0(tensors: dict[str, torch.Tensor], path: Path) -> None:

@@ -1,0 +1,80 @@
+"""`verispec serve`'s command line (verispec/server/cli.py): flag > config file > environment, and bad flags exit 2
+with one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import NGRAM, ROOT
+
+
+def test_cli_config_resolution(tmp_path, monkeypatch):
+    import argparse
+
+    from verispec.cli import build_parser
+    from verispec.server.cli import add_serve_args, resolve_config
+
+    monkeypatch.setenv("VERISPEC_API_KEY", "from-env")
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "port: 9001\nmax_num_seqs: 3\nspeculative-config:\n  method: ngram\n"
+        "  num_speculative_tokens: 2\nserved-model-name: a\n"
+    )
+    p = argparse.ArgumentParser()
+    add_serve_args(p)
+    cfg = resolve_config(p.parse_args(["m", "--config", str(cfg_file), "--port", "9002"]))
+    assert (cfg.engine.model, cfg.engine.max_num_seqs) == ("m", 3)
+    assert (cfg.port, cfg.served_model_name) == (9002, ["a"])
+    assert cfg.engine.speculative_config == {"method": "ngram", "num_speculative_tokens": 2}
+    assert cfg.api_key == "from-env" and cfg.host == "127.0.0.1"
+    cfg = resolve_config(
+        p.parse_args(["--config", str(cfg_file), "-sc", json.dumps(NGRAM), "--api-key", "k"])
+    )
+    assert cfg.engine.speculative_config == NGRAM and cfg.api_key == "k"
+    assert cfg.engine.model == "smollm2-135m-instruct"
+    bad = tmp_path / "bad.yaml"
+    for text, needle in [
+        ("max_num_seq: 3\n", "unknown option"),
+        ("port: eighty\n", "integer"),
+        ("speculative-config: [1]\n", "mapping"),
+        ("- a\n", "mapping"),
+        ("a: [\n", "YAML"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(ValueError, match=needle):
+            resolve_config(p.parse_args(["--config", str(bad)]))
+    # the main CLI's subcommand
+    args = build_parser().parse_args(["serve", "m", "--port", "1234", "-sc", "{}"])
+    assert args.port == 1234 and callable(args.func)
+
+
+def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("no_such_option: 1\n")
+    cases = [
+        ["--port", "eighty"],
+        ["m", "-sc", "{not json"],
+        ["m", "--config", str(bad)],
+        [str(tmp_path / "missing-model")],
+        ["m", "--per-request-spec-decode-metrics", "summary"],
+        ["m", "--shutdown-timeout", "-1"],
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "verispec.server.cli", *c],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for c in cases
+    ]
+    for c, proc in zip(cases, procs):
+        out, err = proc.communicate(timeout=120)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert proc.returncode == 2, (c, err)
+        assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in err, (c, err)
