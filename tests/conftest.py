@@ -7,11 +7,12 @@ import os
 import pytest
 import torch
 
-# Without a GPU, cuda_ops' Triton kernels run through Triton's interpreter (tests/unit/test_cuda_ops.py); the
+# Without a GPU, cuda_ops' Triton kernels run through Triton's interpreter (tests/unit/kernels/test_cuda_ops.py); the
 # switch is read when Triton is imported, so it comes before verispec
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+from tests.helpers import ARCHS
 from tests.tiny_models import write_tiny_checkpoint
 from verispec.engine import builder
 from verispec.planner.goodput import DraftPlanner
@@ -23,8 +24,6 @@ from verispec.planner.step_cost import StepCostModel
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _workers > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _workers))
-
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 
 class FrozenStepCost(StepCostModel):

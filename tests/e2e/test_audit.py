@@ -53,7 +53,7 @@ def _break_verifier(monkeypatch, sampled_only: bool) -> None:
 
         return wrapper
 
-    # every step through those rules: the host path calls the same kernels (tests/unit/test_sample_step.py)
+    # every step through those rules: the host path calls the same kernels (tests/unit/sample/test_step.py)
     monkeypatch.setattr(step, "_host_step", lambda *args, **kw: None)
     names = ("rejection_sample", "_fused") if sampled_only else ("rejection_sample", "_fused", "_greedy")
     for name in names:

@@ -3,24 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
+from tests import helpers
 from verispec import LLM, SamplingParams
-from verispec.audit import chi2_pvalue, second_token_law
 from verispec.metrics import Counter, Vector
 
 BATCHES = (1, 4, 16)
-
-
-def _prompts(n: int, seed: int = 0) -> list[dict]:
-    """Mixed-length prompts with repeated spans so that n-gram drafts exist and get both accepted and rejected."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        motif = torch.randint(3, 300, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
-        noise = torch.randint(3, 300, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
-        out.append({"prompt_token_ids": noise + motif * 4 + noise[:3]})
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +17,7 @@ def reference(tiny_llama):
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     return {
-        b: [o.outputs[0].token_ids for o in llm.generate(_prompts(b, seed=b), sp, use_tqdm=False)]
+        b: [o.outputs[0].token_ids for o in llm.generate(helpers.prompts(b, seed=b), sp, use_tqdm=False)]
         for b in BATCHES
     }
 
@@ -54,7 +42,7 @@ def test_greedy_equality(tiny_llama, tiny_draft, reference, method, k):
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     for b in BATCHES:
-        outs = llm.generate(_prompts(b, seed=b), sp, use_tqdm=False)
+        outs = llm.generate(helpers.prompts(b, seed=b), sp, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == reference[b], f"{method} k={k} batch={b}"
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens > 0
@@ -70,7 +58,7 @@ def test_stop_inside_accepted_draft(tiny_llama, reference):
     plain = reference[4]
     cfg = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 5}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    prompts = _prompts(4, seed=4)
+    prompts = helpers.prompts(4, seed=4)
     for i, p in enumerate(prompts):
         stop_id = plain[i][7]
         out = llm.generate(
@@ -89,7 +77,7 @@ def test_mixed_greedy_and_sampled_batch(tiny_llama, tiny_draft, reference):
         "rejection_sample_method": "probabilistic",
     }
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    prompts = _prompts(16, seed=16)
+    prompts = helpers.prompts(16, seed=16)
     sps = [
         SamplingParams(temperature=0 if i % 2 == 0 else 0.8, max_tokens=24, ignore_eos=True, seed=i)
         for i in range(16)
@@ -109,7 +97,9 @@ def test_greedy_equality_with_chunked_prefill(tiny_llama, tiny_draft, reference,
     llm = LLM(
         tiny_llama, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=8, speculative_config=cfg
     )
-    outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    outs = llm.generate(
+        helpers.prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
 
 
@@ -125,7 +115,7 @@ def test_greedy_equality_with_logit_bias_allowed_tokens_and_bad_words(tiny_llama
         # "a" is one token (67): banned at every verify position
         bad_words=["a", "the", "hello"],
     )
-    prompts = _prompts(4, seed=11)
+    prompts = helpers.prompts(4, seed=11)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16).generate(prompts, sp, use_tqdm=False)
     cfg = _spec_configs(tiny_llama, tiny_draft, 3)[method]
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
@@ -137,7 +127,9 @@ def test_greedy_equality_with_logit_bias_allowed_tokens_and_bad_words(tiny_llama
 def test_disable_by_batch_size(tiny_llama, reference):
     cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "disable_by_batch_size": 2}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    outs = llm.generate(
+        helpers.prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
     # only the first two requests speculate
     assert sum(o.num_draft_tokens > 0 for o in outs) == 2
@@ -146,7 +138,9 @@ def test_disable_by_batch_size(tiny_llama, reference):
 def test_metrics_and_per_request_counts(tiny_llama):
     cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    outs = llm.generate(_prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    outs = llm.generate(
+        helpers.prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
     m = {x.name: x for x in llm.get_metrics()}
     assert m["vllm:spec_decode_num_draft_tokens"].value == sum(o.num_draft_tokens for o in outs)
     assert m["vllm:spec_decode_num_accepted_tokens"].value == sum(o.num_accepted_tokens for o in outs)
@@ -162,7 +156,9 @@ def test_vllm_spec_decode_example_reads_the_metrics(tiny_llama):
     k = 3
     cfg = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    outs = llm.generate(_prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    outs = llm.generate(
+        helpers.prompts(6, seed=9), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
     num_drafts = num_draft_tokens = num_accepted_tokens = 0
     acceptance_counts = [0] * k
     for metric in llm.get_metrics():
@@ -197,21 +193,6 @@ def test_vllm_spec_decode_example_reads_the_metrics(tiny_llama):
 # ------------------------------------------------------------------ distribution
 
 
-def _assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000, max_tokens: int = 3) -> None:
-    """n sampled 3-token (max_tokens) generations of one prompt: the second output token (the first one speculation
-    produced) must follow the target's exact marginal, and the same test must reject a half-uniform mixture (its
-    power)."""
-    prompt = [11, 42, 7, 99, 5]
-    sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=max_tokens, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
-    v = llm.engine.runner.model.cfg.vocab_size
-    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
-    p2 = second_token_law(llm, prompt, SamplingParams(temperature=1.0, top_p=top_p))
-    assert chi2_pvalue(counts, p2) > 1e-4
-    uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)
-    assert chi2_pvalue(counts, uniform_mix / uniform_mix.sum()) < 1e-4
-
-
 @pytest.mark.parametrize(
     "method, top_p, block, parallel",
     [
@@ -244,7 +225,7 @@ def test_sampled_tokens_follow_target_distribution(
         seed=1234,
         spec_token_budget=1024,
     )
-    _assert_second_token_law(llm, top_p)
+    helpers.assert_second_token_law(llm, top_p)
     spec = llm.engine.counters.spec
     # the draft is poor but not useless
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
@@ -285,7 +266,7 @@ def test_strict_sampled_output_equals_plain_sampled_output(
         },
     }
     cfg = {**configs[method], "enable_adaptive_verification": adaptive}
-    prompts, params = _prompts(12, seed=3), _sampled_params(12)
+    prompts, params = helpers.prompts(12, seed=3), _sampled_params(12)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg, spec_token_budget=4096)
@@ -306,7 +287,7 @@ def test_probabilistic_sampled_output_differs_from_plain(tiny_llama, tiny_draft)
         **_spec_configs(tiny_llama, tiny_draft, 3)["draft_model_poor"],
         "rejection_sample_method": "probabilistic",
     }
-    prompts, params = _prompts(12, seed=3), _sampled_params(12)
+    prompts, params = helpers.prompts(12, seed=3), _sampled_params(12)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
@@ -333,7 +314,7 @@ def test_synthetic_acceptance_rate_is_the_mean_over_positions(tiny_llama, tiny_d
         tiny_llama, max_model_len=256, max_num_seqs=32, speculative_config=cfg, seed=7, spec_token_budget=1024
     )
     sp = SamplingParams(temperature=1.0, max_tokens=48, ignore_eos=True)
-    llm.generate(_prompts(32, seed=11), sp, use_tqdm=False)
+    llm.generate(helpers.prompts(32, seed=11), sp, use_tqdm=False)
     s = llm.engine.counters.spec
     # k drafts per step, fewer near max_tokens: each row is calibrated for its own draft count
     assert (
@@ -367,7 +348,7 @@ def test_vllm_spellings_keep_the_target_distribution(tiny_llama, tiny_draft, spe
     greedy_drafts = spelling.get("draft_sample_method") == "greedy"
     assert llm.engine.proposer.sample_drafts is not greedy_drafts
     assert llm.engine.proposer.keep_probs is not greedy_drafts
-    _assert_second_token_law(llm)
+    helpers.assert_second_token_law(llm)
     s = llm.engine.counters.spec
     assert 0 < s.num_accepted_tokens < s.num_draft_tokens
 
@@ -375,7 +356,7 @@ def test_vllm_spellings_keep_the_target_distribution(tiny_llama, tiny_draft, spe
 def test_greedy_draft_sampling_drafts_the_argmax(tiny_llama, tiny_draft):
     """draft_sample_method 'greedy': a sampled request's drafts are the draft model's argmax continuation."""
     cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 3}
-    prompt = _prompts(1, seed=2)
+    prompt = helpers.prompts(1, seed=2)
     sp = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=9)
     drafts = {}
     for mode in ("greedy", "probabilistic"):
@@ -420,7 +401,7 @@ def test_block_and_entropy_verify_leave_greedy_output_unchanged(tiny_llama, tiny
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     sampled = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True, seed=3)
-    outs = llm.generate(_prompts(4, seed=4), [greedy, sampled, greedy, greedy], use_tqdm=False)
+    outs = llm.generate(helpers.prompts(4, seed=4), [greedy, sampled, greedy, greedy], use_tqdm=False)
     assert [outs[i].outputs[0].token_ids for i in (0, 2, 3)] == [reference[4][i] for i in (0, 2, 3)]
     assert len(outs[1].outputs[0].token_ids) == 24 and outs[1].num_draft_tokens > 0
 
@@ -429,7 +410,7 @@ def test_block_and_entropy_verify_leave_greedy_output_unchanged(tiny_llama, tiny
 def test_suffix_greedy_equality_and_learning(tiny_llama, batch):
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    prompts = _prompts(batch, seed=30 + batch)
+    prompts = helpers.prompts(batch, seed=30 + batch)
     ref = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
     cfg = {"method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_cached_requests": 100}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
@@ -445,7 +426,7 @@ def test_suffix_greedy_equality_and_learning(tiny_llama, batch):
 
 def test_logprobs_with_speculation_equal_plain(tiny_llama):
     sp = SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True)
-    prompts = _prompts(3, seed=40)
+    prompts = helpers.prompts(3, seed=40)
     plain = LLM(tiny_llama, max_model_len=256).generate(prompts, sp, use_tqdm=False)
     cfg = {"method": "draft_model", "model": tiny_llama, "num_speculative_tokens": 3}
     spec = LLM(tiny_llama, max_model_len=256, speculative_config=cfg).generate(prompts, sp, use_tqdm=False)
@@ -460,7 +441,9 @@ def test_draft_max_model_len_stops_drafting(tiny_llama, reference):
     """speculative_config.max_model_len: requests longer than it decode without drafts (still lossless)."""
     cfg = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "max_model_len": 20}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    outs = llm.generate(_prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    outs = llm.generate(
+        helpers.prompts(4, seed=4), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    )
     assert [o.outputs[0].token_ids for o in outs] == reference[4]
     long_prompts = [o for o in outs if len(o.prompt_token_ids) >= 19]
     assert long_prompts and all(o.num_draft_tokens == 0 for o in long_prompts)
@@ -497,7 +480,7 @@ def test_medusa_sampled_with_probabilistic_runs(tiny_llama, tiny_medusa):
     }
     llm = LLM(tiny_llama, max_model_len=256, speculative_config=cfg)
     sp = SamplingParams(temperature=0.8, max_tokens=16, ignore_eos=True, seed=1)
-    a = llm.generate(_prompts(2), sp, use_tqdm=False)
+    a = llm.generate(helpers.prompts(2), sp, use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 16 for o in a)
 
 
@@ -564,7 +547,7 @@ def test_mtp_greedy_equality(tiny_mimo, k, batch, tree):
     llm = LLM(tiny_mimo, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     assert llm.engine.opts.num_speculative_tokens == (k or 1)
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    prompts = _prompts(batch, seed=batch)
+    prompts = helpers.prompts(batch, seed=batch)
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
     assert llm.engine.counters.spec.num_draft_tokens > 0
@@ -589,7 +572,7 @@ def test_parallel_drafting_greedy_equality(tiny_llama, tiny_pard_draft, referenc
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
     assert llm.engine.proposer.mask_token == 3
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(batch, seed=batch), sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[batch]
     assert llm.engine.counters.spec.num_draft_tokens > 0
 
@@ -612,7 +595,7 @@ def test_parallel_self_draft_first_draft_is_always_right(tiny_llama, tmp_path):
     }
     llm = LLM(tiny_llama, max_model_len=256, speculative_config=spec)
     out = llm.generate(
-        _prompts(1), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False
+        helpers.prompts(1), SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False
     )[0]
     stats = llm.engine.counters.spec
     assert out.num_accepted_tokens >= stats.num_drafts > 0
@@ -682,7 +665,7 @@ def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_throu
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=spec, spec_token_budget=32)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    prompts = _prompts(batch, seed=batch + 40)
+    prompts = helpers.prompts(batch, seed=batch + 40)
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
     stats = llm.engine.counters.spec
@@ -709,7 +692,7 @@ def test_request_output_spec_decode_metrics_add_up_to_the_engine_counters(
         speculative_config=spec | {"speculative_token_tree": tree},
     )
     sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    outs = llm.generate(_prompts(3, seed=7) + [{"prompt_token_ids": [5, 6, 7]}], sp, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(3, seed=7) + [{"prompt_token_ids": [5, 6, 7]}], sp, use_tqdm=False)
     ms = [o.spec_decode_metrics for o in outs]
     for o, m in zip(outs, ms):
         assert (m.num_draft_tokens, m.num_accepted_tokens) == (o.num_draft_tokens, o.num_accepted_tokens)
@@ -737,7 +720,7 @@ def test_token_tree_sampled_tokens_follow_target_distribution(tiny_llama, pass_t
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
     )
-    _assert_second_token_law(llm, max_tokens=4)
+    helpers.assert_second_token_law(llm, max_tokens=4)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
 
 
@@ -797,10 +780,10 @@ def test_token_tree_probabilistic_follows_target_distribution(tiny_llama, pass_t
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=7, spec_token_budget=4096
     )
-    _assert_second_token_law(llm, max_tokens=4)
+    helpers.assert_second_token_law(llm, max_tokens=4)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
     # 3 tokens: the step after the prompt has room for one level only; its chain of first draws carries q
-    _assert_second_token_law(llm, max_tokens=3)
+    helpers.assert_second_token_law(llm, max_tokens=3)
 
 
 def test_token_tree_probabilistic_accepts_more_than_the_strict_walk(tiny_llama, pass_through_eagle):
@@ -825,7 +808,7 @@ def test_token_tree_probabilistic_accepts_more_than_the_strict_walk(tiny_llama, 
             seed=5,
             spec_token_budget=4096,
         )
-        llm.generate(_prompts(32, seed=9), sp, use_tqdm=False)
+        llm.generate(helpers.prompts(32, seed=9), sp, use_tqdm=False)
         accepted[method] = _mean_accepted(llm)
     assert accepted["probabilistic"] > 0.5 > 0.2 > accepted["strict"]
 
@@ -847,7 +830,7 @@ def test_dynamic_tree_follows_target_distribution(tiny_llama, tiny_eagle, method
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=spec, seed=3, spec_token_budget=4096
     )
-    _assert_second_token_law(llm, max_tokens=4)
+    helpers.assert_second_token_law(llm, max_tokens=4)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
 
 
@@ -882,7 +865,7 @@ def test_dynamic_tree_greedy_equality(request, tiny_llama, monkeypatch, drafter,
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=spec)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    prompts = _prompts(batch, seed=batch + 60)
+    prompts = helpers.prompts(batch, seed=batch + 60)
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, sp, use_tqdm=False)]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == expected
     stats = llm.engine.counters.spec
@@ -924,7 +907,7 @@ def test_model_drafter_greedy_equality(request, tiny_llama, reference, method, k
             0,
         )
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    outs = llm.generate(_prompts(batch, seed=batch), sp, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(batch, seed=batch), sp, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == reference[batch]
     assert llm.engine.counters.spec.num_draft_tokens > 0
 
@@ -1004,5 +987,5 @@ def test_model_drafter_sampled_tokens_follow_target_distribution(request, tiny_l
         seed=11,
         spec_token_budget=1024,
     )
-    _assert_second_token_law(llm)
+    helpers.assert_second_token_law(llm)
     assert llm.engine.counters.spec.num_draft_tokens > 0

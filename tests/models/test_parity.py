@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import ARCHS
+from tests.helpers import ARCHS
 from verispec.loader.checkpoint import load_checkpoint
 from verispec.runner.kv_cache import KVCache
 from verispec.runner.model_runner import ModelRunner, RowInput

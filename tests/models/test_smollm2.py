@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import CHAT_PROMPTS
 from verispec import LLM, SamplingParams
 
-PROMPTS = ["Write a haiku about CPUs.", "What is the capital of France?", "def fibonacci(n):"]
 NEW = 24
 
 
@@ -24,7 +24,7 @@ def smol_prompts(smol) -> list[list[int]]:
     tok = smol.tokenizer
     return [
         tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
-        for p in PROMPTS
+        for p in CHAT_PROMPTS
     ]
 
 

@@ -3,15 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
+from tests import helpers
 from verispec import LLM, SamplingParams
-
-
-def _prompts(n: int, seed: int = 0) -> list[dict]:
-    g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(2, 60, (n,), generator=g).tolist()
-    return [{"prompt_token_ids": torch.randint(3, 300, (k,), generator=g).tolist()} for k in lens]
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +18,7 @@ def _ids(outs) -> list[list[int]]:
 
 
 def test_greedy_batch_invariance(llm):
-    prompts = _prompts(16)
+    prompts = helpers.random_prompts(16)
     sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     batched = _ids(llm.generate(prompts, sp, use_tqdm=False))
     alone = [_ids(llm.generate(p, sp, use_tqdm=False))[0] for p in prompts]
@@ -32,7 +26,7 @@ def test_greedy_batch_invariance(llm):
 
 
 def test_seeded_sampling_batch_invariance(llm):
-    prompts = _prompts(16, seed=1)
+    prompts = helpers.random_prompts(16, seed=1)
     sps = [
         SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12, seed=100 + i, ignore_eos=True)
         for i in range(16)
@@ -48,7 +42,7 @@ def test_chunked_prefill_matches_one_pass(tiny_llama, llm):
     """Prompts longer than max_num_batched_tokens go in chunks (some steps need no logits at all): the same tokens
     as a one-pass prefill."""
     chunked = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, max_num_batched_tokens=16)
-    prompts = _prompts(6, seed=3) + [{"prompt_token_ids": list(range(5, 105))}]
+    prompts = helpers.random_prompts(6, seed=3) + [{"prompt_token_ids": list(range(5, 105))}]
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     assert _ids(chunked.generate(prompts, sp, use_tqdm=False)) == _ids(
         llm.generate(prompts, sp, use_tqdm=False)
@@ -57,7 +51,9 @@ def test_chunked_prefill_matches_one_pass(tiny_llama, llm):
 
 def test_more_requests_than_slots_are_queued(tiny_llama):
     small = LLM(tiny_llama, max_model_len=128, max_num_seqs=3)
-    outs = small.generate(_prompts(10, seed=2), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    outs = small.generate(
+        helpers.random_prompts(10, seed=2), SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )
     assert [len(o.outputs[0].token_ids) for o in outs] == [5] * 10
     assert small.engine.cache.num_free == 3
 
@@ -75,7 +71,7 @@ def test_text_prompts_chat_and_order(llm):
 
 
 def test_stop_rules(llm):
-    p = _prompts(1, seed=3)[0]
+    p = helpers.random_prompts(1, seed=3)[0]
     free = llm.generate(p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True), use_tqdm=False)[0]
     toks = free.outputs[0].token_ids
     stop_id = toks[5]
@@ -114,7 +110,7 @@ def test_stop_rules(llm):
 
 
 def test_logit_bias_and_allowed_token_ids(llm):
-    p = _prompts(1, seed=6)[0]
+    p = helpers.random_prompts(1, seed=6)[0]
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     toks = llm.generate(p, greedy)[0].outputs[0].token_ids
 
@@ -157,7 +153,7 @@ def test_logit_bias_and_allowed_token_ids(llm):
 def test_eos_and_min_tokens(llm):
     eos = llm.engine.eos_token_ids[0]
     # find a prompt whose greedy continuation hits EOS under a forced bias: use stop at EOS via stop_token_ids
-    p = _prompts(1, seed=4)[0]
+    p = helpers.random_prompts(1, seed=4)[0]
     out = llm.generate(p, SamplingParams(temperature=0, max_tokens=6, min_tokens=6, stop_token_ids=[eos]))[0]
     assert len(out.outputs[0].token_ids) == 6 and eos not in out.outputs[0].token_ids
 
@@ -173,7 +169,7 @@ def test_max_model_len_stops(tiny_llama):
 
 
 def test_logprobs_and_n(llm):
-    p = _prompts(1, seed=5)[0]
+    p = helpers.random_prompts(1, seed=5)[0]
     out = llm.generate(p, SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True))[0]
     lps = out.outputs[0].logprobs
     assert len(lps) == 4
@@ -190,7 +186,7 @@ def test_logprobs_and_n(llm):
 def test_prompt_logprobs(tiny_llama, llm):
     """One entry per prompt token (None first), holding the prompt token with its rank: each equals the logprob a
     1-token generation from that prefix gives the token; the same in chunks; the generated tokens do not change."""
-    p = _prompts(1, seed=8)[0]
+    p = helpers.random_prompts(1, seed=8)[0]
     ids = p["prompt_token_ids"]
     greedy = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     out = llm.generate(p, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True, prompt_logprobs=2))[0]

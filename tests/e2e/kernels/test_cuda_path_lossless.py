@@ -1,7 +1,7 @@
 """The CUDA path's wiring, run on the CPU: with `cuda_ops.applies` true for CPU tensors, a bfloat16 model runs every
 product, norm and attention through verispec/kernels/cuda_ops.py (its Triton kernels under Triton's interpreter),
 with the masks, padded layouts, sliding windows and token trees the engine builds. Speculative greedy output must
-equal plain output there as on the GPU (tests/unit/test_cuda_ops.py checks the kernels themselves there)."""
+equal plain output there as on the GPU (tests/unit/kernels/test_cuda_ops.py checks the kernels themselves there)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import BFLOAT16_SAFE_PROMPTS
 from tests.tiny_models import write_tiny_eagle
 from verispec import LLM, SamplingParams
 from verispec.kernels import cuda_ops
 
 TREE = "[(0,), (1,), (2,), (0, 0), (1, 0)]"
-PROMPTS = [
-    {"prompt_token_ids": [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]},
-    {"prompt_token_ids": [11, 12, 13, 11, 12, 13, 11]},
-]
 
 
 @pytest.fixture
@@ -42,7 +39,7 @@ def cuda_path(triton_interpreter, monkeypatch):
 
 def _greedy(llm: LLM) -> list[list[int]]:
     sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp, use_tqdm=False)]
+    return [o.outputs[0].token_ids for o in llm.generate(BFLOAT16_SAFE_PROMPTS, sp, use_tqdm=False)]
 
 
 def _float32_greedy(model: str) -> list[list[int]]:

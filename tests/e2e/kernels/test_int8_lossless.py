@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.e2e.test_spec_lossless import _prompts
+from tests import helpers
 from verispec import LLM, SamplingParams
 from verispec.kernels.build import int8_isa
 from verispec.kernels.qweight import GROUP, QK, float_layout
@@ -38,7 +38,7 @@ def reference(tiny_gguf):
         assert fmts == want, fmts
         assert llm.ckpt.model.fused is not None
         out[dtype] = {
-            b: [o.outputs[0].token_ids for o in llm.generate(_prompts(b, b), SP, use_tqdm=False)]
+            b: [o.outputs[0].token_ids for o in llm.generate(helpers.prompts(b, b), SP, use_tqdm=False)]
             for b in BATCHES
         }
     return out
@@ -107,7 +107,7 @@ def test_int8_greedy_equality(
         speculative_config=cfg,
     )
     for b in BATCHES:
-        outs = llm.generate(_prompts(b, b), SP, use_tqdm=False)
+        outs = llm.generate(helpers.prompts(b, b), SP, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == reference[activation_dtype][b], f"{method} batch={b}"
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens > 0
@@ -135,7 +135,7 @@ def test_int8_modules_equal_fused_layers(tiny_gguf, reference, monkeypatch):
     llm = LLM(tiny_gguf, device="cpu", max_model_len=256, max_num_seqs=4, activation_dtype="int8")
     assert llm.ckpt.model.fused is None
     for b in BATCHES:
-        outs = llm.generate(_prompts(b, b), SP, use_tqdm=False)
+        outs = llm.generate(helpers.prompts(b, b), SP, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == reference["int8"][b]
 
 
@@ -203,7 +203,7 @@ def test_q6_k_target(tiny_q6_k_gguf, activation_dtype, fmt, monkeypatch):
     fmts = {m.qweight.fmt for m in llm.ckpt.model.modules() if getattr(m, "qweight", None) is not None}
     assert fmts == {fmt}
     assert llm.ckpt.model.fused is not None
-    prompts = _prompts(4, 11)
+    prompts = helpers.prompts(4, 11)
     ref = [o.outputs[0].token_ids for o in llm.generate(prompts, SP, use_tqdm=False)]
     for cfg in (
         {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3},

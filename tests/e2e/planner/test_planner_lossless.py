@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.e2e.test_spec_lossless import _assert_second_token_law, _prompts
+from tests import helpers
 from verispec import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
@@ -14,7 +14,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_llama):
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
-    return [o.outputs[0].token_ids for o in llm.generate(_prompts(16), GREEDY, use_tqdm=False)]
+    return [o.outputs[0].token_ids for o in llm.generate(helpers.prompts(16), GREEDY, use_tqdm=False)]
 
 
 def _configs(tiny_draft):
@@ -31,7 +31,7 @@ def test_planned_lengths_keep_greedy_output(tiny_llama, tiny_draft, plain_output
     """A verified row costs 3% of a plain step: the planner verifies some drafts and skips others."""
     cfg = _configs(tiny_draft)[method]
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(16), GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == plain_outputs
     planner, spec = llm.engine.planner, llm.engine.counters.spec
     assert planner is not None and spec.num_draft_tokens > 0
@@ -43,7 +43,7 @@ def test_rows_as_costly_as_a_step_are_not_verified(tiny_llama, plain_outputs):
     """An extra row costs a whole plain step: no draft pays, only the periodic one-draft probes run."""
     cfg = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(16), GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == plain_outputs
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens == spec.num_drafts
@@ -55,14 +55,16 @@ def test_an_idle_stretch_runs_plain_steps_without_the_drafter(tiny_llama):
     """Where no draft pays, most steps of the idle stretch are skipped: the drafter is not called for them, nothing
     is verified, and the output is plain decoding's."""
     params = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
-    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16).generate(_prompts(16), params, use_tqdm=False)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16).generate(
+        helpers.prompts(16), params, use_tqdm=False
+    )
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=_configs(None)["suffix"])
     eng = llm.engine
     calls, steps = [], []
     propose, decode = eng.proposer.propose, eng._decode
     eng.proposer.propose = lambda reqs, k: calls.append(len(steps)) or propose(reqs, k)
     eng._decode = lambda reqs: steps.append(len(reqs)) or decode(reqs)
-    outs = llm.generate(_prompts(16), params, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(16), params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in plain]
     # (the first IDLE_AFTER steps are planned, then at most one in IDLE_SKIP_MAX + 1)
     assert 0 < len(calls) < len(steps) / 2
@@ -74,7 +76,7 @@ def test_planned_lengths_keep_the_target_law(tiny_llama, tiny_draft):
     """Sampled requests with the planner choosing lengths: the first verified token follows the target's law."""
     cfg = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 2}
     llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=1234)
-    _assert_second_token_law(llm)
+    helpers.assert_second_token_law(llm)
     assert llm.engine.counters.spec.num_draft_tokens > 0
 
 
@@ -88,9 +90,11 @@ def test_fixed_k_drafts_every_position(tiny_llama, tiny_draft, plain_outputs):
         spec_token_budget=1024,
         speculative_config=cfg | {"enable_adaptive_verification": False},
     )
-    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(16), GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == plain_outputs
-    assert llm.engine.planner is None
+    from verispec.planner.fixed import FixedPlanner
+
+    assert isinstance(llm.engine.planner, FixedPlanner)
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens_per_pos[0] == spec.num_drafts
     assert spec.num_draft_tokens_per_pos[2] >= spec.num_drafts - 2 * 16
@@ -108,7 +112,7 @@ def test_per_batch_size_schedule_caps_the_drafts(tiny_llama, plain_outputs, adap
         "enable_adaptive_verification": adaptive,
     }
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
-    outs = llm.generate(_prompts(16), GREEDY, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(16), GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == plain_outputs
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens_per_pos[2:] == [0, 0]
@@ -116,7 +120,7 @@ def test_per_batch_size_schedule_caps_the_drafts(tiny_llama, plain_outputs, adap
     assert spec.num_drafts < 16 * GREEDY.max_tokens // 2
     schedule_off = {**cfg, "num_speculative_tokens_per_batch_size": [[1, 64, 0]]}
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=schedule_off)
-    llm.generate(_prompts(4), GREEDY, use_tqdm=False)
+    llm.generate(helpers.prompts(4), GREEDY, use_tqdm=False)
     assert llm.engine.counters.spec.num_drafts == 0
 
 
@@ -129,7 +133,7 @@ def test_real_profile_and_exported_figures(tiny_llama, tmp_path, monkeypatch):
     cost = llm.engine.planner.step_cost
     assert cost.rows[:4] == [1, 2, 3, 4] and all(s > 0 for s in cost.seconds)
     assert list((tmp_path / "step_cost").glob("*.json"))
-    llm.generate(_prompts(4), GREEDY, use_tqdm=False)
+    llm.generate(helpers.prompts(4), GREEDY, use_tqdm=False)
     metrics = {m.name: m for m in llm.get_metrics()}
     assert metrics["verispec:spec_decode_mean_chosen_k"].value >= 0.0
     assert metrics["verispec:spec_decode_verified_row_cost"].value >= 0.0
@@ -150,7 +154,7 @@ def test_dynamic_tree_node_budget_keeps_greedy_output(tiny_llama, tiny_eagle, ba
         "eagle_topk": 3,
         "num_draft_tokens": 8,
     }
-    prompts = _prompts(batch, seed=batch + 70)
+    prompts = helpers.prompts(batch, seed=batch + 70)
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=16)
     expected = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
     llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=cfg)
@@ -203,7 +207,7 @@ def test_a_closed_batch_weighs_tokens_by_the_time_they_save(tiny_llama, plain_ou
     planner.choose = spy
     lengths = [8 + i for i in range(16)]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
-    outs = llm.generate(_prompts(16), params, use_tqdm=False)
+    outs = llm.generate(helpers.prompts(16), params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == [p[:n] for p, n in zip(plain_outputs, lengths)]
     worths = [w for w in seen if w is not None]
     assert worths and min(min(w) for w in worths) < 1.0 and max(max(w) for w in worths) == 1.0
@@ -213,7 +217,7 @@ def test_a_closed_batch_weighs_tokens_by_the_time_they_save(tiny_llama, plain_ou
     for early_ends in (0, 10**6):
         seen.clear()
         llm.engine.early_ends = early_ends
-        outs = llm.generate(_prompts(16), may_stop, use_tqdm=False)
+        outs = llm.generate(helpers.prompts(16), may_stop, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in outs] == [
             p[: len(o.outputs[0].token_ids)] for p, o in zip(plain_outputs, outs)
         ]

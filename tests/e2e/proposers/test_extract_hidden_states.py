@@ -6,13 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import EDGE_LENGTH_PROMPTS
 from verispec import LLM, SamplingParams
-
-PROMPTS = [
-    {"prompt_token_ids": [5, 17, 9]},
-    {"prompt_token_ids": list(range(20, 47))},
-    {"prompt_token_ids": [3]},
-]
 
 
 def _llm(model: str, folder, layer_ids=(2, 0, 3), **kw) -> LLM:
@@ -32,7 +27,7 @@ def test_states_match_transformers_hidden_states(tiny_llama, tmp_path):
 
     # on the CPU in float32, like the transformers reference
     llm = _llm(tiny_llama, tmp_path / "hs", device="cpu")
-    outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    outs = llm.generate(EDGE_LENGTH_PROMPTS, SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     ref = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
     norm = llm.engine.runner.model.norm
     for out in outs:
@@ -55,9 +50,11 @@ def test_states_match_transformers_hidden_states(tiny_llama, tmp_path):
 def test_generated_tokens_chunked_prompts_and_plain_output(tiny_llama, tmp_path):
     plain = LLM(tiny_llama, max_model_len=128)
     sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    expected = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp, use_tqdm=False)]
-    whole = _llm(tiny_llama, tmp_path / "a").generate(PROMPTS, sp, use_tqdm=False)
-    chunked = _llm(tiny_llama, tmp_path / "b", max_num_batched_tokens=8).generate(PROMPTS, sp, use_tqdm=False)
+    expected = [o.outputs[0].token_ids for o in plain.generate(EDGE_LENGTH_PROMPTS, sp, use_tqdm=False)]
+    whole = _llm(tiny_llama, tmp_path / "a").generate(EDGE_LENGTH_PROMPTS, sp, use_tqdm=False)
+    chunked = _llm(tiny_llama, tmp_path / "b", max_num_batched_tokens=8).generate(
+        EDGE_LENGTH_PROMPTS, sp, use_tqdm=False
+    )
     for out, out_c, tokens in zip(whole, chunked, expected):
         # nothing is speculated: the output is plain decoding's
         assert out.outputs[0].token_ids == tokens
@@ -72,7 +69,7 @@ def test_default_layers_are_eagle3s(tiny_llama, tmp_path):
     llm = _llm(tiny_llama, tmp_path / "hs", layer_ids=None)
     # (2, L // 2, L - 3) for 3 layers
     assert llm.engine.proposer.layer_ids == (2, 1, 0)
-    out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    out = llm.generate(EDGE_LENGTH_PROMPTS[:1], SamplingParams(max_tokens=1), use_tqdm=False)[0]
     assert load_file(out.kv_transfer_params["hidden_states_path"])["hidden_states"].shape == (3, 3, 64)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_spec_lossless import _assert_second_token_law, _prompts
+from tests import helpers
 from tests.tiny_models import write_renamed_vocab_copy, write_sentencepiece_transplant, write_tiny_checkpoint
 from verispec import LLM, SamplingParams
 
@@ -50,7 +50,7 @@ def _greedy(llm: LLM, prompts: list[dict], sp: SamplingParams = GREEDY) -> list[
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("rule", ["strict", "probabilistic"])
 def test_greedy_equality_with_another_tokenizer(tiny_llama, sp_draft, k, rule):
-    prompts = {b: _prompts(b, seed=b) for b in (1, 4)}
+    prompts = {b: helpers.prompts(b, seed=b) for b in (1, 4)}
     plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=4)
     reference = {b: _greedy(plain, p) for b, p in prompts.items()}
     llm = LLM(
@@ -73,7 +73,7 @@ def test_parallel_drafting_with_another_tokenizer(tiny_llama, sp_draft, tmp_path
     shutil.copytree(sp_draft, folder)
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "pard_token": 7}))
-    prompts = _prompts(4, seed=5)
+    prompts = helpers.prompts(4, seed=5)
     reference = _greedy(LLM(tiny_llama, max_model_len=256, max_num_seqs=4), prompts)
     llm = LLM(
         tiny_llama,
@@ -86,7 +86,7 @@ def test_parallel_drafting_with_another_tokenizer(tiny_llama, sp_draft, tmp_path
     # sampled drafts from each mask position's own q, verified by probabilistic: the target's law
     cfg = hetero(str(folder), 2, parallel_drafting=True, rejection_sample_method="probabilistic")
     llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=1234)
-    _assert_second_token_law(llm)
+    helpers.assert_second_token_law(llm)
     assert llm.engine.counters.spec.num_accepted_tokens > 0
 
 
@@ -95,7 +95,7 @@ def test_the_same_model_under_other_ids_is_always_right(renamed_pair):
     target's tokens, so every draft is accepted. Without the key the same draft (same vocab_size) is read in the
     target's ids and almost never right, and the output is unchanged either way."""
     target, draft = renamed_pair
-    prompts = _prompts(4, seed=4)
+    prompts = helpers.prompts(4, seed=4)
     # every draft accepted needs a draft step and a verify step that round alike (batch-invariant kernels, CPU
     # and CUDA); the reference pins the CPU, so the runs it is compared with do too
     kw = dict(max_model_len=256, max_num_seqs=4, device="cpu")
@@ -118,7 +118,7 @@ def test_sampled_drafts_carry_their_exact_law(renamed_pair):
     cfg = hetero(draft, 3, rejection_sample_method="probabilistic", draft_sample_method="probabilistic")
     llm = LLM(target, max_model_len=64, max_num_seqs=32, speculative_config=cfg, seed=3)
     sp = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True)
-    llm.generate(_prompts(32, seed=5), sp, use_tqdm=False)
+    llm.generate(helpers.prompts(32, seed=5), sp, use_tqdm=False)
     spec = llm.engine.counters.spec
     assert spec.num_draft_tokens > 100
     assert spec.num_accepted_tokens >= 0.99 * spec.num_draft_tokens
@@ -133,7 +133,7 @@ def test_sampled_tokens_follow_target_distribution(tiny_llama, sp_draft, rule, d
     outside the intersection), and argmax drafts (q one-hot, vLLM's only mode here)."""
     cfg = hetero(sp_draft, 2, rejection_sample_method=rule, draft_sample_method=draft_sample)
     llm = LLM(tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=1234)
-    _assert_second_token_law(llm)
+    helpers.assert_second_token_law(llm)
     spec = llm.engine.counters.spec
     assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
 
@@ -142,7 +142,7 @@ def test_a_context_too_long_for_the_draft_cache_gets_no_drafts(tiny_llama, sp_dr
     """'Ġâ' (a space and a lone byte) is two tokens in the draft's vocabulary: 40 of them outgrow the draft's cache
     of max_model_len + lookahead positions, and that request decodes without drafts beside one that has them."""
     long = {"prompt_token_ids": [298] * 40}
-    short = _prompts(1, seed=9)[0]
+    short = helpers.prompts(1, seed=9)[0]
     sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     reference = _greedy(LLM(tiny_llama, max_model_len=64, max_num_seqs=2), [short, long], sp)
     cfg = hetero(sp_draft, 3, rejection_sample_method="probabilistic")

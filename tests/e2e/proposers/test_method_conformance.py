@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.helpers import REPEATED_SPAN_PROMPTS
 from verispec import LLM, SamplingParams
 from verispec.proposers.factory import SUPPORTED_METHODS
 
@@ -35,13 +36,6 @@ SETUPS = {
     "dflash": Setup(draft="tiny_dflash"),
 }
 
-# repeated spans, so that n-gram and suffix drafts exist and get both accepted and rejected
-PROMPTS = [
-    {"prompt_token_ids": [7, 40, 41, 42, 40, 41, 42, 40, 41, 42, 9]},
-    {"prompt_token_ids": [100, 5, 17, 9, 33, 5, 17, 9, 33, 5, 17]},
-    {"prompt_token_ids": list(range(20, 47)) + list(range(20, 30))},
-    {"prompt_token_ids": [3, 250, 251, 3, 250, 251, 3]},
-]
 SAMPLING = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
@@ -52,7 +46,7 @@ def plain_outputs():
 
     def get(target: str) -> list[list[int]]:
         if target not in cache:
-            outs = LLM(target, max_model_len=256).generate(PROMPTS, SAMPLING, use_tqdm=False)
+            outs = LLM(target, max_model_len=256).generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)
             cache[target] = [o.outputs[0].token_ids for o in outs]
         return cache[target]
 
@@ -82,7 +76,7 @@ def test_every_supported_method_has_a_setup():
 @pytest.mark.parametrize("method", SUPPORTED_METHODS)
 def test_greedy_output_equals_plain_decoding(request, tmp_path, plain_outputs, method):
     target, llm = _spec_llm(request, tmp_path, method)
-    outs = llm.generate(PROMPTS, SAMPLING, use_tqdm=False)
+    outs = llm.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == plain_outputs(target), method
     drafted = llm.engine.counters.spec.num_draft_tokens
     if SETUPS[method].kv_transfer:
@@ -97,7 +91,7 @@ def test_abort_mid_flight_leaves_the_other_requests_unchanged(request, tmp_path,
     batch: every output that finishes is plain decoding's."""
     target, llm = _spec_llm(request, tmp_path, method)
     engine = llm.engine
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(REPEATED_SPAN_PROMPTS):
         engine.add_request(f"r{i}", None, prompt["prompt_token_ids"], SAMPLING)
     engine.step()
     engine.step()
@@ -109,5 +103,5 @@ def test_abort_mid_flight_leaves_the_other_requests_unchanged(request, tmp_path,
         engine.release(rid)
     expected = plain_outputs(target)
     assert done == {f"r{i}": expected[i] for i in (0, 2, 3)}, method
-    outs = llm.generate(PROMPTS, SAMPLING, use_tqdm=False)
+    outs = llm.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected, method

@@ -120,11 +120,13 @@ def test_eagle3_draft_follows_a_quantized_targets_weights(tiny_llama, tiny_eagle
     little (they are a quantized draft's), the output does not."""
     from verispec.kernels.qweight import kernels_available
     from verispec.layers import linear
+    from verispec.proposers import factory
 
     if not kernels_available():
         pytest.skip("no native kernels on this machine")
     # the tiny target is float32
-    monkeypatch.setattr(linear, "keeps_quantized", lambda module: True)
+    for module in (linear, factory):
+        monkeypatch.setattr(module, "keeps_quantized", lambda module: True)
     spec = {"method": "eagle3", "model": tiny_eagle3, "num_speculative_tokens": 3}
     # quantized blocks run on the CPU's kernels (CUDA dequantizes every weight to bfloat16)
     kw = dict(device="cpu", max_model_len=256, max_num_seqs=4)

@@ -12,7 +12,7 @@ import pytest
 from verispec.kernels import build
 
 tomllib = pytest.importorskip("tomllib")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_kernel_source_is_package_data():

@@ -1,6 +1,6 @@
 import pytest
 
-from verispec.engine.engine import fit_budget
+from verispec.planner.fixed import fit_budget
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from verispec.planner.acceptance import AcceptanceModel, expected_gains
 from verispec.planner.goodput import (
     EARLY_END_PRIOR_TOKENS,
     IDLE_AFTER,
@@ -13,11 +14,9 @@ from verispec.planner.goodput import (
     PROBE_AFTER,
     PROBE_BUDGET,
     SHADOW_BUDGET,
-    AcceptanceModel,
     DraftPlanner,
     chance_to_run,
     closed_batch_worth,
-    expected_gains,
     plan_lengths,
     schedule_cap,
 )

@@ -579,7 +579,7 @@ def _step_costs(cache: SuffixDecodingCache, rid, ctx: list[int], tokens: list[in
     return min(u for u, _ in blocks), min(t for _, t in blocks), drafted / (5 * per)
 
 
-# python tests/unit/test_suffix_tree.py
+# python tests/unit/proposers/test_suffix.py
 def _timing() -> None:
     import time
     import tracemalloc
