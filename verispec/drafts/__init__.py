@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verispec.loader.checkpoint import ALIASES, resolve_model_path
+from verispec.loader.aliases import ALIASES
+from verispec.loader.checkpoint import resolve_model_path
 
 # (target alias, method) -> folder beside this file
 SHIPPED = {("smollm2-135m-instruct", "eagle3"): "smollm2-135m-instruct-eagle3"}

@@ -43,6 +43,9 @@ GROUP = 16
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")
 # K must be a multiple of this (default: QK)
 SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
+# the kernel library's repacking (repack.c) of these types, and the layout it writes
+_C_REPACK = {"Q4_K": ("repack_q4k", "q4"), "Q6_K": ("repack_q6k", "q6")}
+_C_DEQUANT = {"q4": 0, "q8": 1, "q6": 2}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -193,6 +196,12 @@ class QuantWeight:
         if ggml_type == "Q4_1":
             b = raw.reshape(n, k // QK, 20)
             return cls._q4(_f16(b[..., 0:2]), _f16(b[..., 2:4]), b[..., 4:], shape)
+        if ggml_type in _C_REPACK and load_qgemm() is not None:
+            name, fmt = _C_REPACK[ggml_type]
+            out = np.empty((n, k // QK * BLOCK_BYTES[fmt]), dtype=np.uint8)
+            raw = np.ascontiguousarray(raw)
+            getattr(load_qgemm(), name)(raw.ctypes.data, n, k // 256, out.ctypes.data, torch.get_num_threads())
+            return cls(fmt, out, shape)
         if ggml_type == "Q4_K":
             return cls._q4(*_q4_k_blocks(raw.reshape(n, k // 256, 144)), shape)
         if ggml_type == "Q6_K":
@@ -306,6 +315,11 @@ class QuantWeight:
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32, exactly the values the kernel multiplies with."""
         n, k = self.shape
+        lib = load_qgemm()
+        if lib is not None and self.fmt in _C_DEQUANT:
+            out = torch.empty(n, k, dtype=torch.float32)
+            lib.dequant_rows(_C_DEQUANT[self.fmt], self._ptr, n, k // QK, out.data_ptr(), torch.get_num_threads())
+            return out
         if self.fmt in ("q6", "q6v"):
             ds, q = self._q6_parts()
             # [N, nb, 32]
@@ -324,6 +338,11 @@ class QuantWeight:
         if self.fmt not in TILED or n % GROUP:
             return self
         g, nb = n // GROUP, k // QK
+        lib = load_qgemm()
+        if lib is not None:
+            out = np.empty_like(self.blocks)
+            getattr(lib, f"tile_{self.fmt}")(self._ptr, n, nb, out.ctypes.data, torch.get_num_threads())
+            return QuantWeight(TILED[self.fmt], out, self.shape)
         if self.fmt == "q4":
             d, m, q = self._q4_parts()
             parts = [_to_groups(d), _to_groups(m), _to_plane(q)]

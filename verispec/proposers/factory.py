@@ -11,7 +11,8 @@ import torch
 
 from verispec.drafts import shipped_draft
 from verispec.layers.linear import keeps_quantized, quantize_dense_layers, use_int8_activations
-from verispec.loader.checkpoint import ALIASES, fuse_if_enabled, load_checkpoint, resolve_model_path
+from verispec.loader.aliases import ALIASES
+from verispec.loader.checkpoint import fuse_if_enabled, load_checkpoint, resolve_model_path
 from verispec.loader.drafts import (
     load_dflash,
     load_eagle,

@@ -1,0 +1,170 @@
+// Load-time repacking of GGUF blocks into the layouts of verispec/kernels/qweight.py (q4, q6; q4t / q8t for the
+// AMX build) and their dequantization: the same bytes and values as qweight.py's numpy code, which stays the
+// reference (tests/unit/kernels/test_repack.py compares them bitwise) and the path without a kernel library.
+// Plain scalar C: one pass over the weights, split over threads by rows or column groups.
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define QK 32
+#define GROUP 16
+
+// IEEE half -> float, exactly (subnormals, infinities and NaNs included)
+static float half_to_float(const uint8_t *p) {
+    uint16_t h = (uint16_t)(p[0] | (p[1] << 8));
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) {
+        // subnormal: normalise
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FF) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+// one q4 block (24 bytes) from d, m and 32 values 0..15 in weight order: word 2h + parity, nibble t = weight
+// 16h + 2t + parity
+static void put_q4(uint8_t *out, float d, float m, const uint8_t *q) {
+    uint32_t w[4] = {0, 0, 0, 0};
+    for (int i = 0; i < QK; i++) {
+        int h = i >> 4, r = i & 15;
+        w[2 * h + (r & 1)] |= (uint32_t)q[i] << (4 * (r >> 1));
+    }
+    memcpy(out, &d, 4);
+    memcpy(out + 4, &m, 4);
+    memcpy(out + 8, w, 16);
+}
+
+// the inverse: a q4 block's d, m and 32 values in weight order
+static void get_q4(const uint8_t *in, float *d, float *m, uint8_t *q) {
+    uint32_t w[4];
+    memcpy(d, in, 4);
+    memcpy(m, in + 4, 4);
+    memcpy(w, in + 8, 16);
+    for (int i = 0; i < QK; i++) {
+        int h = i >> 4, r = i & 15;
+        q[i] = (w[2 * h + (r & 1)] >> (4 * (r >> 1))) & 15;
+    }
+}
+
+void repack_q4k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t s = 0; s < nsb; s++) {
+            const uint8_t *b = src + (n * nsb + s) * 144;
+            float d = half_to_float(b), dmin = half_to_float(b + 2);
+            const uint8_t *lo = b + 4, *hi = b + 8, *mix = b + 12, *qs = b + 16;
+            for (int j = 0; j < 8; j++) {
+                int sc = j < 4 ? lo[j] & 63 : (mix[j - 4] & 15) | ((lo[j - 4] >> 2) & 0x30);
+                int mn = j < 4 ? hi[j] & 63 : (mix[j - 4] >> 4) | ((hi[j - 4] >> 2) & 0x30);
+                // sub-block j: bytes 32 * (j / 2).., low nibbles for even j, high for odd
+                uint8_t q[QK];
+                for (int w = 0; w < QK; w++) q[w] = (qs[32 * (j >> 1) + w] >> (4 * (j & 1))) & 15;
+                put_q4(dst + ((n * nsb + s) * 8 + j) * 24, d * (float)sc, -(dmin * (float)mn), q);
+            }
+        }
+    }
+}
+
+void repack_q6k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t s = 0; s < nsb; s++) {
+            const uint8_t *b = src + (n * nsb + s) * 210, *ql = b, *qh = b + 128;
+            const int8_t *scales = (const int8_t *)(b + 192);
+            float d = half_to_float(b + 208);
+            for (int c = 0; c < 8; c++) {
+                uint8_t *out = dst + ((n * nsb + s) * 8 + c) * 40;
+                float ds[2] = {d * (float)scales[2 * c], d * (float)scales[2 * c + 1]};
+                memcpy(out, ds, 8);
+                int half = c >> 2, shift = (c >> 1) & 1, sub = c & 1, s2 = c & 3;
+                for (int w = 0; w < QK; w++) {
+                    int l = (ql[half * 64 + sub * 32 + w] >> (4 * shift)) & 15;
+                    int h = (qh[half * 32 + w] >> (2 * s2)) & 3;
+                    out[8 + w] = (uint8_t)(int8_t)((l | (h << 4)) - 32);
+                }
+            }
+        }
+    }
+}
+
+void tile_q4(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
+    int64_t G = N / GROUP;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + (g * nb + b) * 384;
+            float d[GROUP], m[GROUP];
+            uint8_t q[GROUP][QK];
+            for (int c = 0; c < GROUP; c++) get_q4(src + ((g * GROUP + c) * nb + b) * 24, &d[c], &m[c], q[c]);
+            memcpy(out, d, 64);
+            memcpy(out + 64, m, 64);
+            // word (c, j) of the nibble plane, nibble t: column j / 2, k = 2r + j % 2 with B-tile row r = 4t + c
+            uint16_t plane[4][32];
+            for (int c = 0; c < 4; c++) {
+                for (int j = 0; j < 32; j++) {
+                    uint16_t word = 0;
+                    for (int t = 0; t < 4; t++) word |= (uint16_t)(q[j >> 1][2 * (4 * t + c) + (j & 1)] << (4 * t));
+                    plane[c][j] = word;
+                }
+            }
+            memcpy(out + 128, plane, 256);
+        }
+    }
+}
+
+void tile_q8(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
+    int64_t G = N / GROUP;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + (g * nb + b) * 576;
+            for (int c = 0; c < GROUP; c++) {
+                const uint8_t *in = src + ((g * GROUP + c) * nb + b) * 36;
+                memcpy(out + 4 * c, in, 4);
+                // byte (r, column, pair) = weight k = 2r + pair of the column
+                for (int r = 0; r < 16; r++) {
+                    out[64 + (r * GROUP + c) * 2] = in[4 + 2 * r];
+                    out[64 + (r * GROUP + c) * 2 + 1] = in[4 + 2 * r + 1];
+                }
+            }
+        }
+    }
+}
+
+void dequant_rows(int fmt, const uint8_t *src, int64_t N, int64_t nb, float *dst, int nthreads) {
+    static const int bytes[3] = {24, 36, 40};
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *in = src + (n * nb + b) * bytes[fmt];
+            float *out = dst + (n * nb + b) * QK;
+            if (fmt == 0) {
+                float d, m;
+                uint8_t q[QK];
+                get_q4(in, &d, &m, q);
+                for (int i = 0; i < QK; i++) out[i] = d * (float)q[i] + m;
+            } else if (fmt == 1) {
+                float d;
+                memcpy(&d, in, 4);
+                for (int i = 0; i < QK; i++) out[i] = d * (float)(int8_t)in[4 + i];
+            } else {
+                float ds[2];
+                memcpy(ds, in, 8);
+                for (int i = 0; i < QK; i++) out[i] = ds[i >> 4] * (float)(int8_t)in[8 + i];
+            }
+        }
+    }
+}
