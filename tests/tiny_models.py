@@ -489,10 +489,18 @@ def write_tiny_mimo(folder: Path, seed: int = 0, pass_through: bool = False) -> 
     return folder
 
 
-def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_type: str = "Q8_0") -> Path:
+def write_tiny_gguf(
+    hf_folder: Path,
+    path: Path,
+    layer_type: str = "Q4_1",
+    head_type: str = "Q8_0",
+    v_type: str | None = None,
+    embed_type: str | None = None,
+) -> Path:
     """A llama-architecture GGUF of the HF checkpoint `hf_folder` (write_tiny_checkpoint's llama): projections in
-    `layer_type`, the LM head in `head_type` (SmolLM2's mix by default; Q6_K needs rows of whole 256-weight
-    super-blocks), norms and embeddings in float32, the tokenizer's vocabulary and merges. Q and K rows get llama.cpp's rotary permutation (the loader undoes it)."""
+    `layer_type` (the v projection in `v_type` if given: Q4_K_M files mix them so), the LM head in `head_type`
+    (SmolLM2's mix by default; Q6_K needs rows of whole 256-weight super-blocks), the embedding in `embed_type`
+    (default float32), norms in float32, the tokenizer's vocabulary and merges. Q and K rows get llama.cpp's rotary permutation (the loader undoes it)."""
     import gguf
     from gguf.quants import quantize
     from safetensors.numpy import load_file
@@ -537,7 +545,7 @@ def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_
                 name, quantize_q6_k(w) if qtype == "Q6_K" else quantize(w, kind), raw_dtype=kind
             )
 
-    add("token_embd.weight", state["model.embed_tokens.weight"])
+    add("token_embd.weight", state["model.embed_tokens.weight"], embed_type)
     add("output_norm.weight", state["model.norm.weight"])
     add("output.weight", state["lm_head.weight"], head_type)
     parts = {
@@ -556,7 +564,8 @@ def write_tiny_gguf(hf_folder: Path, path: Path, layer_type: str = "Q4_1", head_
             w = state[f"model.layers.{i}.{hf_name}.weight"]
             if g_name in ("attn_q", "attn_k"):
                 w = permute(w, heads if g_name == "attn_q" else kv_heads)
-            add(f"blk.{i}.{g_name}.weight", w, None if w.ndim == 1 else layer_type)
+            qtype = v_type if g_name == "attn_v" and v_type else layer_type
+            add(f"blk.{i}.{g_name}.weight", w, None if w.ndim == 1 else qtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

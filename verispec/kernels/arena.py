@@ -43,25 +43,33 @@ def anonymous_buffer(nbytes: int, huge_pages: bool) -> np.ndarray:
 
 
 def move_weights_to_huge_pages(module: nn.Module) -> int:
-    """Copy the quantized blocks of every Dense layer of `module` that keeps them (Dense.qweight) into one huge-page
+    """Copy the quantized blocks of every layer of `module` that keeps them (Dense.qweight / qparts, Embedding.qweight) into one huge-page
     buffer, in module order (the order a forward reads them), and point the layers at it. Call it once the layouts
     are final (after int8 conversion) and before anything records the weights' addresses (FusedLayers).
     VERISPEC_HUGE_PAGES=0 turns it off. -> bytes moved."""
     if os.environ.get("VERISPEC_HUGE_PAGES", "1") == "0":
         return 0
-    layers = [m for m in module.modules() if getattr(m, "qweight", None) is not None]
+    # (module, index in its qparts or None for its qweight, the weight)
+    slots = []
+    for m in module.modules():
+        if getattr(m, "qweight", None) is not None:
+            slots.append((m, None, m.qweight))
+        slots += [(m, i, q) for i, q in enumerate(getattr(m, "qparts", None) or [])]
     offsets, total = [], 0
-    for m in layers:
+    for _, _, q in slots:
         offsets.append(total)
-        total += -(-m.qweight.blocks.nbytes // _ALIGN) * _ALIGN
+        total += -(-q.blocks.nbytes // _ALIGN) * _ALIGN
     if not total:
         return 0
     arena = anonymous_buffer(total, huge_pages=True)
-    for m, off in zip(layers, offsets):
-        q = m.qweight
+    for (m, i, q), off in zip(slots, offsets):
         dst = arena[off : off + q.blocks.nbytes].view(q.blocks.dtype).reshape(q.blocks.shape)
         dst[...] = q.blocks
-        m.qweight = QuantWeight(q.fmt, dst, q.shape)
+        moved = QuantWeight(q.fmt, dst, q.shape)
+        if i is None:
+            m.qweight = moved
+        else:
+            m.qparts[i] = moved
     _release_freed_memory()
     return total
 

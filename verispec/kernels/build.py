@@ -23,7 +23,9 @@ import tempfile
 import warnings
 from pathlib import Path
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c", "repack.c"))
+SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c", "repack.c")
+)
 HEADER = Path(__file__).with_name("kernels.h")
 # the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
 AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")

@@ -32,6 +32,10 @@ class LayerDesc(ctypes.Structure):
         ("norm_in", _P),
         ("norm_post", _P),
         ("kv", _P),
+        ("w_k", _P),
+        ("w_v", _P),
+        ("f_k", ctypes.c_int32),
+        ("f_v", ctypes.c_int32),
     ]
 
 
@@ -66,8 +70,11 @@ def why_not_fusable(model) -> str | None:
     for layer in model.layers:
         at, mlp = layer.self_attn, layer.mlp
         dense = (at.qkv_proj, at.o_proj, mlp.gate_up_proj, mlp.down_proj)
-        if any(d.qweight is None for d in dense):
+        if any(d.qweight is None for d in dense[1:]) or not at.qkv_proj.quantized:
             return "a projection is not quantized"
+        parts = at.qkv_proj.qparts
+        if parts is not None and [p.shape[0] for p in parts] != [at.hq * at.d, at.hkv * at.d, at.hkv * at.d]:
+            return "qkv kept in parts other than q, k, v"
         if any(d.bias is not None for d in dense[1:]):
             return "bias outside qkv"
     norms = [
@@ -93,12 +100,13 @@ class FusedLayers:
         self._kv: list[torch.Tensor] | None = None
         for desc, layer in zip(self.descs, model.layers):
             at, mlp = layer.self_attn, layer.mlp
-            for name, dense in (
-                ("qkv", at.qkv_proj),
-                ("o", at.o_proj),
-                ("gate_up", mlp.gate_up_proj),
-                ("down", mlp.down_proj),
-            ):
+            # q, k and v apart where their formats differ (w_qkv then holds q's rows)
+            q, k, v = at.qkv_proj.qparts or (at.qkv_proj.qweight, None, None)
+            for name, w in (("qkv", q), ("k", k), ("v", v), ("o", at.o_proj.qweight)):
+                if w is not None:
+                    setattr(desc, f"w_{name}", w._ptr)
+                    setattr(desc, f"f_{name}", FMT_CODE[w.fmt])
+            for name, dense in (("gate_up", mlp.gate_up_proj), ("down", mlp.down_proj)):
                 setattr(desc, f"w_{name}", dense.qweight._ptr)
                 setattr(desc, f"f_{name}", FMT_CODE[dense.qweight.fmt])
             desc.b_qkv = at.qkv_proj.bias.data_ptr() if at.qkv_proj.bias is not None else None
@@ -119,7 +127,7 @@ class FusedLayers:
             float(cfg.attn_logit_softcapping or 0.0),
             0,
         )
-        fmts = {getattr(d, f"f_{n}") for d in self.descs for n in ("qkv", "o", "gate_up", "down")}
+        fmts = {getattr(d, f"f_{n}") for d in self.descs for n in ("qkv", "k", "v", "o", "gate_up", "down")}
         if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"], FMT_CODE["q6v"]}:
             # int8 activations: the same variant as the module path (QuantWeight.matmul) takes
             self.dims.i8_isa = INT8_ISAS[int8_isa()][0]

@@ -28,6 +28,8 @@ typedef struct LayerDesc {
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
     float *kv;                                         // this layer's cache [slots, 2 Hkv, T, D]
+    const uint8_t *w_k, *w_v;  // q, k and v apart (their formats differ): w_qkv holds q's rows; NULL: fused
+    int32_t f_k, f_v;
 } LayerDesc;
 
 typedef struct ModelDims {
@@ -51,6 +53,26 @@ static void qgemm(const ModelDims *m, int32_t fmt, const float *x, int64_t M, in
         qgemm_q4t(x, M, K, w, N, y, nt);
     else
         qgemm_q8t(x, M, K, w, N, y, nt);
+}
+
+// qkv [N, F] = x @ Wqkv^T: one product, or, with q, k and v kept apart, one each into tmp [N, rows] copied into
+// their columns
+static void project_qkv(const ModelDims *m, const LayerDesc *L, const float *x, int64_t N, float *qkv, float *tmp,
+                        int nt) {
+    const int64_t H = m->hidden, D = m->d, F = (m->hq + 2 * m->hkv) * D;
+    if (!L->w_k) {
+        qgemm(m, L->f_qkv, x, N, H, L->w_qkv, F, qkv, nt);
+        return;
+    }
+    const uint8_t *w[3] = {L->w_qkv, L->w_k, L->w_v};
+    const int32_t f[3] = {L->f_qkv, L->f_k, L->f_v};
+    const int64_t rows[3] = {m->hq * D, m->hkv * D, m->hkv * D};
+    int64_t off = 0;
+    for (int p = 0; p < 3; p++) {
+        qgemm(m, f[p], x, N, H, w[p], rows[p], tmp, nt);
+        for (int64_t n = 0; n < N; n++) memcpy(qkv + n * F + off, tmp + n * rows[p], sizeof(float) * rows[p]);
+        off += rows[p];
+    }
 }
 
 // Scratch floats per padded row (S * Q of them) that decoder_layers_f32 needs (the caller owns the buffer: nothing
@@ -93,7 +115,8 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         const LayerDesc *L = layers + l;
         copy_aux(h, N, H, l, aux_at, n_aux, aux_out);
         if (l == 0) add_rmsnorm_f32(h, NULL, L->norm_in, N, H, m->eps, h, normed);
-        qgemm(m, L->f_qkv, normed, N, H, L->w_qkv, F, qkv, nthreads);
+        // attn is free until attention writes it: the parts' products go through it
+        project_qkv(m, L, normed, N, qkv, attn, nthreads);
         if (L->b_qkv)
             for (int64_t n = 0; n < N; n++)
                 for (int64_t f = 0; f < F; f++) qkv[n * F + f] += L->b_qkv[f];

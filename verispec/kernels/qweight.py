@@ -200,7 +200,9 @@ class QuantWeight:
             name, fmt = _C_REPACK[ggml_type]
             out = np.empty((n, k // QK * BLOCK_BYTES[fmt]), dtype=np.uint8)
             raw = np.ascontiguousarray(raw)
-            getattr(load_qgemm(), name)(raw.ctypes.data, n, k // 256, out.ctypes.data, torch.get_num_threads())
+            getattr(load_qgemm(), name)(
+                raw.ctypes.data, n, k // 256, out.ctypes.data, torch.get_num_threads()
+            )
             return cls(fmt, out, shape)
         if ggml_type == "Q4_K":
             return cls._q4(*_q4_k_blocks(raw.reshape(n, k // 256, 144)), shape)
@@ -318,7 +320,9 @@ class QuantWeight:
         lib = load_qgemm()
         if lib is not None and self.fmt in _C_DEQUANT:
             out = torch.empty(n, k, dtype=torch.float32)
-            lib.dequant_rows(_C_DEQUANT[self.fmt], self._ptr, n, k // QK, out.data_ptr(), torch.get_num_threads())
+            lib.dequant_rows(
+                _C_DEQUANT[self.fmt], self._ptr, n, k // QK, out.data_ptr(), torch.get_num_threads()
+            )
             return out
         if self.fmt in ("q6", "q6v"):
             ds, q = self._q6_parts()
@@ -331,6 +335,19 @@ class QuantWeight:
         d, m, q = self._q4_parts()
         w = d * q.astype(np.float32) + m
         return torch.from_numpy(np.ascontiguousarray(w.reshape(n, k)))
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [M] int64 -> rows [M, K] float32, dequantized (an embedding lookup; q4 / q8 / q6 layouts, on the
+        kernel library), the values `dequantize()[ids]` gives."""
+        n, k = self.shape
+        ids = ids.reshape(-1).to(torch.int64).contiguous()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise IndexError(f"token ids outside [0, {n})")
+        out = torch.empty(ids.numel(), k, dtype=torch.float32)
+        load_qgemm().dequant_gather(
+            _C_DEQUANT[self.fmt], self._ptr, k // QK, ids.data_ptr(), ids.numel(), out.data_ptr()
+        )
+        return out
 
     def tiled(self) -> QuantWeight:
         """This weight in the q4t / q8t layout of the AMX kernel (the same weights); itself if it cannot be tiled."""

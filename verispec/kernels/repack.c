@@ -144,27 +144,36 @@ void tile_q8(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthrea
     }
 }
 
+// one q4 / q8 / q6 block (fmt 0 / 1 / 2) to its 32 float32 weights
+static void dequant_block(int fmt, const uint8_t *in, float *out) {
+    if (fmt == 0) {
+        float d, m;
+        uint8_t q[QK];
+        get_q4(in, &d, &m, q);
+        for (int i = 0; i < QK; i++) out[i] = d * (float)q[i] + m;
+    } else if (fmt == 1) {
+        float d;
+        memcpy(&d, in, 4);
+        for (int i = 0; i < QK; i++) out[i] = d * (float)(int8_t)in[4 + i];
+    } else {
+        float ds[2];
+        memcpy(ds, in, 8);
+        for (int i = 0; i < QK; i++) out[i] = ds[i >> 4] * (float)(int8_t)in[8 + i];
+    }
+}
+
+static const int64_t BLOCK_BYTES[3] = {24, 36, 40};
+
 void dequant_rows(int fmt, const uint8_t *src, int64_t N, int64_t nb, float *dst, int nthreads) {
-    static const int bytes[3] = {24, 36, 40};
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        for (int64_t b = 0; b < nb; b++) {
-            const uint8_t *in = src + (n * nb + b) * bytes[fmt];
-            float *out = dst + (n * nb + b) * QK;
-            if (fmt == 0) {
-                float d, m;
-                uint8_t q[QK];
-                get_q4(in, &d, &m, q);
-                for (int i = 0; i < QK; i++) out[i] = d * (float)q[i] + m;
-            } else if (fmt == 1) {
-                float d;
-                memcpy(&d, in, 4);
-                for (int i = 0; i < QK; i++) out[i] = d * (float)(int8_t)in[4 + i];
-            } else {
-                float ds[2];
-                memcpy(ds, in, 8);
-                for (int i = 0; i < QK; i++) out[i] = ds[i >> 4] * (float)(int8_t)in[8 + i];
-            }
-        }
+        for (int64_t b = 0; b < nb; b++) dequant_block(fmt, src + (n * nb + b) * BLOCK_BYTES[fmt], dst + (n * nb + b) * QK);
+    }
+}
+
+void dequant_gather(int fmt, const uint8_t *src, int64_t nb, const int64_t *rows, int64_t M, float *dst) {
+    for (int64_t i = 0; i < M; i++) {
+        const uint8_t *row = src + rows[i] * nb * BLOCK_BYTES[fmt];
+        for (int64_t b = 0; b < nb; b++) dequant_block(fmt, row + b * BLOCK_BYTES[fmt], dst + (i * nb + b) * QK);
     }
 }

@@ -55,6 +55,8 @@ class Dense(nn.Module):
             raise ValueError(f"shards {self.shards} do not add up to out_features={out_features}")
         self._packed: torch.Tensor | None = None
         self.qweight: QuantWeight | None = None
+        # the shards kept quantized apart, in row order, where their formats differ (a Q4_K_M file's q / k / v)
+        self.qparts: list[QuantWeight] | None = None
         # quantized weights (or shards) held by weight_loader until finish_loading
         self._pending: dict[ShardId, QuantWeight] = {}
 
@@ -93,16 +95,18 @@ class Dense(nn.Module):
 
     def finish_loading(self) -> None:
         """Once every weight is in: the held quantized weight, or all shards quantized in one format, stacked into
-        one quantized weight (`load_quantized`); else each held shard dequantized into its rows and the float
-        weight packed."""
+        one quantized weight (`load_quantized`), or shards quantized in different formats kept apart
+        (`load_parts`); else each held shard dequantized into its rows and the float weight packed."""
         parts, self._pending = self._pending, {}
         ids = list(self.shards) or [None]
-        fused = None
         if all(i in parts for i in ids):
             fused = parts[ids[0]] if len(ids) == 1 else QuantWeight.cat([parts[i] for i in ids])
-        if fused is not None:
-            self.load_quantized(fused)
-            return
+            if fused is not None:
+                self.load_quantized(fused)
+                return
+            if len({parts[i].shape[1] for i in ids}) == 1:
+                self.load_parts([parts[i] for i in ids])
+                return
         with torch.no_grad():
             for shard_id, part in parts.items():
                 self.weight[self.shard_rows(shard_id)].copy_(part.dequantize())
@@ -115,11 +119,22 @@ class Dense(nn.Module):
         self.qweight, self._packed = weight.for_kernels(), None
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
+    def load_parts(self, parts: list[QuantWeight]) -> None:
+        """Keep the shards `parts` (in row order) each in its quantized blocks; the float32 parameter is released."""
+        assert sum(p.shape[0] for p in parts) == self.out_features, [p.shape for p in parts]
+        self.qparts, self._packed = [p.for_kernels() for p in parts], None
+        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
+
+    @property
+    def quantized(self) -> bool:
+        """Whether this layer runs on quantized blocks (one weight, or its shards apart)."""
+        return self.qweight is not None or self.qparts is not None
+
     def quantize_q8(self) -> bool:
         """Keep this layer's weights as Q8_0 blocks for the native kernels (a draft following a quantized target);
         False, unchanged, where the kernels or the shape do not allow it."""
         w = self.weight
-        if self.qweight is not None or w.device.type != "cpu" or not kernels_available():
+        if self.quantized or w.device.type != "cpu" or not kernels_available():
             return False
         if self.in_features % QK or self.out_features % GROUP:
             return False
@@ -130,6 +145,12 @@ class Dense(nn.Module):
         """Multiply this layer's quantized weights with int8 activations from now on (q4v / q8v, qgemm_i8.c);
         False, unchanged, if it has no quantized weights or their shape does not allow it (N not a multiple of 16:
         that layer keeps float32 activations)."""
+        if self.qparts is not None:
+            parts = [p.for_int8() for p in self.qparts]
+            if any(p is None for p in parts):
+                return False
+            self.qparts = parts
+            return True
         qv = self.qweight.for_int8() if self.qweight is not None else None
         if qv is None:
             return False
@@ -151,9 +172,14 @@ class Dense(nn.Module):
         return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.qweight is not None:
+        if self.quantized:
+            x2 = x.reshape(-1, self.in_features)
             # [M, out]
-            y = self.qweight.matmul(x.reshape(-1, self.in_features))
+            y = (
+                self.qweight.matmul(x2)
+                if self.qparts is None
+                else torch.cat([p.matmul(x2) for p in self.qparts], 1)
+            )
             if self.bias is not None:
                 y += self.bias
             return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
@@ -197,4 +223,4 @@ def use_int8_activations(module: nn.Module) -> int:
 
 def keeps_quantized(module: nn.Module) -> bool:
     """Whether any Dense layer of `module` runs on quantized blocks (a GGUF target kept quantized)."""
-    return any(isinstance(m, Dense) and m.qweight is not None for m in module.modules())
+    return any(isinstance(m, Dense) and m.quantized for m in module.modules())

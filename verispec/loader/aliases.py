@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from verispec.kernels.build import cache_dir as kernel_cache_dir
+
 
 @dataclass(frozen=True)
 class NamedModel:
@@ -58,7 +60,8 @@ ALIASES = tuple(NAMED_MODELS)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec")) / "models"
+    """Beside the kernel library's cache (VERISPEC_CACHE, else XDG_CACHE_HOME/verispec or ~/.cache/verispec)."""
+    return kernel_cache_dir().parent / "models"
 
 
 def _package_dir(package: str) -> Path | None:

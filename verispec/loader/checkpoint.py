@@ -93,10 +93,9 @@ def load_checkpoint(
         # On the CPU in float32, quantized projections stay in their blocks for the native kernels.
         keep = keep_quantized and device.type == "cpu" and dtype in ("auto", "float32", torch.float32)
         keep = keep and kernels_available()
-        ckpt = load_gguf(path, keep_quantized=keep)
-        hf_config, tensors = ckpt.hf_config, ckpt.tensors
-        tok = ckpt.tokenizer
-        eos = list(ckpt.eos_token_ids)
+        gguf = load_gguf(path, keep_quantized=keep)
+        hf_config, tensors, tok, eos = gguf.hf_config, gguf.tensors, gguf.tokenizer, list(gguf.eos_token_ids)
+        del gguf
     else:
         hf_config = read_hf_config(path)
         # unsupported architecture: fail before reading weights
@@ -118,6 +117,8 @@ def load_checkpoint(
     net = net.to_empty(device=device).to(dt)
     _init_rope(net, cfg)
     load_decoder_weights(net, tensors, str(path))
+    # the layers hold what they keep: the checkpoint's copies go before the huge-page copy
+    del tensors
     if activation_dtype == "int8":
         use_int8_activations(net, str(path))
     move_weights_to_huge_pages(net)

@@ -15,6 +15,7 @@ from verispec.config import ModelConfig
 from verispec.kernels import cuda_ops, ops
 from verispec.kernels.fused_layers import FusedLayers, why_not_fusable
 from verispec.layers.attention import AttnContext, attention, write_kv
+from verispec.layers.embedding import Embedding
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
@@ -132,10 +133,7 @@ class DecoderLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        # _weight: no random init (the loader fills it; on the meta device, normal_ would import torch._dynamo)
-        self.embed_tokens = nn.Embedding(
-            cfg.vocab_size, cfg.hidden_size, _weight=torch.empty(cfg.vocab_size, cfg.hidden_size)
-        )
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False)

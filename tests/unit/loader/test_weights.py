@@ -162,22 +162,29 @@ def test_quantized_shards_fuse_into_one_quant_weight(checkpoint):
     torch.testing.assert_close(at(x), x @ qkv_of(parts).T + at.bias, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "kinds",
-    [
-        # formats differ: no one quantized weight holds them
-        {"q": q8, "k": q4_1, "v": q4_1},
-        # one shard came as float32
-        {"q": torch.clone, "k": q8, "v": q8},
-    ],
-)
-def test_mixed_shards_are_dequantized_into_their_rows(checkpoint, kinds):
-    parts = {n: kinds[n](w) for n, w in qkv_parts(checkpoint).items()}
+def test_shards_in_different_formats_stay_quantized_apart(checkpoint):
+    """No one quantized weight holds q8 and q4_1 rows: each shard keeps its blocks (a Q4_K_M file's q / k / v)."""
+    parts = {"q": q8, "k": q4_1, "v": q4_1}
+    parts = {n: parts[n](w) for n, w in qkv_parts(checkpoint).items()}
     checkpoint.update({f"self_attn.{n}_proj.weight": p for n, p in parts.items()})
     block = Block()
     load_weights(block, checkpoint, "ckpt", "toy")
     at = block.self_attn.qkv_proj
-    assert at.qweight is None and torch.equal(at.weight, qkv_of(parts))
+    assert at.qweight is None and at.weight.numel() == 0
+    assert [p.shape for p in at.qparts] == [parts[n].shape for n in ("q", "k", "v")]
+    x = torch.randn(5, at.in_features)
+    want = torch.cat([parts[n].for_kernels().matmul(x) for n in ("q", "k", "v")], 1) + at.bias
+    assert torch.equal(at(x), want)
+
+
+def test_a_float_shard_dequantizes_the_others_into_their_rows(checkpoint):
+    parts = {"q": torch.clone, "k": q8, "v": q8}
+    parts = {n: parts[n](w) for n, w in qkv_parts(checkpoint).items()}
+    checkpoint.update({f"self_attn.{n}_proj.weight": p for n, p in parts.items()})
+    block = Block()
+    load_weights(block, checkpoint, "ckpt", "toy")
+    at = block.self_attn.qkv_proj
+    assert at.qweight is None and at.qparts is None and torch.equal(at.weight, qkv_of(parts))
 
 
 def test_without_kernels_quantized_shards_are_dequantized(checkpoint, monkeypatch):
