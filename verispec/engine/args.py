@@ -30,6 +30,8 @@ class EngineArgs:
     # (llama.cpp's numerics, faster; see loader/checkpoint.py)
     activation_dtype: str = "float32"
     seed: int = 0
+    # CPU threads of the kernels and PyTorch (None: PyTorch's default, one per core it may run on)
+    threads: int | None = None
     # device: auto | cpu | cuda[:N]
     device: str = "auto"
     # cache: KV slots (concurrent sequences) and the memory they may take (None: a share of free memory)
@@ -56,6 +58,8 @@ class EngineArgs:
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
+            raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
         if self.spec_token_budget is not None and (
             not _is_int(self.spec_token_budget) or self.spec_token_budget < 1
         ):
@@ -120,6 +124,12 @@ class EngineArgs:
         )
         parser.add_argument("--device", default=default("device"), help="auto | cpu | cuda")
         parser.add_argument("--seed", type=int, default=default("seed"))
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="CPU threads for the kernels and PyTorch (default: one per core this process may run on)",
+        )
         parser.add_argument(
             "--kv-cache-memory-bytes",
             type=int,

@@ -66,6 +66,9 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     """Load the model and everything speculation needs; ValueError naming the setting for a bad one."""
     device = pick_device(args.device)
     warn_without_triton(device)
+    if args.threads is not None:
+        # process-wide: the kernels read torch's thread count on every call
+        torch.set_num_threads(args.threads)
     ckpt = load_checkpoint(
         args.model,
         device,
