@@ -122,14 +122,7 @@ class EngineArgs:
             help="keep GGUF Q4_0 / Q4_1 / Q8_0 weights in their blocks on the CPU (default); "
             "--no-keep-quantized dequantizes them to float32",
         )
-        parser.add_argument("--device", default=default("device"), help="auto | cpu | cuda")
-        parser.add_argument("--seed", type=int, default=default("seed"))
-        parser.add_argument(
-            "--threads",
-            type=int,
-            default=None,
-            help="CPU threads for the kernels and PyTorch (default: one per core this process may run on)",
-        )
+        _add_runtime_args(parser, default)
         parser.add_argument(
             "--kv-cache-memory-bytes",
             type=int,
@@ -168,6 +161,18 @@ class EngineArgs:
         """The engine settings among `values` (a merged config); other keys are ignored."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+
+def _add_runtime_args(parser: argparse.ArgumentParser, default) -> None:
+    """Where the engine runs: device, seed, threads."""
+    parser.add_argument("--device", default=default("device"), help="auto | cpu | cuda")
+    parser.add_argument("--seed", type=int, default=default("seed"))
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for the kernels and PyTorch (default: one per core this process may run on)",
+    )
 
 
 def _is_int(value: Any) -> bool:

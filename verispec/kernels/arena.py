@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+from itertools import accumulate
 
 import numpy as np
 from torch import nn
@@ -49,23 +50,30 @@ def move_weights_to_huge_pages(module: nn.Module) -> int:
     VERISPEC_HUGE_PAGES=0 turns it off. -> bytes moved."""
     if os.environ.get("VERISPEC_HUGE_PAGES", "1") == "0":
         return 0
-    # (module, index in its qparts or None for its qweight, the weight)
+    # (module, index in its qparts or None for its qweight); no reference to the weights themselves, so that each
+    # copy frees its source at once and the peak stays near one copy of the weights
     slots = []
     for m in module.modules():
         if getattr(m, "qweight", None) is not None:
-            slots.append((m, None, m.qweight))
-        slots += [(m, i, q) for i, q in enumerate(getattr(m, "qparts", None) or [])]
-    offsets, total = [], 0
-    for _, _, q in slots:
-        offsets.append(total)
-        total += -(-q.blocks.nbytes // _ALIGN) * _ALIGN
+            slots.append((m, None))
+        slots += [(m, i) for i in range(len(getattr(m, "qparts", None) or []))]
+
+    def weight(m: nn.Module, i: int | None) -> QuantWeight:
+        return m.qweight if i is None else m.qparts[i]
+
+    sizes = [weight(m, i).blocks.nbytes for m, i in slots]
+    # each weight starts on a cache line
+    offsets = list(accumulate((-(-n // _ALIGN) * _ALIGN for n in sizes), initial=0))
+    total = offsets.pop()
     if not total:
         return 0
     arena = anonymous_buffer(total, huge_pages=True)
-    for (m, i, q), off in zip(slots, offsets):
+    for (m, i), off in zip(slots, offsets):
+        q = weight(m, i)
         dst = arena[off : off + q.blocks.nbytes].view(q.blocks.dtype).reshape(q.blocks.shape)
         dst[...] = q.blocks
         moved = QuantWeight(q.fmt, dst, q.shape)
+        del q
         if i is None:
             m.qweight = moved
         else:
