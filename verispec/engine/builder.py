@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -51,15 +52,26 @@ def warn_without_triton(device: torch.device) -> None:
 
 def default_kv_budget(device: torch.device) -> int:
     """Bytes the KV cache may take when kv_cache_memory_bytes is not given: half the free GPU memory, or 30% of the
-    free RAM up to 4 GiB."""
+    available RAM up to 4 GiB."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * 0.5)
+    return int(min(available_memory() * 0.3, 4 << 30))
+
+
+def available_memory(meminfo: str | None = None) -> int:
+    """RAM a new allocation can take without swapping: Linux's MemAvailable (free pages plus the page cache the
+    kernel can drop, so the budget does not change with what happens to be cached), else the free pages."""
     try:
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
+        kib = next(int(line.split()[1]) for line in text.splitlines() if line.startswith("MemAvailable:"))
+        return kib << 10
+    except (OSError, StopIteration, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError):
-        avail = 8 << 30
-    return int(min(avail * 0.3, 4 << 30))
+        return 8 << 30
 
 
 def build_engine(args: EngineArgs) -> LLMEngine:
