@@ -32,6 +32,9 @@ _MIN_GROUP = 2.0
 _V_PRIOR_STEPS = 4.0
 _PROFILE_CONTEXT = 256
 _PROFILE_REPEATS = 6
+# the cached profile's spot check runs behind this many tokens: a one-row step reads the weights far more than the
+# context, so the check stays comparable while its prefill stays cheap
+_CHECK_CONTEXT = 16
 # after the first round, no more rounds once this much time has gone (a slow or busy machine)
 _PROFILE_BUDGET_S = 1.5
 _MAX_PROFILE_ROWS = 256
@@ -202,10 +205,10 @@ def profile_points(num_speculative_tokens: int, max_rows: int, batch_size: int =
     return sorted(points)
 
 
-def _profile_context(runner: ModelRunner, slot: int, most_rows: int) -> int:
-    """Prefill a _PROFILE_CONTEXT-token context (less where the cache is short) into `slot` -> its length."""
+def _profile_context(runner: ModelRunner, slot: int, most_rows: int, tokens: int = _PROFILE_CONTEXT) -> int:
+    """Prefill a `tokens`-token context (less where the cache is short) into `slot` -> its length."""
     room = runner.cache.t_alloc - most_rows - 2
-    context = max(0, min(_PROFILE_CONTEXT, room))
+    context = max(0, min(tokens, room))
     if context:
         runner.run([RowInput(slot, 0, [0] * context, logits_from=context - 1)])
     return context
@@ -213,11 +216,15 @@ def _profile_context(runner: ModelRunner, slot: int, most_rows: int) -> int:
 
 @torch.inference_mode()
 def profile_step_cost(
-    runner: ModelRunner, slot: int, points: list[int], repeats: int = _PROFILE_REPEATS
+    runner: ModelRunner,
+    slot: int,
+    points: list[int],
+    repeats: int = _PROFILE_REPEATS,
+    context: int = _PROFILE_CONTEXT,
 ) -> dict[int, float]:
     """Time the target's forward over each row count in `points` (best of a few rounds) on a free KV slot, behind a
-    _PROFILE_CONTEXT-token context. The slot's cache is scratch: the next request in it overwrites it."""
-    context = _profile_context(runner, slot, max(points))
+    `context`-token context. The slot's cache is scratch: the next request in it overwrites it."""
+    context = _profile_context(runner, slot, max(points), context)
     best = dict.fromkeys(points, float("inf"))
     runner.run([RowInput(slot, context, [0] * max(points))])
     # rounds over the points (not repeats of one point), so a burst of load elsewhere spreads over all of them
@@ -295,8 +302,9 @@ def monotone_profile(best: dict[int, float]) -> dict[int, float]:
 def load_or_profile(
     runner: ModelRunner, slot: int, points: list[int], key_parts: tuple, batch_slots: list[int] | None = None
 ) -> tuple[StepCostModel, bool]:
-    """The cached profile for this model / device / kernel build / thread count when two spot checks (the smallest
-    and the largest step) still agree with it within 2x, else a fresh one (then cached). batch_slots: free slots
+    """The cached profile for this model / device / kernel build / thread count when a spot check of its smallest
+    step (behind a short context: its prefill would cost more than the check, seconds on a 1.5B model) still agrees
+    with it within 2x, else a fresh one (then cached). batch_slots: free slots
     (two or more) for a batch step (`profile_batch_step`). -> (model, whether it came from the cache)."""
     batch_slots = batch_slots if batch_slots and len(batch_slots) > 1 else None
     ident = repr((_FORMAT, key_parts, points, torch.get_num_threads(), len(batch_slots or ())))
@@ -307,7 +315,7 @@ def load_or_profile(
         cached = {int(r): float(s) for r, s in saved["rows"].items()}
         batch = None if saved["batch"] is None else (int(saved["batch"][0]), float(saved["batch"][1]))
         model = StepCostModel(cached, batch)
-        check = profile_step_cost(runner, slot, [points[0], points[-1]], repeats=1)
+        check = profile_step_cost(runner, slot, [points[0]], repeats=2, context=_CHECK_CONTEXT)
         if all(0.5 <= check[r] / model.profiled(r) <= 2.0 for r in check):
             return model, True
     except (OSError, ValueError, AttributeError, TypeError, KeyError, IndexError):
