@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import llama_cpp_peer
+from adaptive_k import cpu_model
 
 PROMPT = "def quicksort(arr):"
 
@@ -43,6 +42,7 @@ if spec["engine"] == "verispec":
 else:
     sys.path.insert(0, spec["bench_dir"])
     import llama_cpp_peer
+from adaptive_k import cpu_model
     t = time.perf_counter()
     llm = llama_cpp_peer.load(spec["path"], spec["threads"], n_ctx=spec["ctx"])
     ready = time.perf_counter() - t
@@ -58,12 +58,6 @@ def run_child(spec: dict) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"{spec['engine']} failed:\n{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def cpu_name() -> str:
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    m = re.search(r"model name\s*:\s*(.+)", text)
-    return m.group(1).strip() if m else platform.processor()
 
 
 def main() -> None:
@@ -92,7 +86,7 @@ def main() -> None:
                 f"{engine:10} run {run}: ready {r['ready_s']:6.2f} s  rss {r['VmRSS']:.2f} GB  peak {r['VmHWM']:.2f} GB"
             )
     print(
-        f"\n{args.model}, {args.threads} threads, context {args.ctx}, {args.activation_dtype}; CPU: {cpu_name()}"
+        f"\n{args.model}, {args.threads} threads, context {args.ctx}, {args.activation_dtype}; CPU: {cpu_model()}"
     )
     print("| engine | ready, last run (s) | resident (GB) | peak (GB) |\n| --- | --- | --- | --- |")
     for engine in engines:
@@ -100,7 +94,7 @@ def main() -> None:
         print(f"| {engine} | {last['ready_s']:.2f} | {last['VmRSS']:.2f} | {last['VmHWM']:.2f} |")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        meta = {"model": args.model, "cpu": cpu_name(), "threads": args.threads, "ctx": args.ctx}
+        meta = {"model": args.model, "cpu": cpu_model(), "threads": args.threads, "ctx": args.ctx}
         Path(args.output).write_text(
             json.dumps({"meta": meta | {"dtype": args.activation_dtype}, "rows": rows}, indent=1)
         )

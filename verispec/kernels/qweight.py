@@ -341,12 +341,13 @@ class QuantWeight:
         kernel library), the values `dequantize()[ids]` gives."""
         n, k = self.shape
         ids = ids.reshape(-1).to(torch.int64).contiguous()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n):
-            raise IndexError(f"token ids outside [0, {n})")
         out = torch.empty(ids.numel(), k, dtype=torch.float32)
-        load_qgemm().dequant_gather(
-            _C_DEQUANT[self.fmt], self._ptr, k // QK, ids.data_ptr(), ids.numel(), out.data_ptr()
+        lib = load_qgemm()
+        bad = lib.dequant_gather(
+            _C_DEQUANT[self.fmt], self._ptr, n, k // QK, ids.data_ptr(), ids.numel(), out.data_ptr()
         )
+        if bad >= 0:
+            raise IndexError(f"token id {int(ids[bad])} outside [0, {n})")
         return out
 
     def tiled(self) -> QuantWeight:

@@ -171,9 +171,13 @@ void dequant_rows(int fmt, const uint8_t *src, int64_t N, int64_t nb, float *dst
     }
 }
 
-void dequant_gather(int fmt, const uint8_t *src, int64_t nb, const int64_t *rows, int64_t M, float *dst) {
+int64_t dequant_gather(int fmt, const uint8_t *src, int64_t N, int64_t nb, const int64_t *rows, int64_t M,
+                       float *dst) {
+    for (int64_t i = 0; i < M; i++)
+        if (rows[i] < 0 || rows[i] >= N) return i;
     for (int64_t i = 0; i < M; i++) {
         const uint8_t *row = src + rows[i] * nb * BLOCK_BYTES[fmt];
         for (int64_t b = 0; b < nb; b++) dequant_block(fmt, row + b * BLOCK_BYTES[fmt], dst + (i * nb + b) * QK);
     }
+    return -1;
 }

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.kernels.qweight import QuantWeight, kernels_available
+from verispec.kernels.qweight import QuantWeight
+from verispec.layers.linear import runs_quantized
 from verispec.layers.weight_loader import Tensor, default_weight_loader
 
 # the layouts whose rows a lookup dequantizes (repack.c's dequant_gather)
@@ -25,8 +26,7 @@ class Embedding(nn.Module):
         """A quantized table is kept as it is where lookups can dequantize it (CPU, float32, native kernels); the
         float parameter is then released. Anything else is copied into the float table."""
         w = self.weight
-        quantized = isinstance(value, QuantWeight) and value.fmt in ROW_FORMATS
-        if quantized and w.device.type == "cpu" and w.dtype == torch.float32 and kernels_available():
+        if isinstance(value, QuantWeight) and value.fmt in ROW_FORMATS and runs_quantized(w):
             if tuple(value.shape) != tuple(w.shape):
                 raise ValueError(f"has shape {tuple(value.shape)}, expected {tuple(w.shape)}")
             self.qweight = value

@@ -34,6 +34,11 @@ def _mkl_packing_available() -> bool:
     )
 
 
+def runs_quantized(weight: torch.Tensor) -> bool:
+    """Whether a layer with this float parameter can keep quantized blocks instead: CPU, float32, native kernels."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and kernels_available()
+
+
 class Dense(nn.Module):
     """y = x W^T (+ b). A fused layer (qkv, gate_up) declares its shards: the rows of each separate checkpoint
     weight, in row order ({"q": Hq*D, "k": Hkv*D, "v": Hkv*D}); `weight_loader` copies each into its rows."""
@@ -90,8 +95,7 @@ class Dense(nn.Module):
             param[rows].copy_(value.to(param.dtype))
 
     def _runs_quantized(self) -> bool:
-        w = self.weight
-        return w.device.type == "cpu" and w.dtype == torch.float32 and kernels_available()
+        return runs_quantized(self.weight)
 
     def finish_loading(self) -> None:
         """Once every weight is in: the held quantized weight, or all shards quantized in one format, stacked into

@@ -8,7 +8,7 @@ import torch
 
 from tests.quant_blocks import make_weight
 from verispec.kernels.qweight import kernels_available
-from verispec.layers import embedding
+from verispec.layers import linear
 from verispec.layers.embedding import Embedding
 
 
@@ -29,7 +29,7 @@ def test_quantized_lookup_equals_the_float_table(qtype):
 
 def test_without_kernels_the_table_is_float(monkeypatch):
     qw, values = make_weight("Q8_0", 16, 64)
-    monkeypatch.setattr(embedding, "kernels_available", lambda: False)
+    monkeypatch.setattr(linear, "kernels_available", lambda: False)
     emb = Embedding(16, 64)
     emb.weight_loader(emb.weight, qw)
     assert emb.qweight is None
