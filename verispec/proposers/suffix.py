@@ -348,9 +348,9 @@ class SuffixTree:
         locus = self._match(list(tokens), 0)
         return 0 if locus is None else locus[0].count
 
-    def _longest_match(self, pattern: list[int]) -> int:
-        """Largest m with pattern[-m:] in the tree (existence is monotone in m)."""
-        lo, hi = 0, min(len(pattern), self.max_depth)
+    def _longest_match(self, pattern: list[int], hi: int) -> int:
+        """Largest m <= hi with pattern[-m:] in the tree (existence is monotone in m)."""
+        lo = 0
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self._match(pattern, len(pattern) - mid) is None:
@@ -362,12 +362,13 @@ class SuffixTree:
     def speculate(
         self, pattern: Sequence[int], max_spec_tokens: int, max_spec_factor: float, min_token_prob: float
     ) -> Draft:
-        """Best path draft over all suffixes of ``pattern`` (last max_depth tokens) found in
-        the tree. Match length m allows min(max_spec_tokens, floor(m * max_spec_factor))
+        """Best path draft over the suffixes of ``pattern`` (last max_depth tokens) found in
+        the tree, shorter than the whole pattern (as ArcticInference: the whole context is
+        never a match). Match length m allows min(max_spec_tokens, floor(m * max_spec_factor))
         tokens; the highest score wins, on equal score the longer match."""
         pattern = [int(t) for t in pattern[-self.max_depth :]]
         n = len(pattern)
-        longest = self._longest_match(pattern)
+        longest = self._longest_match(pattern, max(0, n - 1))
         spec = (max_spec_tokens, max_spec_factor, min_token_prob)
         return self._best_draft(lambda m: self._match(pattern, n - m), longest, longest, *spec)
 
@@ -384,7 +385,8 @@ class SuffixTree:
         suffix with count 1 occurs only at the very end (nothing follows), and so do the
         longer ones (counts shrink with length): only shorter matches are walked."""
         active = self._active[seq_id]
-        longest = min(pattern_len, len(active))
+        # the whole pattern is not a match (as in speculate)
+        longest = max(0, min(pattern_len, len(active)) - 1)
         # largest m whose tail suffix occurs more than once
         lo, hi = 0, longest
         while lo < hi:
@@ -553,18 +555,18 @@ def _walk(node: _Node, used: int, cap: int, min_token_prob: float) -> Draft:
 class _Request:
     # prompt + response so far, sequence 0
     tree: SuffixTree
-    prompt_len: int
-    # response tokens not yet in the tree: they join it when the request speculates next (a finished request's
-    # tree is dropped, so tokens it never drafted from are never appended)
+    # response tokens not yet in this tree: they join it when the request speculates next (the tree is dropped
+    # when the request stops, so tokens it never drafted from are never appended to it)
     pending: list[int] = field(default_factory=list)
 
 
 class SuffixDecodingCache:
-    """Per-request prompt trees plus a global tree over finished requests' responses.
+    """Per-request prompt trees plus a global tree over responses (ArcticInference's semantics).
 
-    The global tree holds the responses of at most ``max_cached_requests`` finished
-    requests, evicted FIFO (0 disables it). A response enters it at ``stop_request``;
-    aborted requests add nothing."""
+    A started request takes a slot in the global tree at once: its response grows there token by token while it
+    is generated (running requests draft from each other) and stays after it stops, finished or aborted, until it
+    is evicted. At most ``max_cached_requests`` slots, running requests counted, evicted first-in-first-out
+    (0 disables the global tree). A request id started again drops its old response at that start."""
 
     def __init__(
         self,
@@ -581,7 +583,7 @@ class SuffixDecodingCache:
         self.min_token_prob = min_token_prob
         self._global = SuffixTree(max_tree_depth)
         self._requests: dict[Hashable, _Request] = {}
-        # req_id -> global seq id, oldest first
+        # req_id -> global seq id, oldest first (running requests included)
         self._cached: dict[Hashable, int] = {}
         self._next_seq_id = 0
 
@@ -594,39 +596,47 @@ class SuffixDecodingCache:
         return self._cached.keys()
 
     def start_request(self, req_id: Hashable, prompt_token_ids: Sequence[int]) -> None:
+        """Build the request's prompt tree and give its response a slot in the global tree."""
         if req_id in self._requests:
             raise ValueError(f"request {req_id!r} is already active")
         tree = SuffixTree(self.max_tree_depth)
         tree.extend(0, prompt_token_ids)
-        self._requests[req_id] = _Request(tree, len(prompt_token_ids))
-
-    def add_active_response(self, req_id: Hashable, token_ids: int | Sequence[int]) -> None:
-        tokens = [token_ids] if isinstance(token_ids, Integral) else token_ids
-        self._get(req_id).pending.extend(int(t) for t in tokens)
-
-    def stop_request(self, req_id: Hashable) -> None:
-        """Finish a request: cache its response globally, drop its prompt tree."""
-        req = self._get(req_id)
-        del self._requests[req_id]
-        # a reused id: the new response replaces the old one
+        self._requests[req_id] = _Request(tree)
+        if self.max_cached_requests == 0:
+            return
+        # a reused id: the new response replaces the old one, and goes last in FIFO order
         if req_id in self._cached:
             self.evict_cached_response(req_id)
-        response = req.tree.sequence(0)[req.prompt_len :] + req.pending
-        if self.max_cached_requests == 0 or not response:
-            return
         seq_id = self._next_seq_id
         self._next_seq_id += 1
-        self._global.insert(seq_id, response)
+        self._global.extend(seq_id, ())
         self._cached[req_id] = seq_id
+        # (the new slot is last, and at least one is kept)
         while len(self._cached) > self.max_cached_requests:
             self.evict_cached_response(next(iter(self._cached)))
 
-    def abort_request(self, req_id: Hashable) -> None:
-        """Drop a request without caching anything (no-op if unknown)."""
-        self._requests.pop(req_id, None)
+    def add_active_response(self, req_id: Hashable, token_ids: int | Sequence[int]) -> None:
+        """Append response tokens: to the global tree now (other requests draft from them), to the request's own
+        tree when it speculates next."""
+        tokens = [int(token_ids)] if isinstance(token_ids, Integral) else [int(t) for t in token_ids]
+        self._get(req_id).pending.extend(tokens)
+        # (none if evicted while running: its later tokens are not cached either)
+        seq_id = self._cached.get(req_id)
+        if seq_id is not None and tokens:
+            self._global.extend(seq_id, tokens)
+
+    def stop_request(self, req_id: Hashable) -> None:
+        """Finish or abort a request: drop its prompt tree; its response stays in the global tree until evicted."""
+        if self._requests.pop(req_id, None) is None:
+            raise ValueError(f"request {req_id!r} is not active")
+        seq_id = self._cached.get(req_id)
+        if seq_id is not None:
+            # it will not grow: free its active suffixes
+            self._global.seal(seq_id)
 
     def evict_cached_response(self, req_id: Hashable) -> None:
-        """Remove a finished request's response from the global tree."""
+        """Remove a request's response from the global tree (a running request's later tokens are then not
+        cached either)."""
         if req_id not in self._cached:
             raise ValueError(f"request {req_id!r} is not cached")
         self._global.remove(self._cached.pop(req_id))
@@ -647,9 +657,10 @@ class SuffixDecodingCache:
             best = tree.speculate_tail(0, len(pattern), *args)
         else:
             best = tree.speculate(pattern, *args)
-        if self._cached:
+        if self._global.num_tokens:
             other = self._global.speculate(pattern, *args)
-            if (other.score, other.match_len) > (best.score, best.match_len):
+            # on equal scores the request's own tree wins
+            if other.score > best.score:
                 best = other
         return best
 
@@ -668,7 +679,7 @@ class SuffixProposer:
     ):
         self.cache = SuffixDecodingCache(max_tree_depth, max_cached_requests, max_spec_factor, min_token_prob)
         self.depth = max_tree_depth
-        # output tokens already appended to the request's tree
+        # output tokens already handed to the cache
         self._seen: dict[str, int] = {}
 
     def add_request(self, req: Request) -> None:
@@ -676,29 +687,32 @@ class SuffixProposer:
         self._seen[req.request_id] = 0
 
     def remove_request(self, req: Request, aborted: bool) -> None:
-        if self._seen.pop(req.request_id, None) is None:
+        # (a request aborted while waiting was never added)
+        if req.request_id not in self._seen:
             return
         self._sync(req)
-        if aborted:
-            self.cache.abort_request(req.request_id)
-        else:
-            self.cache.stop_request(req.request_id)
+        del self._seen[req.request_id]
+        # finished or aborted alike: the response stays cached (ArcticInference)
+        self.cache.stop_request(req.request_id)
 
     def _sync(self, req: Request) -> None:
+        """Hand the cache the request's output tokens it has not seen."""
         seen = self._seen.get(req.request_id, 0)
         if len(req.output_token_ids) > seen:
             self.cache.add_active_response(req.request_id, req.output_token_ids[seen:])
             self._seen[req.request_id] = len(req.output_token_ids)
 
     def propose(self, reqs: list[Request], k_max: list[int]) -> Proposal:
+        # every request's new tokens first, asked or not: the global tree holds running responses, so each
+        # request drafts from the others' newest tokens
+        for r in reqs:
+            self._sync(r)
         drafts, confidence = [], []
         for r, k in zip(reqs, k_max):
             if k <= 0:
                 drafts.append([])
                 confidence.append([])
                 continue
-            # the request's new tokens join its trees when it drafts next (or when it finishes)
-            self._sync(r)
             draft = self.cache.speculate(r.request_id, r.tail(self.depth), k)
             drafts.append(draft.token_ids)
             confidence.append(conditional_probs(draft.probs))

@@ -3,7 +3,9 @@ from collections import Counter
 
 import pytest
 
-from verispec.proposers.suffix import Draft, SuffixDecodingCache, SuffixTree
+from verispec.proposers.suffix import Draft, SuffixDecodingCache, SuffixProposer, SuffixTree
+from verispec.request import Request
+from verispec.sampling_params import SamplingParams
 
 # ---------------------------------------------------------------- brute-force references
 
@@ -18,14 +20,14 @@ def brute_counts(seqs: list[list[int]], depth: int) -> dict[tuple[int, ...], int
 
 
 def brute_speculate(seqs, depth, pattern, k, factor, min_prob) -> Draft:
-    """Uncompressed-trie speculation: all match lengths, ties to the longer match."""
+    """Uncompressed-trie speculation: match lengths shorter than the pattern, ties to the longer match."""
     counts = brute_counts(seqs, depth)
     kids: dict[tuple[int, ...], list[int]] = {}
     for s in counts:
         kids.setdefault(s[:-1], []).append(s[-1])
     pattern = list(pattern)[-depth:]
     best = None
-    for m in range(1, len(pattern) + 1):
+    for m in range(1, len(pattern)):
         cur = tuple(pattern[-m:])
         if cur not in counts:
             break
@@ -228,8 +230,12 @@ def test_incremental_equals_scratch(seed):
         i = j
     assert dump(inc) == dump(scratch)
     check_tree(inc)
-    # same through the cache: prompt + add_active_response vs prompt holding everything
-    a, b = SuffixDecodingCache(depth), SuffixDecodingCache(depth)
+    # same through the cache: prompt + add_active_response vs prompt holding everything (no global tree, which
+    # holds b's response only)
+    a, b = (
+        SuffixDecodingCache(depth, max_cached_requests=0),
+        SuffixDecodingCache(depth, max_cached_requests=0),
+    )
     a.start_request("r", seq)
     b.start_request("r", seq[:20])
     for t in seq[20:]:
@@ -298,7 +304,7 @@ def test_tokens_outside_bulk_range_fall_back_to_appends():
     tree = SuffixTree(4)
     tree.extend(0, seq)
     assert tree.substring_counts() == brute_counts([seq], 4)
-    assert tree.speculate([-3], 5, 2.0, 0.1).token_ids == [5, -3]
+    assert tree.speculate([7, -3], 5, 2.0, 0.1).token_ids == [5, -3]
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -388,8 +394,8 @@ def test_probability_cutoff(min_prob, tokens, probs):
     draft = cache.speculate("q", [50, 1], 10)
     assert draft.token_ids == tokens
     assert draft.probs == pytest.approx(probs)
-    # an empty draft still reports the longest match found
-    assert draft.match_len == 1
+    # an empty global draft scores what the prompt tree's (no match) does, which wins the tie
+    assert draft.match_len == (1 if tokens else 0)
 
 
 def finish(cache: SuffixDecodingCache, req_id, prompt, response) -> None:
@@ -398,38 +404,105 @@ def finish(cache: SuffixDecodingCache, req_id, prompt, response) -> None:
     cache.stop_request(req_id)
 
 
-def test_global_tree_matches_finished_request():
+def test_running_responses_are_in_the_global_tree():
+    """A response is in the global tree while it is generated, token by token: running requests draft from each
+    other. Prompts are not cached."""
     cache = SuffixDecodingCache()
     cache.start_request("a", [100, 101])
     cache.add_active_response("a", [1, 2, 3, 4, 5])
     cache.start_request("b", [7, 8])
-    # "a" not finished yet
-    assert cache.speculate("b", [7, 8, 1, 2], 10).token_ids == []
-    cache.stop_request("a")
-    assert list(cache.active_requests) == ["b"] and list(cache.cached_requests) == ["a"]
+    # "a" still running
     draft = cache.speculate("b", [7, 8, 1, 2], 10)
     assert (draft.token_ids, draft.match_len, draft.probs) == ([3, 4], 2, [1.0, 1.0])
-    # prompts are not cached
-    assert cache.speculate("b", [100, 101], 10).token_ids == []
-    assert cache._global.num_tokens == 5
+    assert list(cache.active_requests) == ["a", "b"] and list(cache.cached_requests) == ["a", "b"]
+    # its next tokens join at once
+    cache.add_active_response("a", [6, 7])
+    assert cache.speculate("b", [8, 5, 6], 10).token_ids == [7]
+    cache.stop_request("a")
+    assert list(cache.active_requests) == ["b"] and list(cache.cached_requests) == ["a", "b"]
+    assert cache.speculate("b", [7, 8, 1, 2], 10).token_ids == [3, 4]
+    assert cache.speculate("b", [0, 100, 101], 10).token_ids == []
+    assert cache._global.num_tokens == 7
+    check_tree(cache._global)
+
+
+def test_max_cached_requests_counts_running_requests():
+    """Every started request takes a slot, running or not; over max_cached_requests the first started goes
+    (first in, first out), even while it runs: its later tokens are then not cached either."""
+    cache = SuffixDecodingCache(max_cached_requests=2)
+    for i, rid in enumerate(("a", "b", "c")):
+        cache.start_request(rid, [0])
+        cache.add_active_response(rid, [10 * i + 1, 10 * i + 2, 10 * i + 3])
+    # all three running; "a" went when "c" started
+    assert list(cache.active_requests) == ["a", "b", "c"] and list(cache.cached_requests) == ["b", "c"]
+    cache.add_active_response("a", [4])
+    assert cache.speculate("c", [9, 1, 2], 5).token_ids == []
+    assert cache.speculate("c", [9, 11, 12], 5).token_ids == [13]
+    # "a" stops: nothing to cache; "b" stops and stays; "d" starts: "b" (started before "c") goes
+    cache.stop_request("a")
+    cache.stop_request("b")
+    cache.start_request("d", [0])
+    assert list(cache.cached_requests) == ["c", "d"]
+    assert cache._global.substring_counts() == brute_counts([[21, 22, 23]], 24)
+    check_tree(cache._global)
+
+
+def test_reused_id_replaces_its_response_at_start():
+    """A request id started again drops its old response when the new request starts (not when it stops) and
+    goes last in FIFO order."""
+    cache = SuffixDecodingCache(max_cached_requests=3)
+    finish(cache, "r", [0], [1, 2, 3])
+    finish(cache, "s", [0], [4, 5, 6])
+    cache.start_request("r", [0])
+    assert list(cache.cached_requests) == ["s", "r"]
+    assert cache._global.substring_counts() == brute_counts([[4, 5, 6]], 24)
+    cache.start_request("q", [0])
+    assert cache.speculate("q", [9, 1, 2], 5).token_ids == []
+    cache.add_active_response("r", [7, 8, 9])
+    assert cache.speculate("q", [9, 7, 8], 5).token_ids == [9]
+    # ... and fills the slot whatever it then holds (an empty response too)
+    cache.stop_request("r")
+    cache.start_request("s", [0])
+    cache.stop_request("s")
+    assert list(cache.cached_requests) == ["r", "q", "s"]
+    assert cache._global.substring_counts() == brute_counts([[7, 8, 9]], 24)
+    for rid in ("r", "q", "s"):
+        cache.evict_cached_response(rid)
+    assert cache._global.num_tokens == 0 and cache._global.num_nodes() == 0
+    with pytest.raises(ValueError):
+        cache.evict_cached_response("r")
+
+
+def test_only_matches_shorter_than_the_context():
+    """Match lengths run below the context's length (ArcticInference): a context the global tree holds whole
+    drafts from its shorter suffixes only, and a one-token context matches nothing."""
+    cache = SuffixDecodingCache()
+    finish(cache, "old", [0], [1, 2, 3, 4])
+    cache.start_request("new", [1, 2])
+    draft = cache.speculate("new", [1, 2], 10)
+    # [2] matches ([1, 2] would draft [3, 4])
+    assert (draft.token_ids, draft.match_len) == ([3], 1)
+    assert cache.speculate("new", [2], 10) == Draft()
+    tree = SuffixTree(4)
+    tree.extend(0, [5, 6, 7, 8])
+    assert tree.speculate([5, 6], 4, 1.0, 0.0) == Draft([7], [1.0], 1.0, 1)
+    assert tree.speculate([5], 4, 1.0, 0.0) == Draft()
+    assert tree.speculate_tail(0, 1, 4, 1.0, 0.0) == Draft()
 
 
 @pytest.mark.parametrize(
     "prompt,response,context,tokens,match_len",
     [
-        # global: longer match
-        ([1, 2, 3, 4], [5, 1, 2, 9, 9, 9], [7, 5, 1, 2], [9, 9, 9], 3),
-        # prompt: longer match
-        ([5, 1, 2, 3, 4, 6], [1, 2, 9, 9], [7, 5, 1, 2], [3, 4, 6], 3),
-        # prompt: higher score
-        ([1, 2, 3, 8], [1, 2, 9, 9, 1, 2, 9, 7], [7, 1, 2], [3, 8], 2),
-        # global: higher score
-        ([1, 2, 3, 8, 1, 2, 4], [1, 2, 9, 9], [7, 1, 2], [9, 9], 2),
-        # equal score: longer match
-        ([2, 3, 7, 7, 7], [1, 2, 3, 4, 5], [8, 1, 2, 3], [4, 5], 3),
-        ([1, 2, 3, 4, 5], [2, 3, 7, 7, 7], [8, 1, 2, 3], [4, 5], 3),
-        # full tie: prompt tree
-        ([1, 2, 3, 4], [1, 2, 9, 9], [7, 1, 2], [3, 4], 2),
+        pytest.param([1, 2, 3, 4], [5, 1, 2, 9, 9, 9], [7, 5, 1, 2], [9, 9, 9], 3, id="global-longer-match"),
+        pytest.param([5, 1, 2, 3, 4, 6], [1, 2, 9, 9], [7, 5, 1, 2], [3, 4, 6], 3, id="prompt-longer-match"),
+        pytest.param([1, 2, 3, 8], [1, 2, 9, 9, 1, 2, 9, 7], [7, 1, 2], [3, 8], 2, id="prompt-higher-score"),
+        pytest.param([1, 2, 3, 8, 1, 2, 4], [1, 2, 9, 9], [7, 1, 2], [9, 9], 2, id="global-higher-score"),
+        # equal scores: the prompt tree, though the global tree's match is longer
+        pytest.param([2, 3, 7, 7, 7], [1, 2, 3, 4, 5], [8, 1, 2, 3], [7, 7], 2, id="equal-score-prompt-wins"),
+        pytest.param(
+            [1, 2, 3, 4, 5], [2, 3, 7, 7, 7], [8, 1, 2, 3], [4, 5], 3, id="equal-score-prompt-longer"
+        ),
+        pytest.param([1, 2, 3, 4], [1, 2, 9, 9], [7, 1, 2], [3, 4], 2, id="full-tie-prompt-wins"),
     ],
 )
 def test_best_of_both_trees(prompt, response, context, tokens, match_len):
@@ -440,50 +513,13 @@ def test_best_of_both_trees(prompt, response, context, tokens, match_len):
     assert (draft.token_ids, draft.match_len) == (tokens, match_len)
 
 
-def test_fifo_eviction():
-    cache = SuffixDecodingCache(max_cached_requests=2)
-    cache.start_request("q", [0])
-    for i in range(3):
-        finish(cache, f"r{i}", [0], [10 * i + 1, 10 * i + 2, 10 * i + 3])
-    assert list(cache.cached_requests) == ["r1", "r2"]
-    # r0 evicted
-    assert cache.speculate("q", [1, 2], 5).token_ids == []
-    assert cache.speculate("q", [11, 12], 5).token_ids == [13]
-    assert cache.speculate("q", [21, 22], 5).token_ids == [23]
-    assert cache._global.substring_counts() == brute_counts([[11, 12, 13], [21, 22, 23]], 24)
-    # a reused id replaces its old response, goes last
-    finish(cache, "r1", [0], [40, 41])
-    assert list(cache.cached_requests) == ["r2", "r1"]
-    assert cache._global.substring_counts() == brute_counts([[21, 22, 23], [40, 41]], 24)
-    # ... even by an empty one
-    finish(cache, "r2", [0], [])
-    assert list(cache.cached_requests) == ["r1"]
-    cache.evict_cached_response("r1")
-    assert cache._global.num_tokens == 0 and cache._global.num_nodes() == 0
-    with pytest.raises(ValueError):
-        cache.evict_cached_response("r1")
-
-
 def test_zero_cached_requests_disables_global_tree():
     cache = SuffixDecodingCache(max_cached_requests=0)
     finish(cache, "a", [9], [1, 2, 3, 4])
     cache.start_request("b", [0])
+    cache.add_active_response("b", [5, 6])
     assert list(cache.cached_requests) == [] and cache._global.num_tokens == 0
     assert cache.speculate("b", [1, 2], 5) == Draft()
-
-
-def test_abort_adds_nothing():
-    cache = SuffixDecodingCache()
-    cache.start_request("a", [9, 9])
-    cache.add_active_response("a", [1, 2, 3, 4])
-    cache.abort_request("a")
-    # no-op
-    cache.abort_request("never-started")
-    assert list(cache.active_requests) == [] and list(cache.cached_requests) == []
-    assert cache._global.num_tokens == 0
-    # the id can be reused
-    cache.start_request("a", [0])
-    assert cache.speculate("a", [1, 2], 5) == Draft()
 
 
 def test_numpy_inputs():
@@ -495,6 +531,7 @@ def test_numpy_inputs():
     cache.add_active_response("r", np.array([4], dtype=np.int64))
     draft = cache.speculate("r", np.array([1, 2, 3, 4, 1, 2, 3, 4]), 10)
     assert draft.token_ids == [1, 2, 3, 4] and all(type(t) is int for t in draft.token_ids)
+    assert cache._global.sequence(0) == [3, 4] and all(type(t) is int for t in cache._global.sequence(0))
 
 
 def test_request_lifecycle_errors():
@@ -512,48 +549,90 @@ def test_request_lifecycle_errors():
             call()
 
 
+def _reference_start(cached: dict[int, list[int]], rid: int, max_cached: int) -> None:
+    """ArcticInference's start: a slot for the response, the id's old one dropped, FIFO eviction."""
+    if max_cached:
+        cached.pop(rid, None)
+        cached[rid] = []
+        while len(cached) > max_cached:
+            del cached[next(iter(cached))]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_cache_random_against_reference(seed):
-    """Random start/add/stop/abort traffic; speculation equals a brute-force model."""
+    """Random start/add/stop traffic, ids reused; speculation equals a brute-force model (running responses in the
+    global tree, FIFO over running and stopped requests, equal scores to the prompt tree)."""
     rng = random.Random(seed)
     depth, max_cached = rng.choice([4, 8, 24]), rng.choice([0, 1, 3, 10])
     factor, min_prob = rng.choice([0.5, 1.0, 3.0]), rng.choice([0.05, 0.2])
     cache = SuffixDecodingCache(depth, max_cached, factor, min_prob)
+    # prompt + response of running requests; responses in the global tree
     active: dict[int, list[int]] = {}
-    prompt_len: dict[int, int] = {}
     cached: dict[int, list[int]] = {}
     for step in range(150):
         op = rng.random()
         if op < 0.15 or not active:
+            rid = rng.randrange(12)
+            rid = 100 + step if rid in active else rid
             toks = [rng.randrange(3) for _ in range(rng.randrange(1, 12))]
-            cache.start_request(step, toks)
-            active[step], prompt_len[step] = toks, len(toks)
-        elif op < 0.25:
-            rid = rng.choice(list(active))
-            resp = active.pop(rid)[prompt_len[rid] :]
-            cache.stop_request(rid)
-            if max_cached and resp:
-                cached[rid] = resp
-                while len(cached) > max_cached:
-                    del cached[next(iter(cached))]
+            cache.start_request(rid, toks)
+            active[rid] = toks
+            _reference_start(cached, rid, max_cached)
         elif op < 0.3:
             rid = rng.choice(list(active))
             del active[rid]
-            cache.abort_request(rid)
+            cache.stop_request(rid)
         else:
             rid = rng.choice(list(active))
             toks = [rng.randrange(3) for _ in range(rng.randrange(1, 4))]
             cache.add_active_response(rid, toks)
             active[rid] += toks
+            if rid in cached:
+                cached[rid] += toks
             k = rng.choice([1, 4, 10])
             args = (depth, active[rid][-depth:], k, factor, min_prob)
             local = brute_speculate([active[rid]], *args)
             glob = brute_speculate(list(cached.values()), *args)
-            want = glob if (glob.score, glob.match_len) > (local.score, local.match_len) else local
-            assert cache.speculate(rid, active[rid], k) == want
+            assert cache.speculate(rid, active[rid], k) == (glob if glob.score > local.score else local)
     assert list(cache.cached_requests) == list(cached)
     assert cache._global.substring_counts() == brute_counts(list(cached.values()), depth)
     check_tree(cache._global)
+
+
+# ---------------------------------------------------------------- the proposer
+
+
+def _req(rid: str, prompt: list[int]) -> Request:
+    return Request(rid, None, prompt, SamplingParams(temperature=0))
+
+
+def test_proposer_drafts_from_running_requests():
+    """Every request's new tokens reach the cache before anyone drafts, asked or not: a request drafts what
+    another committed since the last step, though that one comes later in the batch and is asked for nothing."""
+    prop = SuffixProposer(24, 100, 1.0, 0.1)
+    a, b = _req("a", [50, 51]), _req("b", [60, 61])
+    prop.add_request(a)
+    prop.add_request(b)
+    a.output_token_ids += [1, 2, 3, 4, 5]
+    b.output_token_ids += [1, 2]
+    out = prop.propose([b, a], [4, 0])
+    # [1, 2] twice in the global tree (b's own ends there)
+    assert out.token_ids == [[3, 4], []] and out.confidence == [[0.5, 1.0], []]
+
+
+def test_proposer_keeps_an_aborted_response():
+    """An aborted request's response stays cached, its last tokens included; one aborted while waiting (never
+    added) is ignored."""
+    prop = SuffixProposer(24, 100, 1.0, 0.1)
+    a = _req("a", [50, 51])
+    prop.add_request(a)
+    a.output_token_ids += [1, 2, 3, 4]
+    prop.remove_request(a, aborted=True)
+    prop.remove_request(_req("w", [1]), aborted=True)
+    assert list(prop.cache.cached_requests) == ["a"] and list(prop.cache.active_requests) == []
+    b = _req("b", [60, 1, 2])
+    prop.add_request(b)
+    assert prop.propose([b], [4]).token_ids == [[3, 4]]
 
 
 # ---------------------------------------------------------------- manual timing (not a test)
@@ -616,7 +695,7 @@ def _timing() -> None:
         # a response never seen: drafts miss
         novel = rng.integers(0, 32000, 2000).tolist()
         for what, resp in (("copying", copied), ("novel", novel)):
-            cache.abort_request("r")
+            cache.stop_request("r")
             cache.start_request("r", prompt)
             up, spec, drafted = _step_costs(cache, "r", list(prompt), resp)
             print(
