@@ -30,7 +30,9 @@ MODEL_FREE_METHODS = ("ngram", "ngram_gpu", "suffix", "extract_hidden_states")
 MODEL_METHODS = ("draft_model", "eagle", "eagle3", "dflash", "medusa", "mlp_speculator")
 # Methods with draft weights; "mtp" without `model` uses the target checkpoint's own MTP layers.
 DRAFT_WEIGHT_METHODS = (*MODEL_METHODS, "mtp")
-SPECULATIVE_METHODS = (*MODEL_FREE_METHODS, *DRAFT_WEIGHT_METHODS)
+# vLLM's plugin method: `model` is the import path of a user's proposer class (proposers/base.py's protocol)
+CUSTOM_CLASS = "custom_class"
+SPECULATIVE_METHODS = (*MODEL_FREE_METHODS, *DRAFT_WEIGHT_METHODS, CUSTOM_CLASS)
 PARALLEL_DRAFTING_METHODS = ("eagle", "eagle3", "dflash", "draft_model")
 REJECTION_SAMPLE_METHODS = ("strict", "probabilistic", "synthetic")
 # Current vLLM's spellings: "standard" is Leviathan / Chen speculative sampling (this build's "probabilistic"),
@@ -92,12 +94,10 @@ _TYPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "str": ("a str", lambda v: isinstance(v, str)),
     "tree": ("a str or a list of tuples of ints", lambda v: isinstance(v, (str, list, tuple))),
     "mapping": ("a mapping", lambda v: isinstance(v, Mapping)),
+    # each entry's shape is checked by _check_schedule, with vLLM's messages
     "schedule": (
-        "a list of [start_bs, end_bs, num_speculative_tokens] int triples",
-        lambda v: (
-            isinstance(v, (list, tuple))
-            and all(isinstance(t, (list, tuple)) and len(t) == 3 and all(_is_int(x) for x in t) for t in v)
-        ),
+        "a list of [start_bs, end_bs, num_speculative_tokens] entries",
+        lambda v: isinstance(v, (list, tuple)),
     ),
 }
 
@@ -117,8 +117,9 @@ class SpeculativeConfig:
     code_revision: str | None = None
     enforce_eager: bool | None = None
     disable_by_batch_size: int | None = None
-    # vLLM's fixed schedule: [[start_bs, end_bs, K], ...], K drafts at batch sizes start_bs..end_bs (0: none);
-    # stored as a tuple of tuples
+    # vLLM's fixed schedule: [[start_bs, end_bs, K], ...], K drafts at batch sizes start_bs..end_bs (0: none); a
+    # batch size between two ranges (or past the last) takes the previous range's K, and a K above
+    # num_speculative_tokens is clamped to it (planner/goodput.py schedule_cap); stored sorted, as tuples
     num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
     # the goodput planner (planner/goodput.py) picks each step's draft lengths, num_speculative_tokens being the cap;
     # on by default in verispec (false: every step drafts the fixed K, as vLLM)
@@ -343,8 +344,28 @@ def _normalize_method(method: str | None, model: str | None, n: int | None, draf
     return method
 
 
+_CHECKPOINT_SUFFIXES = frozenset("gguf safetensors bin pt pth json".split())
+
+
+def custom_proposer_path(model: str | None) -> tuple[str, str] | None:
+    """`model` as the import path of a proposer class -> (module, class name), else None: vLLM's dotted form
+    "package.module.ClassName" (no "/", every part an identifier), or "package.module:ClassName"."""
+    if not isinstance(model, str) or "/" in model:
+        return None
+    module, colon, name = model.rpartition(":")
+    if not colon:
+        module, _, name = model.rpartition(".")
+    parts = [*module.split("."), name]
+    # "draft.gguf" is a checkpoint file, not class gguf of module draft
+    if not module or name in _CHECKPOINT_SUFFIXES or not all(part.isidentifier() for part in parts):
+        return None
+    return module, name
+
+
 def _infer_method(model: str, draft_model_type: str | None) -> str:
     """vLLM's detection from the model name and the draft's (overridden) model_type."""
+    if custom_proposer_path(model) is not None:
+        return CUSTOM_CLASS
     if model in ("ngram", "[ngram]"):
         return "ngram"
     for marker, method in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash")):
@@ -390,6 +411,11 @@ def _aux_layer_ids(draft_model_config: Mapping[str, Any] | None, method: str) ->
 
 
 def _resolve_model(method: str, model: str | None, num_tokens: int | None) -> str | None:
+    if method == CUSTOM_CLASS and custom_proposer_path(model) is None:
+        raise ValueError(
+            "method='custom_class' requires 'model' to contain the custom proposer module path (e.g., "
+            f"'my_module.MyProposer' or 'my_module:MyProposer'), got model={model!r}"
+        )
     if (model is not None and model != "[ngram]") or method == "mtp":
         return model
     if method in MODEL_FREE_METHODS:
@@ -544,7 +570,7 @@ def _check_ranges(values: dict[str, Any]) -> None:
             f"but got {disable_by_batch_size=}"
         )
     values["num_speculative_tokens_per_batch_size"] = _check_schedule(
-        values["num_speculative_tokens_per_batch_size"], values["num_speculative_tokens"]
+        values["num_speculative_tokens_per_batch_size"]
     )
     if values["parallel_drafting"] and values["method"] not in PARALLEL_DRAFTING_METHODS:
         raise ValueError(
@@ -553,34 +579,44 @@ def _check_ranges(values: dict[str, Any]) -> None:
         )
     if values["use_heterogeneous_vocab"] and values["method"] != "draft_model":
         raise ValueError(
-            "use_heterogeneous_vocab only works with method 'draft_model' (a draft model with its own tokenizer), "
-            f"got method '{values['method']}'; remove the key or set it to false"
+            "use_heterogeneous_vocab only works with method='draft_model' (a draft model with its own "
+            f"tokenizer), got method='{values['method']}'; remove the key or set it to false"
         )
     _check_rejection_sampling(values)
 
 
-def _check_schedule(
-    schedule: Any, num_speculative_tokens: int | None
-) -> tuple[tuple[int, int, int], ...] | None:
-    """num_speculative_tokens_per_batch_size: ranges of batch sizes (1 <= start_bs <= end_bs, not overlapping),
-    each with a K in [0, num_speculative_tokens]."""
+def _check_schedule(schedule: Any) -> tuple[tuple[int, int, int], ...] | None:
+    """num_speculative_tokens_per_batch_size, validated as vLLM does (and with its messages): a non-empty list of
+    [start_bs, end_bs, K] entries, positive non-overlapping ranges, the first starting at batch size 1, K >= 0. A K
+    above num_speculative_tokens is not an error: it is clamped where the schedule is applied."""
     if schedule is None:
         return None
     key = "num_speculative_tokens_per_batch_size"
-    cap = num_speculative_tokens or 0
-    out = tuple(tuple(t) for t in schedule)
-    for start, end, k in out:
-        if not 1 <= start <= end:
-            raise ValueError(f"{key}: each range needs 1 <= start_bs <= end_bs, got [{start}, {end}, {k}]")
-        if not 0 <= k <= cap:
+    if not schedule:
+        raise ValueError(f"{key} must not be empty.")
+    for entry in schedule:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and all(_is_int(x) for x in entry)):
             raise ValueError(
-                f"{key}: K must be in [0, num_speculative_tokens={cap}], got [{start}, {end}, {k}]"
+                f"Each {key} entry must be a 3-item sequence (range_start, range_end, num_speculative_tokens) of "
+                f"ints, got {entry!r}."
             )
-    ranges = sorted(out)
-    for (s0, e0, _), (s1, e1, _) in zip(ranges, ranges[1:]):
-        if s1 <= e0:
-            raise ValueError(f"{key}: ranges [{s0}, {e0}] and [{s1}, {e1}] overlap")
-    return out
+        start, end, k = entry
+        if start <= 0 or end <= 0:
+            raise ValueError(f"{key}: Batch-size range ({start}, {end}) must be positive.")
+        if start > end:
+            raise ValueError(f"{key}: Batch-size range start must be <= end for ({start}, {end}, {k}).")
+        if k < 0:
+            raise ValueError(f"{key} K values must be >= 0, got ({start}, {end}, {k}).")
+    ranges = tuple(sorted(tuple(entry) for entry in schedule))
+    for (_, prev_end, _), (start, _, _) in zip(ranges, ranges[1:]):
+        if start <= prev_end:
+            raise ValueError(f"{key}: Batch-size ranges must be non-overlapping and sorted.")
+    if ranges[0][0] != 1:
+        raise ValueError(
+            f"{key}: The first batch-size range must start at 1 so every runtime batch size has a defined "
+            "schedule."
+        )
+    return ranges
 
 
 def _resolve_rejection_alias(values: dict[str, Any], user: Mapping[str, Any]) -> None:

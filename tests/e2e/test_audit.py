@@ -1,5 +1,5 @@
-"""`verispec audit`: lossless configurations pass, a broken verifier is caught, lossy ones are named, bad
-arguments exit 2 with one line."""
+"""`verispec audit`: lossless configurations pass, a broken verifier is caught, configurations lossy by design
+fail as such, bad arguments exit 2 with one line."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from verispec import cli
+from verispec import audit, cli
 from verispec.sample import step
 
 
@@ -101,23 +101,48 @@ def test_broken_verifier_fails_sampled_law(capsys, monkeypatch, tiny_llama, tiny
     assert "FAIL (sampled law" in err and "output position 1 (the first speculative position)" in err
 
 
-@pytest.mark.parametrize(
-    "extra, why",
-    [
-        ({"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.9}, "synthetic"),
-        (
-            {"rejection_sample_method": "probabilistic", "enable_entropy_verify": True},
-            "enable_entropy_verify",
-        ),
-    ],
-)
-def test_lossy_configs_are_reported_as_lossy(capsys, tiny_llama, tiny_draft, extra, why):
+LOSSY = [
+    ({"rejection_sample_method": "synthetic", "synthetic_acceptance_rate": 0.9}, "synthetic"),
+    ({"rejection_sample_method": "probabilistic", "enable_entropy_verify": True}, "enable_entropy_verify"),
+]
+
+
+@pytest.mark.parametrize("extra, why", LOSSY)
+def test_lossy_configs_fail_as_lossy_by_design(capsys, tiny_llama, tiny_draft, extra, why):
+    """The audit says whether a configuration changes the output: one whose law is not the target's by design
+    fails (exit 1), its greedy checks passing and its sampled law shown for information."""
     rc, out, err = _audit(
         capsys, tiny_llama, "-sc", _draft_cfg(tiny_draft, **extra), "--samples", "200", "--max-tokens", "8"
     )
-    assert rc == 0, (out, err)
-    assert "lossy by design" in out and why in out and "lossy by design" in err
-    assert "FAIL" not in out
+    assert rc == 1, (out, err)
+    assert "FAIL (output law, by configuration): lossy by design: " in err and why in err
+    lines = out.splitlines()
+    assert lines[1].split()[:2] == ["output", "law"] and "lossy by design" in lines[1]
+    assert out.count(" pass ") == 2 and "lossy by design" in lines[-1]
+
+
+@pytest.mark.parametrize("samples", ["0", "50"])
+def test_lossy_config_fails_even_where_the_sampled_test_passes(capsys, monkeypatch, tiny_llama, samples):
+    """The issue's case: synthetic acceptance on ngram at T=1. Whether the chi-square test passes (forced here) or
+    is not run at all, the verdict is lossy by design."""
+    monkeypatch.setattr(audit, "second_token_test", lambda *args, **kw: (0.9, 40, None))
+    cfg = {"method": "ngram", "num_speculative_tokens": 4, "rejection_sample_method": "synthetic"}
+    cfg["synthetic_acceptance_rate"] = 0.9
+    rc, out, err = _audit(
+        capsys,
+        tiny_llama,
+        "-sc",
+        json.dumps(cfg),
+        "--temperature",
+        "1.0",
+        "--samples",
+        samples,
+        "--max-tokens",
+        "8",
+    )
+    assert rc == 1, (out, err)
+    assert "lossy by design: rejection_sample_method 'synthetic'" in err
+    assert "verispec audit: pass" not in err
 
 
 def test_prompts_file(capsys, tmp_path, tiny_llama, tiny_draft):

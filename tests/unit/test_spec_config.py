@@ -183,6 +183,28 @@ def test_method_inferred_from_model(model, hf, method):
     assert cfg.method == method and cfg.model == model
 
 
+@pytest.mark.parametrize("model", ["my_team.drafters.Mine", "my_team.drafters:Mine"])
+def test_custom_class_takes_an_import_path_as_model(model):
+    """vLLM's custom_class: `model` is the proposer class's import path; without `method` such a path selects it.
+    Like the model-free methods it has no n-gram bounds and no draft checkpoint limits."""
+    for config in ({"model": model}, {"method": "custom_class", "model": model}):
+        cfg = make({**config, "num_speculative_tokens": 3}, target_max_model_len=512)
+        assert (cfg.method, cfg.model, cfg.max_model_len) == ("custom_class", model, 512)
+        assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (0, 0)
+
+
+def test_a_checkpoint_file_name_is_not_an_import_path():
+    assert make({"model": "draft.gguf", "num_speculative_tokens": 3}).method == "draft_model"
+
+
+@pytest.mark.parametrize("model", [None, "/some/folder", "no_dots", "my team.Drafter"])
+def test_custom_class_without_an_import_path_is_refused(model):
+    with pytest.raises(
+        ValueError, match="method='custom_class' requires 'model' to contain the custom proposer"
+    ):
+        make({"method": "custom_class", "model": model, "num_speculative_tokens": 3})
+
+
 def test_explicit_method_is_kept():
     cfg = make({"method": "draft_model", "model": EAGLE, "num_speculative_tokens": 2})
     assert cfg.method == "draft_model"
@@ -801,18 +823,31 @@ def test_adaptive_verification_defaults_on_and_takes_a_bool():
 @pytest.mark.parametrize(
     "schedule, message",
     [
-        ([[1, 4, 5]], r"K must be in \[0, num_speculative_tokens=4\]"),
-        ([[3, 2, 1]], "1 <= start_bs <= end_bs"),
-        ([[0, 2, 1]], "1 <= start_bs <= end_bs"),
-        ([[1, 4, 2], [4, 8, 1]], "overlap"),
-        ([[1, 4]], "list of \\[start_bs, end_bs, num_speculative_tokens\\] int triples"),
-        ("1-4:2", "list of"),
+        ([], "num_speculative_tokens_per_batch_size must not be empty"),
+        ([[3, 2, 1]], "Batch-size range start must be <= end"),
+        ([[0, 2, 1]], r"Batch-size range \(0, 2\) must be positive"),
+        ([[1, 4, 2], [4, 8, 1]], "Batch-size ranges must be non-overlapping and sorted"),
+        ([[2, 8, 2]], "The first batch-size range must start at 1"),
+        ([[1, 4, -1]], "K values must be >= 0"),
+        ([[1, 4]], r"entry must be a 3-item sequence \(range_start, range_end, num_speculative_tokens\)"),
+        ([[1, 4, 2.0]], "3-item sequence"),
+        ("1-4:2", "must be a list of"),
     ],
 )
-def test_per_batch_size_schedule_is_validated(schedule, message):
+def test_per_batch_size_schedule_is_validated_with_vllms_messages(schedule, message):
     cfg = {"method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": schedule}
     with pytest.raises(ValueError, match=message):
         make(cfg)
+
+
+def test_per_batch_size_schedule_k_above_the_cap_is_kept_for_clamping():
+    """vLLM clamps a range's K to num_speculative_tokens where it applies the schedule; it does not refuse it.
+    Ranges given out of order are stored sorted."""
+    schedule = [[5, 8, 2], [1, 4, 9]]
+    cfg = make(
+        {"method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": schedule}
+    )
+    assert cfg.num_speculative_tokens_per_batch_size == ((1, 4, 9), (5, 8, 2))
 
 
 def test_per_batch_size_schedule_round_trips():
@@ -834,7 +869,7 @@ def test_heterogeneous_vocab_defaults_off_takes_a_bool_and_needs_draft_model():
     with pytest.raises(ValueError, match="'use_heterogeneous_vocab' must be a bool"):
         make({**draft, "use_heterogeneous_vocab": "true"})
     for other in (NGRAM, EAGLE_CFG, {"method": "suffix"}):
-        with pytest.raises(ValueError, match="use_heterogeneous_vocab only works with method 'draft_model'"):
+        with pytest.raises(ValueError, match="use_heterogeneous_vocab only works with method='draft_model'"):
             make({**other, "use_heterogeneous_vocab": True})
     # false is accepted with any method
     assert make({**NGRAM, "use_heterogeneous_vocab": False}).use_heterogeneous_vocab is False

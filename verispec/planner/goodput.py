@@ -151,13 +151,16 @@ def chance_to_run(tokens: int, early_ends: int, exposure: int) -> float:
     return (1.0 - rate) ** max(0, tokens)
 
 
-def schedule_cap(schedule: Sequence[Sequence[int]] | None, batch_size: int, default: int) -> int:
-    """num_speculative_tokens_per_batch_size: the K of the first [start_bs, end_bs, K] range holding batch_size;
-    `default` (num_speculative_tokens) outside every range or without a schedule."""
-    for start, end, k in schedule or ():
-        if start <= batch_size <= end:
-            return k
-    return default
+def schedule_cap(schedule: Sequence[Sequence[int]] | None, batch_size: int, cap: int) -> int:
+    """num_speculative_tokens_per_batch_size as vLLM applies it: the K of the last [start_bs, end_bs, K] range
+    starting at or below batch_size (a batch size between two ranges, or past the last one, takes the previous
+    range's K), clamped to `cap` (num_speculative_tokens); `cap` without a schedule."""
+    k = cap
+    for start, _, range_k in sorted(schedule or ()):
+        if start > batch_size:
+            break
+        k = range_k
+    return min(k, cap)
 
 
 # a request whose drafts the planner skipped this many speculating steps in a row verifies one draft (a probe):

@@ -37,6 +37,23 @@ class ProposerNeeds:
 
 
 @dataclass
+class DraftContext:
+    """What a proposer may need from the target side to build itself (a `custom_class` proposer is built as
+    cls(config, context) with it)."""
+
+    # verispec.loader.checkpoint.Checkpoint: .model (the target DecoderLM), .config, .tokenizer, .source
+    target: object
+    # KV-cache slots (the most requests running at once) and positions allocated per slot
+    num_slots: int
+    t_alloc: int
+    device: torch.device
+    dtype: torch.dtype
+    seed: int
+    # extract_hidden_states' connector settings
+    kv_transfer_config: dict | None = None
+
+
+@dataclass
 class Proposal:
     # per request 0..k_max[b] drafts (host lists: the runner builds inputs from them)
     token_ids: list[list[int]]

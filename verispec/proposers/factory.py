@@ -23,7 +23,8 @@ from verispec.loader.drafts import (
 )
 from verispec.loader.hf import read_hf_config
 from verispec.models.eagle3 import aux_layer_ids
-from verispec.proposers.base import Proposal, Proposer, ProposerNeeds
+from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerNeeds
+from verispec.proposers.custom import build_custom_proposer
 from verispec.proposers.dflash import DFlashProposer
 from verispec.proposers.draft_model import DraftModelProposer
 from verispec.proposers.eagle import EagleProposer
@@ -35,7 +36,14 @@ from verispec.proposers.vocab_map import build_vocab_map, tokenizer_keys
 from verispec.runner.kv_cache import KVCache
 from verispec.runner.model_runner import ModelRunner
 from verispec.sample.tree import DynamicTree, TokenTree
-from verispec.spec_config import MTP_MODEL_TYPES, TREE_METHODS, SpeculativeConfig, parse_json_config
+from verispec.spec_config import (
+    CUSTOM_CLASS,
+    MTP_MODEL_TYPES,
+    TREE_METHODS,
+    SpeculativeConfig,
+    custom_proposer_path,
+    parse_json_config,
+)
 
 __all__ = [
     "DraftContext",
@@ -49,21 +57,6 @@ __all__ = [
     "draft_kv_share",
     "resolve_speculative_config",
 ]
-
-
-@dataclass
-class DraftContext:
-    """What a proposer may need from the target side to build itself."""
-
-    # verispec.loader.checkpoint.Checkpoint
-    target: object
-    num_slots: int
-    t_alloc: int
-    device: torch.device
-    dtype: torch.dtype
-    seed: int
-    # extract_hidden_states' connector settings
-    kv_transfer_config: dict | None = None
 
 
 def _ngram(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -310,6 +303,11 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 MTP_ARCHITECTURES = ("MiMoForCausalLM",)
 
 
+def _custom_class(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+    """A user's proposer class by import path (vLLM's `custom_class`), checked against the Proposer protocol."""
+    return build_custom_proposer(cfg.model, cfg, ctx)
+
+
 @dataclass(frozen=True)
 class _Method:
     """A method's builder and what the engine must set aside for it before building."""
@@ -332,6 +330,7 @@ _METHODS: dict[str, _Method] = {
     "eagle3": _Method(_eagle3),
     "mtp": _Method(_mtp),
     "dflash": _Method(_dflash),
+    CUSTOM_CLASS: _Method(_custom_class),
 }
 SUPPORTED_METHODS = tuple(_METHODS)
 
@@ -424,10 +423,22 @@ def _draft_hf_config(spec: Mapping[str, Any]) -> dict | None:
     model = spec.get("model")
     if not isinstance(model, str) or model in ("ngram", "[ngram]"):
         return None
+    # a custom_class proposer's import path names no checkpoint
+    if spec.get("method") == CUSTOM_CLASS or (spec.get("method") is None and custom_proposer_path(model)):
+        return None
     if model not in ALIASES and not Path(model).expanduser().exists():
         raise ValueError(f"speculative_config.model {model!r} not found: pass an HF folder or a .gguf file")
     path = resolve_model_path(model)
     return read_hf_config(path) if path.is_dir() else None
+
+
+def _existing_folder_is_a_checkpoint(spec: dict[str, Any]) -> dict[str, Any]:
+    """Without `method`, a `model` that reads as an import path selects custom_class (as in vLLM); a local folder or
+    file of that name ("drafts.v2") is a checkpoint instead, so it is spelled as a path."""
+    model = spec.get("model")
+    if spec.get("method") is None and custom_proposer_path(model) and Path(model).expanduser().exists():
+        return {**spec, "model": f"./{model}"}
+    return spec
 
 
 def resolve_speculative_config(
@@ -441,7 +452,7 @@ def resolve_speculative_config(
     shipped for `target_model` (verispec/drafts) uses it."""
     if speculative_config is None:
         return None
-    speculative_config = parse_json_config(speculative_config)
+    speculative_config = _existing_folder_is_a_checkpoint(parse_json_config(speculative_config))
     if speculative_config.get("model") is None:
         shipped = shipped_draft(target_model, speculative_config.get("method"))
         if shipped is not None:

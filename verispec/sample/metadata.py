@@ -48,6 +48,17 @@ class VerifyRule:
         return self.method in ("strict", "probabilistic") and not self.block and self.entropy is None
 
     @property
+    def lossy_reason(self) -> str | None:
+        """Why random rows' output law is not the target's by design, or None (every other rule is lossless):
+        the synthetic rate accepts drafts whatever the target says, Entropy Verify relaxes the acceptance test."""
+        if self.method == "synthetic":
+            rate = self.synthetic_acceptance_rate
+            return f"rejection_sample_method 'synthetic' accepts drafts at a set rate ({rate})"
+        if self.entropy is not None:
+            return "enable_entropy_verify relaxes the acceptance test"
+        return None
+
+    @property
     def draws_uniform(self) -> bool:
         """Whether random rows need U[0, 1) acceptance samples (every rule but strict)."""
         return self.method != "strict"

@@ -124,6 +124,24 @@ def test_per_batch_size_schedule_caps_the_drafts(tiny_llama, plain_outputs, adap
     assert llm.engine.counters.spec.num_drafts == 0
 
 
+def test_per_batch_size_schedule_gaps_take_the_previous_k_and_ks_are_clamped(tiny_llama, plain_outputs):
+    """vLLM's application of the schedule: batch sizes 2..63 lie in a gap and take the K of [1, 1] (0: no drafts,
+    not the num_speculative_tokens default); a range's K of 9 above num_speculative_tokens = 2 is clamped to 2."""
+    base = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+    base["enable_adaptive_verification"] = False
+    gap = {**base, "num_speculative_tokens_per_batch_size": [[1, 1, 0], [64, 64, 2]]}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=gap)
+    outs = llm.generate(helpers.prompts(16), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    assert llm.engine.counters.spec.num_drafts == 0
+    clamped = {**base, "num_speculative_tokens_per_batch_size": [[1, 64, 9]]}
+    llm = LLM(tiny_llama, max_model_len=256, max_num_seqs=16, speculative_config=clamped)
+    outs = llm.generate(helpers.prompts(16), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs
+    spec = llm.engine.counters.spec
+    assert spec.num_drafts > 0 and len(spec.num_draft_tokens_per_pos) == 2
+
+
 @pytest.mark.row_cost(None)
 def test_real_profile_and_exported_figures(tiny_llama, tmp_path, monkeypatch):
     """The start-up profile on the real model (cached under VERISPEC_CACHE), and the planner's gauges."""

@@ -161,7 +161,7 @@ def test_errors_name_the_key(tiny_llama, sp_draft, tmp_path):
     (bare / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="use_heterogeneous_vocab maps token strings .* has none"):
         LLM(tiny_llama, max_model_len=64, speculative_config=hetero(str(bare)))
-    with pytest.raises(ValueError, match="use_heterogeneous_vocab only works with method 'draft_model'"):
+    with pytest.raises(ValueError, match="use_heterogeneous_vocab only works with method='draft_model'"):
         LLM(tiny_llama, max_model_len=64, speculative_config={**hetero(sp_draft), "method": "ngram"})
 
 

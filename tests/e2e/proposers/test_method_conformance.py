@@ -34,6 +34,9 @@ SETUPS = {
     "eagle3": Setup(draft="tiny_eagle3"),
     "mtp": Setup(target="tiny_mimo"),
     "dflash": Setup(draft="tiny_dflash"),
+    "custom_class": Setup(
+        keys={"num_speculative_tokens": 3, "model": "tests.custom_proposer.RepeatLastToken"}
+    ),
 }
 
 SAMPLING = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

@@ -148,8 +148,18 @@ def test_discounted_gains_must_pay_for_the_rows():
 
 def test_schedule_cap():
     schedule = ((1, 4, 4), (5, 16, 2), (17, 64, 0))
-    assert [schedule_cap(schedule, b, 7) for b in (1, 4, 5, 16, 17, 64, 65)] == [4, 4, 2, 2, 0, 0, 7]
+    assert [schedule_cap(schedule, b, 7) for b in (1, 4, 5, 16, 17, 64, 65)] == [4, 4, 2, 2, 0, 0, 0]
     assert schedule_cap(None, 3, 5) == 5
+
+
+def test_schedule_cap_fills_gaps_with_the_previous_range_and_clamps_to_the_cap():
+    """vLLM's lookup: a batch size between two ranges (or past the last) takes the previous range's K, and a K
+    above num_speculative_tokens is clamped to it."""
+    schedule = ((1, 4, 9), (17, 32, 1), (64, 64, 3))
+    sizes = (1, 4, 5, 16, 17, 33, 63, 64, 500)
+    assert [schedule_cap(schedule, b, 5) for b in sizes] == [5, 5, 5, 5, 1, 1, 1, 3, 3]
+    # the order the ranges were given in does not matter
+    assert [schedule_cap(schedule[::-1], b, 5) for b in sizes] == [5, 5, 5, 5, 1, 1, 1, 3, 3]
 
 
 def test_acceptance_learns_a_requests_history():

@@ -534,3 +534,13 @@ def test_which_rules_let_the_next_token_judge_a_one_hot_draft():
     assert not VerifyRule("synthetic", synthetic_acceptance_rate=0.5).next_token_judges
     assert not VerifyRule("probabilistic", block=True).next_token_judges
     assert not VerifyRule("probabilistic", entropy=(0.9, 0.3)).next_token_judges
+
+
+def test_which_rules_are_lossy_by_design():
+    """The rules whose output law is not the target's by design, which `verispec audit` fails."""
+    from verispec.sample.metadata import VerifyRule
+
+    lossless = (VerifyRule(), VerifyRule("probabilistic"), VerifyRule("probabilistic", block=True))
+    assert all(rule.lossy_reason is None for rule in lossless)
+    assert "'synthetic'" in VerifyRule("synthetic", synthetic_acceptance_rate=0.5).lossy_reason
+    assert "enable_entropy_verify" in VerifyRule("probabilistic", entropy=(0.9, 0.3)).lossy_reason
