@@ -5,6 +5,7 @@ in eagle3_reference.py / dflash_reference.py), never from each other."""
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -129,14 +130,24 @@ def free_port() -> int:
 class Server:
     """`python -m verispec.server.cli ARGS` on a free loopback port, its output in `log`."""
 
-    def __init__(self, args: list[str], log: Path, env: dict | None = None):
+    def __init__(self, args: list[str], log: Path, env: dict | None = None, nofile: int | None = None):
+        """nofile: the process's descriptor limit (soft and hard), as a small machine might set it."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         cmd = [sys.executable, "-m", "verispec.server.cli", *args, "--port", str(self.port)]
         self._log_file = open(log, "w")  # noqa: SIM115 (closed in stop())
+
+        def limit_descriptors() -> None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
         self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=self._log_file, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+            cmd,
+            cwd=ROOT,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            preexec_fn=None if nofile is None else limit_descriptors,
         )
 
     def wait_ready(self, timeout: float = 180.0) -> Server:

@@ -175,6 +175,7 @@ class SamplingParams:
         for name, ids in (
             ("logit_bias", list(self.logit_bias or ())),
             ("allowed_token_ids", self.allowed_token_ids or []),
+            ("stop_token_ids", self.stop_token_ids),
         ):
             bad = [t for t in ids if t >= vocab]
             if bad:

@@ -81,8 +81,15 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ requests
     def add_request(
-        self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params,
+        bad_words_token_ids: list[list[int]] | None = None,
     ) -> Request:
+        """Validate and queue a request. bad_words_token_ids: params.bad_words already tokenized by the caller
+        (the server does it off the thread that steps the engine)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not prompt_token_ids:
@@ -103,7 +110,7 @@ class LLMEngine:
         if params.bad_words and self.tokenizer is None:
             raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True was given)")
         req = Request(request_id, prompt, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
-        set_token_constraints(req, self.tokenizer, vocab, self.device)
+        set_token_constraints(req, self.tokenizer, vocab, self.device, bad_words_token_ids)
         if params.seed is not None:
             req.generator = make_generator(params.seed, self.device)
             req.sample_key = sample_key(params.seed)

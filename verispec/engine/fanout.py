@@ -22,6 +22,8 @@ class EngineRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
+    # params.bad_words as token ids, when the front end tokenized them already (constraints.bad_words_token_ids)
+    bad_words_token_ids: list[list[int]] | None = None
 
 
 def child_params(params: SamplingParams, j: int) -> SamplingParams:

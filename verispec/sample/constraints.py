@@ -32,12 +32,17 @@ def banned_by_bad_words(bad: list[list[int]], past: list[int]) -> list[int]:
     return banned
 
 
-def set_token_constraints(r: Request, tokenizer, vocab: int, device) -> None:
+def set_token_constraints(
+    r: Request, tokenizer, vocab: int, device, bad_words: list[list[int]] | None = None
+) -> None:
     """r.params' bad_words, allowed_token_ids and logit_bias in the forms constrain_tokens applies (once per
-    request, not per step)."""
+    request, not per step). bad_words: the words' token ids when the caller has them already (the server
+    tokenizes them off the engine thread)."""
     p = r.params
     if p.bad_words:
-        r.bad_words_token_ids = bad_words_token_ids(p.bad_words, tokenizer)
+        r.bad_words_token_ids = (
+            bad_words if bad_words is not None else bad_words_token_ids(p.bad_words, tokenizer)
+        )
     if p.allowed_token_ids is not None:
         # [V] True where the token is not allowed
         r.disallowed = torch.ones(vocab, dtype=torch.bool, device=device)

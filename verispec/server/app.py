@@ -13,14 +13,13 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from verispec import __version__
 from verispec.llm import LLM
 from verispec.server import protocol as P
 from verispec.server.async_engine import AsyncEngine
-from verispec.server.auth import api_key_checker
 from verispec.server.errors import error_response, install_error_handlers
 from verispec.server.guard import Admission, RequestGuard
 from verispec.server.metrics import ServerMetrics
@@ -64,21 +63,29 @@ def build_app(
         yield
         await asyncio.to_thread(engine.shutdown)
 
-    app = FastAPI(title="verispec", version=__version__, lifespan=lifespan)
+    # no /docs, /redoc or /openapi.json: the API is OpenAI's, and they would describe it to anyone, key or not
+    app = FastAPI(
+        title="verispec",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.engine, app.state.metrics = engine, metrics
     app.state.admission = admission = Admission()
-    app.add_middleware(RequestGuard, max_body_bytes=max_request_body_bytes, admission=admission)
+    app.add_middleware(
+        RequestGuard, max_body_bytes=max_request_body_bytes, admission=admission, api_key=api_key
+    )
     install_error_handlers(app)
-    _add_routes(app, ctx, metrics, api_key, model_path)
+    _add_routes(app, ctx, metrics, model_path)
     return app
 
 
-def _add_routes(
-    app: FastAPI, ctx: ServingContext, metrics: ServerMetrics, api_key: str | None, model_path: str | None
-) -> None:
-    """The service routes (open, like vLLM's) and the /v1 routes (behind the API key when one is set)."""
+def _add_routes(app: FastAPI, ctx: ServingContext, metrics: ServerMetrics, model_path: str | None) -> None:
+    """The service routes (open, like vLLM's) and the /v1 routes (behind the API key when one is set: the
+    front door, verispec/server/guard.py, checks it)."""
     engine = ctx.engine
-    keyed = [Depends(api_key_checker(api_key))]
     admission = app.state.admission
 
     @app.get("/health")
@@ -98,20 +105,32 @@ def _add_routes(
         data, ctype = metrics.render()
         return Response(data, media_type=ctype)
 
-    @app.get("/v1/models", dependencies=keyed)
+    @app.get("/v1/models")
     async def models():
         root = model_path or ctx.model_name
         return P.ModelList(
             data=[P.ModelCard(id=n, root=root, max_model_len=ctx.max_model_len) for n in ctx.names]
         )
 
-    @app.post("/v1/completions", dependencies=keyed)
+    @app.post("/v1/completions")
     async def completions(req: P.CompletionRequest, request: Request):
         return await create_completion(ctx, req, request)
 
-    @app.post("/v1/chat/completions", dependencies=keyed)
+    @app.post("/v1/chat/completions")
     async def chat_completions(req: P.ChatCompletionRequest, request: Request):
         return await create_chat_completion(ctx, req, request)
+
+
+async def end_now(app: FastAPI, grace: float) -> None:
+    """The second signal: end every request at once (a stream gets an error event and [DONE], any other request
+    a 503 error JSON) and give those last responses up to `grace` seconds to be sent."""
+    admission, engine = app.state.admission, app.state.engine
+    admission.draining = True
+    ended = engine.end_all("The server shut down before this request finished.")
+    logger.warning("second signal: ending %d requests now and exiting", ended)
+    deadline = time.monotonic() + grace
+    while admission.active and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
 
 
 async def drain(app: FastAPI, timeout: float) -> None:

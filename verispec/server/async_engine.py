@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
@@ -144,6 +145,8 @@ class AsyncEngine:
         # set under _lock once the thread will read no more commands
         self._closed = False
         self._loop_done: Future | None = None
+        # event-loop side: the groups whose responses may still be running (end_all ends them without the thread)
+        self._groups: weakref.WeakSet[RequestGroup] = weakref.WeakSet()
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -157,6 +160,19 @@ class AsyncEngine:
                 self._loop_done.result(timeout)
             except FutureTimeout:
                 logger.warning("the engine loop did not stop within %.0f s", timeout)
+
+    def end_all(self, message: str) -> int:
+        """From the event loop, at once (a second shutdown signal): every request's response gets
+        ServerShuttingDown(message) now, without waiting for the engine thread to finish its step, and the thread
+        stops. Returns how many HTTP requests were ended."""
+        self._stopping = True
+        self._wake.set()
+        groups = list(self._groups)
+        for group in groups:
+            for rid in group.request_ids:
+                # a group already finished ignores it
+                group.queue.put_nowait((rid, ServerShuttingDown(message)))
+        return len(groups)
 
     @property
     def alive(self) -> bool:
@@ -201,6 +217,7 @@ class AsyncEngine:
         except asyncio.CancelledError:
             self.abort(group.request_ids)
             raise
+        self._groups.add(group)
         return group
 
     def abort(self, request_ids: list[str]) -> None:
@@ -257,7 +274,9 @@ class AsyncEngine:
             error = ServerShuttingDown("The server is shutting down and accepts no new requests.")
         for r in requests if error is None else ():
             try:
-                self.engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params)
+                self.engine.add_request(
+                    r.request_id, r.prompt, r.prompt_token_ids, r.params, r.bad_words_token_ids
+                )
             # ValueError: invalid input -> 400; anything else -> 500
             except Exception as e:
                 error = e if isinstance(e, ValueError) else EngineError(f"failed to add request: {e!r}")

@@ -1,24 +1,23 @@
-"""The optional API key (`--api-key` / VERISPEC_API_KEY): `Authorization: Bearer KEY` on the /v1 routes."""
+"""The optional API key (`--api-key` / VERISPEC_API_KEY): `Authorization: Bearer KEY` on every /v1 path, checked
+by the front door (verispec/server/guard.py) before the route is looked up or the body read, so that a client
+without the key learns nothing (not whether its JSON parses, nor which routes exist)."""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
 
-from fastapi import Request
+from starlette.types import Scope
 
-from verispec.server.errors import APIError
+UNAUTHORIZED = "Invalid or missing API key: pass it as 'Authorization: Bearer <key>'."
 
 
-def api_key_checker(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
-    """A FastAPI dependency that answers 401 unless the request carries the key (compared in constant time)."""
+def needs_key(path: str) -> bool:
+    """The OpenAI API (/v1 and below); /health, /version and /metrics stay open, as in vLLM."""
+    return path == "/v1" or path.startswith("/v1/")
 
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        auth = request.headers.get("authorization", "")
-        token = auth[7:] if auth.lower().startswith("bearer ") else ""
-        if not hmac.compare_digest(token.encode(), api_key.encode()):
-            raise APIError(401, "Invalid or missing API key: pass it as 'Authorization: Bearer <key>'.")
 
-    return check
+def authorized(scope: Scope, api_key: str) -> bool:
+    """Whether the request carries the key (compared in constant time)."""
+    auth = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), b"")
+    token = auth[7:] if auth[:7].lower() == b"bearer " else b""
+    return hmac.compare_digest(token, api_key.encode())

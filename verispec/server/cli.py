@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from verispec.engine.args import EngineArgs
 from verispec.llm import LLM
 from verispec.server.app import build_app
 from verispec.server.async_engine import on_engine_thread
+from verispec.server.connections import fit_limits, guarded_protocol
 from verispec.server.shutdown import DrainingServer
 from verispec.spec_config import parse_json_config
 
@@ -37,6 +39,10 @@ class ServeConfig:
     max_queue: int = 256
     max_request_body_bytes: int = 4 << 20
     shutdown_timeout: float = 30.0
+    # connections (verispec/server/connections.py)
+    read_timeout: float = 10.0
+    keep_alive_timeout: float = 5.0
+    max_connections: int = 512
     per_request_spec_decode_metrics: str = "none"
     uvicorn_log_level: str = "info"
     disable_uvicorn_access_log: bool = False
@@ -44,6 +50,7 @@ class ServeConfig:
 
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+API_KEY_ENV = "VERISPEC_API_KEY"
 SPEC_METRICS_LEVELS = ("none", "summary", "detailed")
 # what a --config file may set: every engine setting and every server option, by name
 _OPTIONS = {f.name: f for f in (*fields(EngineArgs), *fields(ServeConfig)) if f.name != "engine"}
@@ -81,6 +88,25 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="on SIGTERM, seconds running requests may take to finish before they are ended (default 30)",
+    )
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=None,
+        help="seconds a request's headers may take to arrive, and its body may pause, before the connection is "
+        "closed (default 10)",
+    )
+    p.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=None,
+        help="seconds an idle kept-alive connection stays open (default 5)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        help="open connections at most; one more closes the one idle longest, or gets 503 if none is (default 512)",
     )
     p.add_argument(
         "--per-request-spec-decode-metrics",
@@ -146,16 +172,44 @@ def resolve_config(args: argparse.Namespace) -> ServeConfig:
     """Flags over the config file over the environment (VERISPEC_API_KEY) over defaults, as one ServeConfig whose
     `engine` is the EngineArgs the server builds its engine from. Raises ValueError."""
     merged: dict[str, Any] = {}
-    env_key = os.environ.get("VERISPEC_API_KEY")
-    if env_key:
-        merged["api_key"] = env_key
+    # where the API key comes from, for the message if it is blank
+    key_source = None
+    env_key = os.environ.get(API_KEY_ENV)
+    if env_key is not None:
+        merged["api_key"], key_source = env_key, f"{API_KEY_ENV} (the environment's --api-key)"
     if getattr(args, "config", None):
-        merged.update({k: v for k, v in load_config_file(args.config).items() if v is not None})
+        from_file = {k: v for k, v in load_config_file(args.config).items() if v is not None}
+        merged.update(from_file)
+        key_source = f"api-key in --config {args.config}" if "api_key" in from_file else key_source
     merged.update({k: getattr(args, k) for k in _OPTIONS if getattr(args, k, None) is not None})
+    key_source = "--api-key" if getattr(args, "api_key", None) is not None else key_source
     server = {f.name for f in fields(ServeConfig)}
     cfg = ServeConfig(
         engine=EngineArgs.from_mapping(merged), **{k: v for k, v in merged.items() if k in server}
     )
+    check_api_key(cfg.api_key, key_source or "--api-key")
+    _check_server_options(cfg)
+    return cfg
+
+
+def check_api_key(key: str | None, source: str) -> None:
+    """A blank key must not turn authentication off (`--api-key "$KEY"` with KEY unset): ValueError naming its
+    source. A key an HTTP header cannot carry as written (surrounding spaces, non-ASCII) is refused too."""
+    if key is None:
+        return
+    if not key.strip():
+        raise ValueError(
+            f"{source} is empty: give a key, or leave it out to serve without authentication (an unset variable "
+            'in --api-key "$KEY" gives an empty key)'
+        )
+    if key != key.strip() or not (key.isascii() and key.isprintable()):
+        raise ValueError(
+            f"{source} must be printable ASCII without leading or trailing spaces (what an Authorization header "
+            "carries)"
+        )
+
+
+def _check_server_options(cfg: ServeConfig) -> None:
     if not 0 <= cfg.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {cfg.port}")
     if cfg.max_queue < 0:
@@ -164,6 +218,12 @@ def resolve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(f"--max-request-body-bytes must be >= 1, got {cfg.max_request_body_bytes}")
     if not cfg.shutdown_timeout >= 0:
         raise ValueError(f"--shutdown-timeout must be >= 0 seconds, got {cfg.shutdown_timeout}")
+    for name in ("read_timeout", "keep_alive_timeout"):
+        value = getattr(cfg, name)
+        if not 0 < value < math.inf:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}")
+    if cfg.max_connections < 1:
+        raise ValueError(f"--max-connections must be >= 1, got {cfg.max_connections}")
     if cfg.per_request_spec_decode_metrics not in SPEC_METRICS_LEVELS:
         raise ValueError(
             f"per-request-spec-decode-metrics must be one of {', '.join(SPEC_METRICS_LEVELS)}, got "
@@ -177,7 +237,6 @@ def resolve_config(args: argparse.Namespace) -> ServeConfig:
         raise ValueError(
             f"uvicorn-log-level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.uvicorn_log_level!r}"
         )
-    return cfg
 
 
 def run_server(args: argparse.Namespace) -> int:
@@ -206,6 +265,7 @@ def run_server(args: argparse.Namespace) -> int:
     )
     shown = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "api_key"}
     logging.getLogger("verispec.server").info("verispec serve config: %s", shown)
+    limits = fit_limits(cfg.read_timeout, cfg.max_connections)
     config = uvicorn.Config(
         app,
         host=cfg.host,
@@ -213,6 +273,10 @@ def run_server(args: argparse.Namespace) -> int:
         log_level=cfg.uvicorn_log_level,
         access_log=not cfg.disable_uvicorn_access_log,
         timeout_graceful_shutdown=10,
+        # uvicorn's h11 protocol with a read timeout and a connection limit (verispec/server/connections.py)
+        http=guarded_protocol(limits),
+        backlog=limits.backlog,
+        timeout_keep_alive=cfg.keep_alive_timeout,  # type: ignore[arg-type]
     )
     DrainingServer(config, cfg.shutdown_timeout).run()
     return 0

@@ -63,7 +63,8 @@ def _validation_message(e: RequestValidationError) -> JSONResponse:
             detail = err.get("ctx", {}).get("error", err.get("msg"))
             return error_response(400, f"Invalid JSON body: {detail}")
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        param = param or (loc[0] if loc else None)
+        # a whole-request check (protocol.FieldError) names its field itself
+        param = param or (loc[0] if loc else getattr(err.get("ctx", {}).get("error"), "field", None))
         parts.append(f"{'.'.join(loc) or 'body'}: {err.get('msg')}")
     return error_response(400, "; ".join(parts) or "invalid request", param)
 

@@ -1,8 +1,9 @@
 """The server's front door, ahead of routing and body parsing (a plain ASGI middleware).
 
-It refuses a body over `--max-request-body-bytes` with 413 before reading it (from Content-Length, or while a
-chunked body arrives), refuses new /v1 requests with 503 while the server drains for shutdown, and counts the
-requests in progress so that the shutdown can wait for their responses to be sent.
+It answers 401 to a /v1 request without the API key (verispec/server/auth.py), refuses a body over
+`--max-request-body-bytes` with 413 before reading it (from Content-Length, or while a chunked body arrives),
+refuses new /v1 requests with 503 while the server drains for shutdown, and counts the requests in progress so that
+the shutdown can wait for their responses to be sent.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from verispec.server.auth import UNAUTHORIZED, authorized, needs_key
 from verispec.server.errors import error_response
 
 
@@ -29,16 +31,21 @@ class Admission:
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int, admission: Admission):
+    def __init__(self, app: ASGIApp, max_body_bytes: int, admission: Admission, api_key: str | None = None):
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.admission = admission
+        self.api_key = api_key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.admission.draining and scope["path"].startswith("/v1/"):
+        keyed = needs_key(scope["path"])
+        if keyed and self.api_key is not None and not authorized(scope, self.api_key):
+            await error_response(401, UNAUTHORIZED)(scope, receive, send)
+            return
+        if self.admission.draining and keyed:
             msg = "The server is shutting down and accepts no new requests."
             await error_response(503, msg)(scope, receive, send)
             return

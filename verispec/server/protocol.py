@@ -1,23 +1,47 @@
 """OpenAI request/response models for /v1/completions and /v1/chat/completions (vLLM's extra fields included).
 
 Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement
-(prompt_logprobs, response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Errors use OpenAI's
-nested shape `{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception
-class.
+(prompt_logprobs, response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Types
+are strict (no "4" or true for an integer, only finite numbers), list fields have limits (LIST_LIMITS), and a lone
+UTF-16 surrogate anywhere, unknown fields included, is a 400. Errors use OpenAI's nested shape
+`{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception class.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from verispec.sampling_params import SamplingParams
 
 # vLLM's default --max-logprobs
 MAX_LOGPROBS = 20
+# JSON types as OpenAI checks them: pydantic's lax mode would coerce "4" and true to 4 and 1, and "0.5" to 0.5; an
+# integer is a number, and a number is finite (Python's JSON parser reads NaN and Infinity)
+Number = Annotated[float, Strict(), AllowInfNan(False)]
+# Most entries each list field may hold (a 400 above): every entry costs work at every step (stop strings, bad
+# words) or when the request is added. allowed_token_ids may list a whole vocabulary (the largest we know: 262k).
+LIST_LIMITS = {
+    "stop": 1024,
+    "stop_token_ids": 1024,
+    "bad_words": 1024,
+    "logit_bias": 1024,
+    "allowed_token_ids": 1 << 18,
+}
 
 
 def random_id(prefix: str) -> str:
@@ -47,8 +71,36 @@ def check_unicode(value: Any, path: str) -> None:
             check_unicode(v, f"{path}[{k!r}]")
 
 
+class FieldError(ValueError):
+    """A ValueError naming the request field at fault (pydantic reports a whole-model error without one)."""
+
+    def __init__(self, message: str, field: str | None):
+        super().__init__(message)
+        self.field = field
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unknown_fields_valid_unicode(cls, data: Any) -> Any:
+        """Unknown fields are ignored, but a lone surrogate in one (or in its name) is still a 400: the docs
+        promise it for anywhere in a request."""
+        if not isinstance(data, dict):
+            return data
+        for key, value in data.items():
+            if key in cls.model_fields:
+                continue
+            try:
+                check_unicode(key, "a field name")
+            except ValueError as e:
+                raise FieldError(str(e), None) from None
+            try:
+                check_unicode(value, key)
+            except ValueError as e:
+                raise FieldError(str(e), key) from None
+        return data
 
     @field_validator("*", mode="after")
     @classmethod
@@ -59,51 +111,59 @@ class _Request(BaseModel):
 
 
 class StreamOptions(_Request):
-    include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
+    include_usage: StrictBool | None = False
+    continuous_usage_stats: StrictBool | None = False
 
 
 class _SamplingFields(_Request):
     """Fields shared by both endpoints: OpenAI's plus vLLM's extensions."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    n: int = 1
-    seed: int | None = None
+    max_tokens: StrictInt | None = None
+    temperature: Number | None = None
+    top_p: Number | None = None
+    top_k: StrictInt | None = None
+    min_p: Number | None = None
+    n: StrictInt = 1
+    seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    presence_penalty: float | None = 0.0
-    frequency_penalty: float | None = 0.0
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    stream: bool | None = False
+    stop_token_ids: list[StrictInt] | None = None
+    presence_penalty: Number | None = 0.0
+    frequency_penalty: Number | None = 0.0
+    repetition_penalty: Number | None = None
+    ignore_eos: StrictBool = False
+    min_tokens: StrictInt = 0
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = (
+    logit_bias: dict[str, Number] | None = (
         # OpenAI: token id (as a string) -> bias, clamped to [-100, 100]
         None
     )
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[StrictInt] | None = None
     bad_words: list[str] | None = None
     # OpenAI / vLLM fields this server does not implement: accepted at their neutral value, a 400 naming the field
     # otherwise (never silently ignored: each would change the output)
-    prompt_logprobs: int | None = None
-    best_of: int | None = None
-    use_beam_search: bool = False
+    prompt_logprobs: StrictInt | None = None
+    best_of: StrictInt | None = None
+    use_beam_search: StrictBool = False
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    truncate_prompt_tokens: int | None = None
+    truncate_prompt_tokens: StrictInt | None = None
+
+    @field_validator(*LIST_LIMITS, mode="before")
+    @classmethod
+    def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
+        limit = LIST_LIMITS[info.field_name]
+        if isinstance(value, (list, dict)) and len(value) > limit:
+            raise ValueError(f"{info.field_name} may hold at most {limit} entries, got {len(value)}")
+        return value
 
     def unsupported(self) -> list[str]:
         """Names of the fields set to something this server would have to ignore."""
@@ -187,9 +247,9 @@ class CompletionRequest(_SamplingFields):
     # token ids: no true/false or 1.0 coerced
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     # OpenAI's and vLLM's default for completions
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    echo: bool = False
+    max_tokens: StrictInt | None = 16
+    logprobs: StrictInt | None = None
+    echo: StrictBool = False
     suffix: str | None = None
 
     def unsupported(self) -> list[str]:
@@ -228,10 +288,10 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = None
-    add_generation_prompt: bool = True
+    max_completion_tokens: StrictInt | None = None
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = None
+    add_generation_prompt: StrictBool = True
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from verispec.engine.fanout import EngineRequest, combine_spec_metrics, fan_out
 from verispec.outputs import RequestOutput
+from verispec.sample.constraints import bad_words_token_ids
 from verispec.server import protocol as P
 from verispec.server.async_engine import AsyncEngine, EngineError, QueueFullError, RequestGroup
 from verispec.server.errors import APIError, bad_request
@@ -90,8 +91,9 @@ class ServingContext:
         logprobs: int | None,
         prompt_logprobs: int | None = None,
     ) -> list[EngineRequest]:
-        """Every prompt's n engine requests (ids f"{base}-{i}" per prompt when several, then fanout's)."""
-        out = []
+        """Every prompt's n engine requests (ids f"{base}-{i}" per prompt when several, then fanout's), with the
+        bad words tokenized once for all of them. Run it off the event loop: a request may list 1,024 bad words."""
+        out: list[EngineRequest] = []
         for i, (text, ids) in enumerate(prompts):
             try:
                 sp = req.sampling_params(
@@ -101,6 +103,11 @@ class ServingContext:
                 raise bad_request(e) from None
             rid = base if len(prompts) == 1 else f"{base}-{i}"
             out += fan_out(rid, text, ids, sp)
+        if out and out[0].params.bad_words and self.tokenizer is not None:
+            # here, not on the engine thread, which would stall every running request meanwhile
+            words = bad_words_token_ids(out[0].params.bad_words, self.tokenizer)
+            for r in out:
+                r.bad_words_token_ids = words
         if len(out) > self.max_children:
             raise APIError(
                 400,

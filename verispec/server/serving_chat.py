@@ -23,7 +23,9 @@ async def create_chat_completion(ctx: ServingContext, req: P.ChatCompletionReque
     prompts = [await asyncio.to_thread(chat_prompt, ctx, req)]
     rid = P.random_id("chatcmpl")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    group = await ctx.submit(ctx.engine_requests(rid, prompts, req, max_tokens, logprobs))
+    group = await ctx.submit(
+        await asyncio.to_thread(ctx.engine_requests, rid, prompts, req, max_tokens, logprobs)
+    )
     created, name = int(time.time()), req.model or ctx.model_name
     top = req.top_logprobs or 0
     if not req.stream:

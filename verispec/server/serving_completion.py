@@ -31,7 +31,9 @@ async def create_completion(ctx: ServingContext, req: P.CompletionRequest, reque
     # echo: the prompt leads each choice's text (and its logprobs); max_tokens=0 returns the prompt alone
     echo_only = req.echo and req.max_tokens == 0
     max_tokens = 1 if echo_only else req.max_tokens
-    reqs = ctx.engine_requests(rid, prompts, req, max_tokens, logprobs, logprobs if req.echo else None)
+    reqs = await asyncio.to_thread(
+        ctx.engine_requests, rid, prompts, req, max_tokens, logprobs, logprobs if req.echo else None
+    )
     group = await ctx.submit(reqs)
     created, name = int(time.time()), req.model or ctx.model_name
     finals = None if req.stream else await collect(request, ctx.engine, group)
@@ -102,6 +104,13 @@ def completion_prompts(prompt, tokenizer, ctx: ServingContext | None = None) -> 
         raise APIError(400, "prompt must not be empty", "prompt")
     if isinstance(prompt[0], int):
         return [(None, list(prompt))]
+    if ctx is not None and len(prompt) > ctx.max_children:
+        # refused before tokenizing thousands of prompts that could never all run
+        raise APIError(
+            400,
+            f"prompt holds {len(prompt)} prompts; at most {ctx.max_children} sequences (prompts x n) are allowed.",
+            "prompt",
+        )
     out = []
     for p in prompt:
         if isinstance(p, str):

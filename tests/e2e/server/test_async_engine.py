@@ -4,6 +4,7 @@ the batch it ran."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import openai
 import pytest
@@ -75,3 +76,39 @@ def test_engine_step_failure_only_fails_that_batch(ckpt):
             ae.shutdown()
 
     asyncio.run(main())
+
+
+def test_bad_words_are_tokenized_off_the_engine_thread(ckpt, monkeypatch):
+    """A request's bad_words are tokenized by the front end (ServingContext.engine_requests, in a worker thread),
+    never by the engine thread that steps every request; the engine applies them all the same."""
+    from verispec.server import protocol as P
+    from verispec.server.async_engine import AsyncEngine
+    from verispec.server.serving import ServingContext
+
+    local = LLM(ckpt, max_model_len=64, max_num_seqs=2)
+    prompt = [5, 6, 7, 8]
+    words = ["a", "b c", "hello"]
+    ref = local.generate([{"prompt_token_ids": prompt}], greedy(8, bad_words=words), use_tqdm=False)[0]
+    threads: list[str] = []
+    real_encode = local.tokenizer.encode
+
+    def encode(*args, **kw):
+        threads.append(threading.current_thread().name)
+        return real_encode(*args, **kw)
+
+    monkeypatch.setattr(local.tokenizer, "encode", encode)
+
+    async def main() -> list:
+        ae = AsyncEngine(local, None, max_queue=4)
+        ae.start()
+        try:
+            ctx = ServingContext(ae, local.tokenizer, ["tiny"], 64, 6)
+            req = P.CompletionRequest(prompt=prompt, temperature=0, ignore_eos=True, bad_words=words)
+            reqs = await asyncio.to_thread(ctx.engine_requests, "r", [(None, prompt)], req, 8, None)
+            return [out async for _, out in await ae.submit(reqs)]
+        finally:
+            ae.shutdown()
+
+    outs = asyncio.run(main())
+    assert outs[-1].outputs[0].token_ids == ref.outputs[0].token_ids
+    assert threads and "verispec-engine" not in threads, threads

@@ -4,6 +4,7 @@ with one line."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -78,3 +79,33 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
         lines = [x for x in err.splitlines() if x.strip()]
         assert proc.returncode == 2, (c, err)
         assert len(lines) == 1 and "error" in lines[0] and "Traceback" not in err, (c, err)
+
+
+def test_a_blank_api_key_refuses_to_start(tmp_path):
+    """`--api-key "$KEY"` with KEY unset must not serve without authentication: exit 2, one line naming where the
+    blank key came from, before the model is loaded."""
+    cfg = tmp_path / "blank.yaml"
+    cfg.write_text('api-key: " "\n')
+    cases = [
+        (["m", "--api-key", ""], {}, "--api-key"),
+        (["m", "--api-key", "  \t"], {}, "--api-key"),
+        (["m", "--config", str(cfg)], {}, "api-key"),
+        (["m"], {"VERISPEC_API_KEY": ""}, "VERISPEC_API_KEY"),
+        (["m", "--api-key", " padded "], {}, "--api-key"),
+    ]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "verispec.server.cli", *args],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for args, env, _ in cases
+    ]
+    for (args, _, needle), proc in zip(cases, procs):
+        _, err = proc.communicate(timeout=120)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert proc.returncode == 2 and len(lines) == 1, (args, err)
+        assert needle in lines[0] and "Traceback" not in err, (args, err)

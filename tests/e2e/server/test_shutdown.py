@@ -79,3 +79,40 @@ def test_sigterm_drains_then_ends_the_rest(tmp_path):
     assert 2.5 < took < 20, took
     log = (tmp_path / "drain.log").read_text()
     assert "Traceback" not in log and re.search(r"ending \d+ requests", log), log[-3000:]
+
+
+def test_a_second_sigterm_exits_at_once(tmp_path):
+    """A second SIGTERM while draining exits within seconds, however long --shutdown-timeout is; the stream still
+    running ends with an error event and [DONE], and the log has no traceback."""
+    slow = write_tiny_checkpoint(
+        tmp_path / "slow", "llama", num_layers=12, hidden_size=512, intermediate_size=2048
+    )
+    args = [str(slow), "--max-model-len", "512", "--shutdown-timeout", "120", "--disable-uvicorn-access-log"]
+    srv = Server(args, tmp_path / "twice.log").wait_ready()
+    # 8 sequences of 480 tokens with logprobs: far longer than the test may wait on any machine
+    body = {"prompt": "count", "max_tokens": 480, "ignore_eos": True, "temperature": 0, "n": 8, "logprobs": 5}
+    body["stream"] = True
+    lines: list[str] = []
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{srv.url}/v1/completions", json=body, timeout=120) as r:
+            lines.extend(x for x in r.iter_lines() if x)
+
+    t = threading.Thread(target=stream)
+    try:
+        t.start()
+        wait_for(lambda: len(lines) >= 2, 60, "the stream's first tokens")
+        srv.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(f"{srv.url}/health", timeout=5).status_code == 503, 10, "draining /health")
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        srv.proc.wait(30)
+        took = time.monotonic() - t0
+        t.join(10)
+    finally:
+        srv.stop()
+    assert took < 5, took
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    assert json.loads(lines[-2][len("data: ") :])["error"]["code"] == 503, lines[-3:]
+    log = (tmp_path / "twice.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
