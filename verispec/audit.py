@@ -301,7 +301,7 @@ def run_audit(
         raise ValueError(f"--samples must be >= 0 and --max-tokens >= 1, got {samples} and {max_tokens}")
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"--temperature must be >= 0 and --top-p in (0, 1], got {temperature} and {top_p}")
-    plain = LLM(**vars(replace(args, speculative_config=None)))
+    plain = LLM(**vars(replace(args, speculative_config=None, per_request_spec_decode_metrics="none")))
     ids = read_prompts(prompts, plain.tokenizer) if prompts is not None else _encode(plain, DEFAULT_PROMPTS)
     rows = []
     planner_on = spec.get("enable_adaptive_verification", True)

@@ -191,7 +191,8 @@ def run_bench(
         check_plot_path(plot)
     kw = {k: v for k, v in vars(engine).items() if k != "speculative_config"} | {"max_num_seqs": batch_size}
     model = engine.model
-    plain = LLM(**kw)
+    # the plain run has no speculation to report per request
+    plain = LLM(**kw | {"per_request_spec_decode_metrics": "none"})
     # a bad config fails now, not after the plain run
     resolve_speculative_config(spec, plain.max_model_len, target_model=model)
     tok = plain.tokenizer

@@ -52,8 +52,9 @@ class Request:
     stop_reason: int | str | None = None
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
-    # (draft depth, accepted) per verify step: the request's SpecDecodeMetrics
-    spec_steps: list[tuple[int, int]] = field(default_factory=list)
+    # (draft depth, tokens drafted, accepted) per verify step, kept with per_request_spec_decode_metrics:
+    # the request's SpecDecodeMetrics
+    spec_steps: list[tuple[int, int, int]] = field(default_factory=list)
     # decode steps the request has been scored in (its commit rate: `tokens_per_step`)
     decode_steps: int = 0
     kv_transfer_params: dict | None = (

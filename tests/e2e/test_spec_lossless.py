@@ -682,14 +682,15 @@ def test_token_tree_greedy_equality_and_branch_acceptance(tiny_llama, pass_throu
 def test_request_output_spec_decode_metrics_add_up_to_the_engine_counters(
     tiny_llama, pass_through_eagle, tree
 ):
-    """RequestOutput.spec_decode_metrics (per request, per position) of a chain or a tree sum to the engine's
-    spec-decode counters; a plain engine reports none."""
+    """RequestOutput.spec_decode_metrics (per request, per position; per_request_spec_decode_metrics detailed) of a
+    chain or a tree sum to the engine's spec-decode counters; a plain engine reports none."""
     spec = {"method": "eagle", "model": pass_through_eagle, "num_speculative_tokens": 2}
     llm = LLM(
         tiny_llama,
         max_model_len=256,
         max_num_seqs=16,
         speculative_config=spec | {"speculative_token_tree": tree},
+        per_request_spec_decode_metrics="detailed",
     )
     sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     outs = llm.generate(helpers.prompts(3, seed=7) + [{"prompt_token_ids": [5, 6, 7]}], sp, use_tqdm=False)
@@ -697,6 +698,7 @@ def test_request_output_spec_decode_metrics_add_up_to_the_engine_counters(
     for o, m in zip(outs, ms):
         assert (m.num_draft_tokens, m.num_accepted_tokens) == (o.num_draft_tokens, o.num_accepted_tokens)
         assert sum(m.acceptance_histogram) == m.num_spec_steps == len(m.per_step_accepted)
+        assert sum(m.per_step_drafted) == m.num_draft_tokens
         assert all(a <= d for a, d in zip(m.num_accepted_tokens_per_pos, m.num_draft_tokens_per_pos))
     stats = llm.engine.counters.spec
     assert sum(m.num_spec_steps for m in ms) == stats.num_drafts > 0

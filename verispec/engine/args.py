@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from verispec.loader.checkpoint import ACTIVATION_DTYPES, DEFAULT_MODEL
+from verispec.outputs import SPEC_METRICS_LEVELS
 from verispec.spec_config import parse_json_config
 
 
@@ -43,6 +44,8 @@ class EngineArgs:
     # speculative decoding (vLLM's keys), and extract_hidden_states' connector
     speculative_config: Mapping[str, Any] | str | None = None
     kv_transfer_config: Mapping[str, Any] | str | None = None
+    # each finished output's speculation (SpecDecodeMetrics): none (nothing collected) | summary | detailed
+    per_request_spec_decode_metrics: str = "none"
 
     def __post_init__(self) -> None:
         # JSON strings (--speculative-config) become dicts here, so that every command parses them in one place
@@ -71,6 +74,21 @@ class EngineArgs:
             )
         if self.max_model_len is not None and (not _is_int(self.max_model_len) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        self._check_spec_metrics()
+
+    def _check_spec_metrics(self) -> None:
+        level = self.per_request_spec_decode_metrics
+        if level not in SPEC_METRICS_LEVELS:
+            allowed = ", ".join(SPEC_METRICS_LEVELS)
+            raise ValueError(
+                f"per_request_spec_decode_metrics={level!r} is not supported; allowed: {allowed}"
+            )
+        # as vLLM: there is nothing to report without a speculative method
+        if level != "none" and not self.speculative_config:
+            raise ValueError(
+                f"per_request_spec_decode_metrics={level!r} requires speculative decoding to be enabled (via "
+                "--speculative-config)"
+            )
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, with_defaults: bool = True) -> None:
@@ -135,18 +153,7 @@ class EngineArgs:
             default=None,
             help="most tokens one decode step may score (default 32 on a CPU, 2048 on a GPU)",
         )
-        parser.add_argument(
-            "--speculative-config",
-            "-sc",
-            default=None,
-            help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
-        )
-        parser.add_argument(
-            "--kv-transfer-config",
-            default=None,
-            help="JSON for method extract_hidden_states: kv_connector ExampleHiddenStatesConnector, "
-            "kv_connector_extra_config.shared_storage_path",
-        )
+        _add_spec_args(parser, default)
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace, **overrides: Any) -> EngineArgs:
@@ -161,6 +168,29 @@ class EngineArgs:
         """The engine settings among `values` (a merged config); other keys are ignored."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+
+def _add_spec_args(parser: argparse.ArgumentParser, default) -> None:
+    """Speculation: its config, extract_hidden_states' connector, per-request metrics."""
+    parser.add_argument(
+        "--speculative-config",
+        "-sc",
+        default=None,
+        help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+    )
+    parser.add_argument(
+        "--kv-transfer-config",
+        default=None,
+        help="JSON for method extract_hidden_states: kv_connector ExampleHiddenStatesConnector, "
+        "kv_connector_extra_config.shared_storage_path",
+    )
+    parser.add_argument(
+        "--per-request-spec-decode-metrics",
+        default=default("per_request_spec_decode_metrics"),
+        choices=SPEC_METRICS_LEVELS,
+        help="each finished output's (and response's) speculative-decoding figures: none (default) | summary | "
+        "detailed (also per-step arrays)",
+    )
 
 
 def _add_runtime_args(parser: argparse.ArgumentParser, default) -> None:

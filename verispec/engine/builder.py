@@ -119,6 +119,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         disable_by_batch_size=spec.disable_by_batch_size if spec else None,
         spec_token_budget=args.spec_token_budget or (32 if device.type == "cpu" else 2048),
         draft_max_model_len=spec.max_model_len if spec else None,
+        spec_metrics=args.per_request_spec_decode_metrics,
     )
     if spec is not None:
         opts.spec_schedule = spec.num_speculative_tokens_per_batch_size

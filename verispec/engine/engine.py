@@ -335,7 +335,8 @@ class LLMEngine:
                 depth = len(d) if tree is None else tree.max_depth
                 r.num_draft_tokens += len(d)
                 r.num_accepted_tokens += n
-                r.spec_steps.append((depth, n))
+                if self.opts.spec_metrics != "none":
+                    r.spec_steps.append((depth, len(d), n))
                 stats = stats or SpecDecodingStats(k)
                 stats.observe_draft(len(d), n, depth)
         if stats is not None:
@@ -413,6 +414,8 @@ class LLMEngine:
             del self.requests[request_id]
 
     def output_of(self, r: Request) -> RequestOutput:
+        # on the finished output only, as vLLM
+        spec = self._spec_metrics(r) if r.finished else None
         comp = CompletionOutput(
             0,
             r.text,
@@ -421,6 +424,7 @@ class LLMEngine:
             r.logprobs,
             r.finish_reason,
             r.stop_reason,
+            spec,
         )
         return RequestOutput(
             r.request_id,
@@ -432,12 +436,16 @@ class LLMEngine:
             r.num_accepted_tokens,
             prompt_logprobs=r.prompt_logprobs,
             kv_transfer_params=r.kv_transfer_params,
-            spec_decode_metrics=self._spec_metrics(r) if r.finished and self.proposer is not None else None,
+            spec_decode_metrics=spec,
         )
 
-    def _spec_metrics(self, r: Request) -> SpecDecodeMetrics:
+    def _spec_metrics(self, r: Request) -> SpecDecodeMetrics | None:
+        """The request's SpecDecodeMetrics, or None when not asked for or without a speculative method."""
+        level = self.opts.spec_metrics
+        if level == "none" or self.proposer is None:
+            return None
         return SpecDecodeMetrics.from_steps(
-            r.spec_steps, self.opts.num_speculative_tokens, r.num_draft_tokens
+            r.spec_steps, self.opts.num_speculative_tokens, level == "detailed"
         )
 
 

@@ -22,3 +22,5 @@ class EngineOptions:
     draft_max_model_len: int | None = None
     # num_speculative_tokens_per_batch_size: [(start_bs, end_bs, K), ...], K by decode batch size
     spec_schedule: tuple[tuple[int, int, int], ...] | None = None
+    # per_request_spec_decode_metrics: none (no verify steps kept) | summary | detailed
+    spec_metrics: str = "none"

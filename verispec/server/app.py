@@ -37,7 +37,6 @@ def build_app(
     max_queue: int = 256,
     model_path: str | None = None,
     max_request_body_bytes: int = 4 << 20,
-    spec_metrics: str = "none",
 ) -> FastAPI:
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
     spec = llm.speculative_config
@@ -46,7 +45,12 @@ def build_app(
     )
     engine = AsyncEngine(llm, metrics, max_queue)
     ctx = ServingContext(
-        engine, llm.tokenizer, names, llm.max_model_len, max_queue + engine.num_slots, spec_metrics
+        engine,
+        llm.tokenizer,
+        names,
+        llm.max_model_len,
+        max_queue + engine.num_slots,
+        llm.engine.opts.spec_metrics,
     )
 
     @asynccontextmanager

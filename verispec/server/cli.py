@@ -43,7 +43,6 @@ class ServeConfig:
     read_timeout: float = 10.0
     keep_alive_timeout: float = 5.0
     max_connections: int = 512
-    per_request_spec_decode_metrics: str = "none"
     uvicorn_log_level: str = "info"
     disable_uvicorn_access_log: bool = False
     engine: EngineArgs = field(default_factory=EngineArgs)
@@ -51,7 +50,6 @@ class ServeConfig:
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 API_KEY_ENV = "VERISPEC_API_KEY"
-SPEC_METRICS_LEVELS = ("none", "summary", "detailed")
 # what a --config file may set: every engine setting and every server option, by name
 _OPTIONS = {f.name: f for f in (*fields(EngineArgs), *fields(ServeConfig)) if f.name != "engine"}
 
@@ -107,12 +105,6 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="open connections at most; one more closes the one idle longest, or gets 503 if none is (default 512)",
-    )
-    p.add_argument(
-        "--per-request-spec-decode-metrics",
-        default=None,
-        choices=SPEC_METRICS_LEVELS,
-        help="add each request's speculative-decoding figures to its response (vLLM's flag; default none)",
     )
     p.add_argument("--uvicorn-log-level", default=None, choices=_LOG_LEVELS)
     p.add_argument("--disable-uvicorn-access-log", action="store_true", default=None)
@@ -224,15 +216,6 @@ def _check_server_options(cfg: ServeConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}")
     if cfg.max_connections < 1:
         raise ValueError(f"--max-connections must be >= 1, got {cfg.max_connections}")
-    if cfg.per_request_spec_decode_metrics not in SPEC_METRICS_LEVELS:
-        raise ValueError(
-            f"per-request-spec-decode-metrics must be one of {', '.join(SPEC_METRICS_LEVELS)}, got "
-            f"{cfg.per_request_spec_decode_metrics!r}"
-        )
-    if cfg.per_request_spec_decode_metrics != "none" and not cfg.engine.speculative_config:
-        raise ValueError(
-            "--per-request-spec-decode-metrics needs speculative decoding (--speculative-config)"
-        )
     if cfg.uvicorn_log_level not in _LOG_LEVELS:
         raise ValueError(
             f"uvicorn-log-level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.uvicorn_log_level!r}"
@@ -261,7 +244,6 @@ def run_server(args: argparse.Namespace) -> int:
         max_queue=cfg.max_queue,
         model_path=cfg.engine.model,
         max_request_body_bytes=cfg.max_request_body_bytes,
-        spec_metrics=cfg.per_request_spec_decode_metrics,
     )
     shown = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "api_key"}
     logging.getLogger("verispec.server").info("verispec serve config: %s", shown)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verispec.engine.fanout import EngineRequest, combine_spec_metrics, fan_out
+from verispec.engine.fanout import EngineRequest, fan_out
 from verispec.outputs import RequestOutput
 from verispec.sample.constraints import bad_words_token_ids
 from verispec.server import protocol as P
@@ -27,7 +27,7 @@ class ServingContext:
     max_model_len: int
     # most engine requests (prompts x n) one HTTP request may ask for
     max_children: int
-    # --per-request-spec-decode-metrics: none | summary | detailed
+    # --per-request-spec-decode-metrics (the engine's setting): none | summary | detailed
     spec_metrics: str = "none"
 
     @property
@@ -39,12 +39,13 @@ class ServingContext:
             raise APIError(404, f"The model `{name}` does not exist.", "model")
 
     def response_metrics(self, finals: list[RequestOutput | None]) -> dict | None:
-        """The response's `metrics` object (vLLM's: {"speculative_decoding": {...}}) over all its choices, or
-        None when not asked for (--per-request-spec-decode-metrics none)."""
+        """The response's `metrics` object, vLLM's {"speculative_decoding": {...}}, or None when not asked for
+        (--per-request-spec-decode-metrics none). As in vLLM it describes one generation stream: null for a
+        response of several sequences (n > 1, or a batch of prompts)."""
         if self.spec_metrics == "none":
             return None
-        spec = combine_spec_metrics([f for f in finals if f is not None])
-        return {"speculative_decoding": spec.to_json(self.spec_metrics == "detailed") if spec else None}
+        spec = finals[0].spec_decode_metrics if len(finals) == 1 and finals[0] is not None else None
+        return {"speculative_decoding": spec.to_json() if spec is not None else None}
 
     def check_text_length(self, nbytes: int, param: str) -> None:
         """400 for a text that cannot fit the context (checked before tokenizing it, which would take long)."""

@@ -394,3 +394,73 @@ def test_generating_on_another_thread_warns_once(tiny_llama):
         # the loading thread: no warning
         warnings.simplefilter("error")
         llm.generate([{"prompt_token_ids": [1, 2, 3]}], sp, use_tqdm=False)
+
+
+def _spec_llm(tiny_llama: str, level: str) -> LLM:
+    # fixed K: every step verifies its n-gram drafts, which the figures below then count
+    spec = helpers.NGRAM | {"enable_adaptive_verification": False}
+    return LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        speculative_config=spec,
+        per_request_spec_decode_metrics=level,
+    )
+
+
+def test_per_request_spec_decode_metrics_on_outputs(tiny_llama):
+    """per_request_spec_decode_metrics="detailed" (vLLM's setting): each finished CompletionOutput and its
+    RequestOutput carry the request's SpecDecodeMetrics, whose figures agree with each other, with the output's
+    draft counts and, summed, with the engine's spec-decode counters."""
+    llm = _spec_llm(tiny_llama, "detailed")
+    sp = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    outs = llm.generate(helpers.prompts(3, seed=7), sp, use_tqdm=False)
+    for o in outs:
+        m = o.spec_decode_metrics
+        assert m is o.outputs[0].spec_decode_metrics and m.detailed
+        assert (m.num_draft_tokens, m.num_accepted_tokens) == (o.num_draft_tokens, o.num_accepted_tokens)
+        assert m.num_spec_tokens == 3 and len(m.acceptance_histogram) == 4
+        assert (
+            m.num_spec_steps
+            == sum(m.acceptance_histogram)
+            == len(m.per_step_accepted)
+            == len(m.per_step_drafted)
+        )
+        assert m.num_draft_tokens == sum(m.per_step_drafted) and m.num_accepted_tokens == sum(
+            m.per_step_accepted
+        )
+        assert all(0 <= a <= d <= 3 for a, d in zip(m.per_step_accepted, m.per_step_drafted))
+        assert {k: sum(row) for k, row in m.acceptance_histogram_by_draft_length.items()} == {
+            k: m.per_step_drafted.count(k) for k in set(m.per_step_drafted)
+        }
+        assert m.mean_acceptance_length == pytest.approx(1 + m.num_accepted_tokens / max(m.num_spec_steps, 1))
+        # every verify step commits its accepted drafts and one token of the target's
+        assert m.num_spec_steps + m.num_accepted_tokens <= len(o.outputs[0].token_ids)
+    stats = llm.engine.counters.spec
+    assert sum(o.spec_decode_metrics.num_spec_steps for o in outs) == stats.num_drafts > 0
+    assert sum(o.spec_decode_metrics.num_accepted_tokens for o in outs) == stats.num_accepted_tokens > 0
+    # n > 1: each sample its own figures, the RequestOutput their sum
+    two = llm.generate(
+        helpers.prompts(1, seed=8), SamplingParams(n=2, temperature=0.8, seed=1, max_tokens=20)
+    )[0]
+    parts = [c.spec_decode_metrics for c in two.outputs]
+    assert two.spec_decode_metrics.num_spec_steps == sum(p.num_spec_steps for p in parts)
+    assert two.spec_decode_metrics.per_step_drafted == parts[0].per_step_drafted + parts[1].per_step_drafted
+
+
+def test_per_request_spec_decode_metrics_summary_and_none(tiny_llama):
+    """summary: the counts and histograms, no per-step arrays; none (the default): nothing at all."""
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    prompts = helpers.prompts(2, seed=9)
+    summary = _spec_llm(tiny_llama, "summary").generate(prompts, sp, use_tqdm=False)
+    for o in summary:
+        m = o.outputs[0].spec_decode_metrics
+        assert not m.detailed and m.per_step_accepted == m.per_step_drafted == []
+        assert m.num_spec_steps == sum(m.acceptance_histogram) and m.num_draft_tokens == o.num_draft_tokens
+        assert "per_step_accepted" not in m.to_json()
+    for o in _spec_llm(tiny_llama, "none").generate(prompts, sp, use_tqdm=False):
+        assert o.spec_decode_metrics is None and o.outputs[0].spec_decode_metrics is None
+        # the output's own draft counts stay
+        assert o.num_draft_tokens > 0
+    with pytest.raises(ValueError, match="requires speculative decoding"):
+        LLM(tiny_llama, max_model_len=64, per_request_spec_decode_metrics="summary")

@@ -44,6 +44,11 @@ def test_cli_config_resolution(tmp_path, monkeypatch):
         ("speculative-config: [1]\n", "mapping"),
         ("- a\n", "mapping"),
         ("a: [\n", "YAML"),
+        (
+            "speculative-config: {method: ngram}\nper-request-spec-decode-metrics: full\n",
+            "per_request_spec_decode_metrics='full' is not supported; allowed: none, summary, detailed",
+        ),
+        ("per-request-spec-decode-metrics: summary\n", "requires speculative decoding"),
     ]:
         bad.write_text(text)
         with pytest.raises(ValueError, match=needle):
@@ -62,6 +67,7 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
         ["m", "--config", str(bad)],
         [str(tmp_path / "missing-model")],
         ["m", "--per-request-spec-decode-metrics", "summary"],
+        ["m", "-sc", '{"method": "ngram"}', "--per-request-spec-decode-metrics", "full"],
         ["m", "--shutdown-timeout", "-1"],
     ]
     procs = [

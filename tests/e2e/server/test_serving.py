@@ -41,12 +41,23 @@ def test_prompt_batches_and_content_parts(plain, llm):
 
 
 def check_spec_metrics(m: dict, completion_tokens: int) -> None:
-    """The figures of one response's speculation agree with each other and with its tokens."""
-    assert m["num_spec_tokens"] == 3 and m["num_spec_steps"] == sum(m["acceptance_histogram"])
+    """The figures of one response's speculation (vLLM's fields at `detailed`, and verispec's per-position ones)
+    agree with each other and with its tokens."""
+    assert m["num_spec_tokens"] == 3 and len(m["acceptance_histogram"]) == 4
+    assert m["num_spec_steps"] == sum(m["acceptance_histogram"]) == len(m["per_step_accepted"])
+    assert len(m["per_step_drafted"]) == m["num_spec_steps"]
     assert (
-        m["num_accepted_draft_tokens"] == sum(m["per_step_accepted"]) == sum(m["num_accepted_tokens_per_pos"])
+        m["num_accepted_draft_tokens"]
+        == sum(m["per_step_accepted"])
+        == sum(j * c for j, c in enumerate(m["acceptance_histogram"]))
+        == sum(m["num_accepted_tokens_per_pos"])
     )
-    assert m["num_draft_tokens"] == sum(m["num_draft_tokens_per_pos"])
+    assert m["num_draft_tokens"] == sum(m["per_step_drafted"]) == sum(m["num_draft_tokens_per_pos"])
+    by_length = m["acceptance_histogram_by_draft_length"]
+    assert {int(k): sum(row) for k, row in by_length.items()} == {
+        k: m["per_step_drafted"].count(k) for k in set(m["per_step_drafted"])
+    }
+    assert all(len(row) == int(k) + 1 for k, row in by_length.items())
     steps, drafted = max(m["num_spec_steps"], 1), max(m["num_draft_tokens"], 1)
     assert m["mean_acceptance_length"] == pytest.approx(1 + m["num_accepted_draft_tokens"] / steps)
     assert m["draft_acceptance_rate"] == pytest.approx(m["num_accepted_draft_tokens"] / drafted)
@@ -57,8 +68,9 @@ def check_spec_metrics(m: dict, completion_tokens: int) -> None:
 
 
 def test_per_request_spec_decode_metrics(spec, plain):
-    """--per-request-spec-decode-metrics detailed (vLLM's flag): each response's `metrics.speculative_decoding`,
-    also on the last chunk of a stream; absent on a server without the flag."""
+    """--per-request-spec-decode-metrics detailed (vLLM's flag): each single-sequence response's
+    `metrics.speculative_decoding`, also on the last chunk of a stream (the usage chunk when asked for); null for
+    several sequences (n > 1, a batch of prompts), as in vLLM; `metrics` null on a server without the flag."""
     headers = {"Authorization": f"Bearer {API_KEY}"}
     body = {"model": "tiny", "prompt": PROMPTS[1], "max_tokens": 40, "temperature": 0, "ignore_eos": True}
     r = httpx.post(f"{spec.url}/v1/completions", json=body, timeout=60).json()
@@ -66,11 +78,15 @@ def test_per_request_spec_decode_metrics(spec, plain):
     check_spec_metrics(m, r["usage"]["completion_tokens"])
     # the repeated phrase is drafted from and accepted
     assert m["num_spec_steps"] > 0 and m["num_accepted_draft_tokens"] > 0
-    r2 = httpx.post(f"{spec.url}/v1/completions", json=body | {"n": 2, "seed": 1}, timeout=60).json()
-    check_spec_metrics(r2["metrics"]["speculative_decoding"], r2["usage"]["completion_tokens"])
+    for several in ({"n": 2, "seed": 1}, {"prompt": PROMPTS[:2]}):
+        r2 = httpx.post(f"{spec.url}/v1/completions", json=body | several, timeout=60).json()
+        assert len(r2["choices"]) == 2 and r2["metrics"] == {"speculative_decoding": None}
+    # the OpenAI client keeps the extension as an extra field
+    c = spec.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=30, temperature=0
+    )
+    check_spec_metrics(c.model_extra["metrics"]["speculative_decoding"], c.usage.completion_tokens)
     chat = {"model": "tiny", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 30}
-    r = httpx.post(f"{spec.url}/v1/chat/completions", json=chat | {"temperature": 0}, timeout=60).json()
-    check_spec_metrics(r["metrics"]["speculative_decoding"], r["usage"]["completion_tokens"])
     for path, req in (("/v1/completions", body), ("/v1/chat/completions", chat)):
         for opts in ({"include_usage": True}, None):
             extra = {"stream": True} | ({"stream_options": opts} if opts else {})

@@ -23,3 +23,24 @@ def test_threads_set_the_process_thread_count(tiny_llama):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2}
+
+
+def test_per_request_spec_decode_metrics_takes_vllm_values():
+    assert EngineArgs().per_request_spec_decode_metrics == "none"
+    for level in ("none", "summary", "detailed"):
+        assert EngineArgs(speculative_config=NGRAM, per_request_spec_decode_metrics=level)
+    for bad in ("full", "", None, 1):
+        with pytest.raises(
+            ValueError, match=r"per_request_spec_decode_metrics=.*allowed: none, summary, detailed"
+        ):
+            EngineArgs(speculative_config=NGRAM, per_request_spec_decode_metrics=bad)
+
+
+@pytest.mark.parametrize("level", ["summary", "detailed"])
+def test_per_request_spec_decode_metrics_needs_a_speculative_config(level):
+    """As vLLM: there is nothing to report without speculation."""
+    with pytest.raises(ValueError, match=r"per_request_spec_decode_metrics=.* requires speculative decoding"):
+        EngineArgs(per_request_spec_decode_metrics=level)
