@@ -81,8 +81,9 @@ def next_token_probs(llm, contexts: list[list[int]], sp: SamplingParams) -> torc
     for start in range(0, len(contexts), chunk):
         part = contexts[start : start + chunk]
         rows = [RowInput(j, 0, list(c), logits_from=len(c) - 1) for j, c in enumerate(part)]
-        # [n, V]
-        logits = runner.run(rows).logits
+        with runner.cache.borrowed(range(len(part)), max(len(c) for c in part) + 1):
+            # [n, V]
+            logits = runner.run(rows).logits
         st = S.SamplingTensors.from_params([sp] * len(part), logits.device, v)
         out.append(S.logits_to_probs(logits, st).float().cpu())
     return torch.cat(out)

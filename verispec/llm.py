@@ -41,7 +41,15 @@ class LLM:
         self._counter = 0
 
     # ------------------------------------------------------------------ prompts
-    def _to_ids(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _to_ids(self, prompt: PromptType) -> tuple[str | None, list[int], str | None]:
+        """-> (text, token ids, cache salt)."""
+        text, ids = self._ids_of(prompt)
+        salt = prompt.get("cache_salt") if isinstance(prompt, Mapping) else None
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise ValueError("cache_salt must be a non-empty string")
+        return text, ids, salt
+
+    def _ids_of(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("text prompts need a tokenizer; pass {'prompt_token_ids': [...]} instead")
@@ -53,7 +61,7 @@ class LLM:
                     raise ValueError("prompt_token_ids must be a list of ints")
                 return prompt.get("prompt"), list(ids)
             if "prompt" in prompt:
-                return self._to_ids(prompt["prompt"])
+                return self._ids_of(prompt["prompt"])
         raise ValueError("each prompt must be a str or a dict with 'prompt_token_ids' (or 'prompt')")
 
     def generate(
@@ -78,7 +86,7 @@ class LLM:
         encoded = [self._to_ids(p) for p in prompts]
         queued: list[str] = []
         try:
-            ids = [self._add(text, toks, sp, queued) for (text, toks), sp in zip(encoded, params)]
+            ids = [self._add(text, toks, salt, sp, queued) for (text, toks, salt), sp in zip(encoded, params)]
         # a rejected prompt: the ones queued before it do not run (or linger) either
         except Exception:
             for rid in queued:
@@ -87,13 +95,15 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def _add(self, text: str | None, toks: list[int], sp: SamplingParams, queued: list[str]) -> list[str]:
+    def _add(
+        self, text: str | None, toks: list[int], salt: str | None, sp: SamplingParams, queued: list[str]
+    ) -> list[str]:
         """Queue the prompt's n requests; their ids -> also appended to `queued` as each is added."""
         base = str(self._counter)
         self._counter += 1
         children = []
         for r in fan_out(base, text, toks, sp):
-            self.engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params)
+            self.engine.add_request(r.request_id, r.prompt, r.prompt_token_ids, r.params, cache_salt=salt)
             children.append(r.request_id)
             queued.append(r.request_id)
         return children
@@ -159,6 +169,10 @@ class LLM:
                 {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
             )
         return self.generate(prompts, sampling_params, use_tqdm)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's LLM.reset_prefix_cache); False while requests hold blocks."""
+        return self.engine.reset_prefix_cache()
 
     def get_metrics(self) -> list[Metric]:
         return self.engine.counters.to_metrics(len(self.engine.running), len(self.engine.waiting))

@@ -178,6 +178,11 @@ class EngineCounters:
     # step (None when it is off)
     mean_chosen_k: float | None = None
     verified_row_cost: float | None = None
+    # prefix-cache lookups and hits in tokens, recompute preemptions, the share of KV blocks in use
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
+    kv_cache_usage: float = 0.0
 
     def to_metrics(self, num_running: int, num_waiting: int) -> list[Metric]:
         out: list[Metric] = [
@@ -187,6 +192,10 @@ class EngineCounters:
             Counter("vllm:request_aborted", {}, self.requests_aborted),
             Gauge("vllm:num_requests_running", {}, float(num_running)),
             Gauge("vllm:num_requests_waiting", {}, float(num_waiting)),
+            Gauge("vllm:kv_cache_usage_perc", {}, self.kv_cache_usage),
+            Counter("vllm:prefix_cache_queries", {}, self.prefix_cache_queries),
+            Counter("vllm:prefix_cache_hits", {}, self.prefix_cache_hits),
+            Counter("vllm:num_preemptions", {}, self.num_preemptions),
         ]
         if self.spec is not None:
             s = self.spec

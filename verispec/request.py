@@ -30,6 +30,14 @@ class Request:
     slot: int | None = None
     # tokens whose K/V are in the cache (all of prompt + output except the newest)
     num_computed: int = 0
+    # after a preemption: the tokens to recompute before decoding again (all but the newest)
+    recompute_to: int = 0
+    # the prefix cache's chained hashes of the request's full blocks of tokens, in order (block_pool.block_hash)
+    block_hashes: list[bytes] = field(default_factory=list)
+    # how many of its blocks are registered in the prefix cache
+    num_cached_blocks: int = 0
+    # extra key of the prefix cache: requests with different salts never share cached blocks
+    cache_salt: str | None = None
     generator: torch.Generator | None = None
     # keys the uniform of each output position's categorical sample (logits.position_uniforms)
     sample_key: int = 0
@@ -96,9 +104,19 @@ class Request:
         return (decoded + prior_steps) / (self.decode_steps + prior_steps)
 
     @property
+    def prefill_end(self) -> int:
+        """Positions a prefill computes: the prompt, or after a preemption every token but the newest."""
+        return max(self.num_prompt, self.recompute_to)
+
+    @property
     def in_prefill(self) -> bool:
-        """True while prompt tokens are still waiting for their K/V."""
-        return self.num_computed < self.num_prompt
+        """True while prompt tokens (or a preempted request's tokens) are still waiting for their K/V."""
+        return self.num_computed < self.prefill_end
+
+    @property
+    def resuming(self) -> bool:
+        """A preempted request recomputing its tokens: its prefill samples nothing."""
+        return self.recompute_to >= self.num_prompt
 
     @property
     def finished(self) -> bool:

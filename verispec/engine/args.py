@@ -13,6 +13,7 @@ from typing import Any
 
 from verispec.loader.checkpoint import ACTIVATION_DTYPES, DEFAULT_MODEL
 from verispec.outputs import SPEC_METRICS_LEVELS
+from verispec.runner.kv_cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE
 from verispec.spec_config import parse_json_config
 
 
@@ -38,6 +39,9 @@ class EngineArgs:
     # cache: KV slots (concurrent sequences) and the memory they may take (None: a share of free memory)
     max_num_seqs: int = 16
     kv_cache_memory_bytes: int | None = None
+    # tokens per KV block, and automatic prefix caching (on by default, as in vLLM's v1 engine)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    enable_prefix_caching: bool = True
     # scheduler: prompt tokens per step, and most tokens one decode step may score (None: 32 on a CPU)
     max_num_batched_tokens: int = 1024
     spec_token_budget: int | None = None
@@ -74,6 +78,13 @@ class EngineArgs:
             )
         if self.max_model_len is not None and (not _is_int(self.max_model_len) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
+        if not _is_int(self.block_size) or self.block_size not in BLOCK_SIZES:
+            allowed = ", ".join(map(str, BLOCK_SIZES))
+            raise ValueError(f"block_size must be one of {allowed}, got {self.block_size!r}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ValueError(
+                f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
+            )
         self._check_spec_metrics()
 
     def _check_spec_metrics(self) -> None:
@@ -141,6 +152,7 @@ class EngineArgs:
             "--no-keep-quantized dequantizes them to float32",
         )
         _add_runtime_args(parser, default)
+        _add_cache_args(parser, default)
         parser.add_argument(
             "--kv-cache-memory-bytes",
             type=int,
@@ -168,6 +180,23 @@ class EngineArgs:
         """The engine settings among `values` (a merged config); other keys are ignored."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names and v is not None})
+
+
+def _add_cache_args(parser: argparse.ArgumentParser, default) -> None:
+    """The KV cache's blocks and prefix caching."""
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=default("block_size"),
+        choices=BLOCK_SIZES,
+        help=f"tokens per KV cache block, default {DEFAULT_BLOCK_SIZE}",
+    )
+    parser.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=default("enable_prefix_caching"),
+        help="reuse the KV blocks of prompts' cached prefixes (default); --no-enable-prefix-caching turns it off",
+    )
 
 
 def _add_spec_args(parser: argparse.ArgumentParser, default) -> None:

@@ -16,7 +16,7 @@ from verispec.kernels import cuda_ops
 from verispec.kernels.build import build_digest, kernel_isa
 from verispec.loader.checkpoint import load_checkpoint
 from verispec.planner.goodput import DraftPlanner
-from verispec.planner.step_cost import load_or_profile, model_fingerprint, profile_points
+from verispec.planner.step_cost import batch_profile_slots, load_or_profile, model_fingerprint, profile_points
 from verispec.proposers.factory import (
     DraftContext,
     build_proposer,
@@ -102,10 +102,16 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     # K and V are kept in the model's dtype: 2 bytes each on CUDA (bfloat16), 4 on the CPU
     dtype = ckpt.model.embed_tokens.weight.dtype
     plan = plan_cache(
-        cfg, args.max_num_seqs, args.max_model_len, budget, lookahead=lookahead, dtype_bytes=dtype.itemsize
+        cfg,
+        args.max_num_seqs,
+        args.max_model_len,
+        budget,
+        lookahead=lookahead,
+        dtype_bytes=dtype.itemsize,
+        block_size=args.block_size,
     )
     t_alloc = plan.max_model_len + lookahead + 1
-    cache = KVCache(cfg, plan.num_slots, t_alloc, device, dtype)
+    cache = KVCache(cfg, plan.num_slots, t_alloc, device, dtype, plan.num_blocks, args.block_size)
     runner = ModelRunner(ckpt.model, cache, device)
     proposer = None
     if spec is not None:
@@ -120,6 +126,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         spec_token_budget=args.spec_token_budget or (32 if device.type == "cpu" else 2048),
         draft_max_model_len=spec.max_model_len if spec else None,
         spec_metrics=args.per_request_spec_decode_metrics,
+        enable_prefix_caching=args.enable_prefix_caching,
     )
     if spec is not None:
         opts.spec_schedule = spec.num_speculative_tokens_per_batch_size
@@ -156,7 +163,7 @@ def build_planner(args: EngineArgs, ckpt, runner: ModelRunner, spec, proposer, m
         args.keep_quantized,
     )
     # a batch step over up to 16 sequences prices what an ended request saves a closed batch
-    batch_slots = list(range(min(args.max_num_seqs, runner.cache.num_slots, _BATCH_PROFILE_SEQS)))
+    batch_slots = batch_profile_slots(runner.cache, min(args.max_num_seqs, _BATCH_PROFILE_SEQS))
     cost, _ = load_or_profile(runner, 0, profile_points(k, top, args.max_num_seqs), key, batch_slots)
     # a drafter without a forward of its own drafts one-hot tokens cheaply: its unverified drafts are judged for free
     # against the tokens committed, where the verification rule accepts a draft as often as the target samples it

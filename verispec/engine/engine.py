@@ -13,6 +13,7 @@ import torch
 
 from verispec.engine.drafting import Drafter
 from verispec.engine.options import EngineOptions
+from verispec.engine.scheduler import Scheduler
 from verispec.engine.stop import commit_tokens, length_left, logprob_entry, may_end_early
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
@@ -38,6 +39,8 @@ class SchedulerStats:
     waiting: int
     free_kv_slots: int
     num_kv_slots: int
+    # the share of KV blocks in use
+    kv_cache_usage: float = 0.0
 
 
 class LLMEngine:
@@ -63,8 +66,6 @@ class LLMEngine:
         self.eos_token_ids = eos_token_ids
         self.device = runner.device
         self.generator = make_generator(seed, self.device)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
         # requests join only between runs (LLM.generate sets it): once none wait, the running batch is all the work
         # left, and the planner weighs a token by the time it saves that batch (DraftPlanner.token_worth)
         self.closed = False
@@ -75,9 +76,27 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         k = opts.num_speculative_tokens if proposer is not None else 0
         self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
+        self.scheduler = Scheduler(self.cache, self.counters, opts.enable_prefix_caching)
+        # a decode step writes its newest token and drafts: up to this many positions past the last
+        self.scheduler.lookahead = max(0, self.cache.t_alloc - 1 - opts.max_model_len)
+        # cached prefixes skip positions whose target states a drafter of every position's states would miss
+        needs = proposer.needs if proposer is not None else ProposerNeeds()
+        self.can_hit = needs.target_hidden != "all" and not needs.observes_states
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
         if self.spec_log is not None:
             self.spec_log.extra = self.planner.log_line
+
+    @property
+    def waiting(self) -> deque[Request]:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> list[Request]:
+        return self.scheduler.running
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache); False while requests hold blocks."""
+        return self.cache.pool.reset()
 
     # ------------------------------------------------------------------ requests
     def add_request(
@@ -87,6 +106,7 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params,
         bad_words_token_ids: list[list[int]] | None = None,
+        cache_salt: str | None = None,
     ) -> Request:
         """Validate and queue a request. bad_words_token_ids: params.bad_words already tokenized by the caller
         (the server does it off the thread that steps the engine)."""
@@ -111,6 +131,7 @@ class LLMEngine:
             raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True was given)")
         req = Request(request_id, prompt, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
         set_token_constraints(req, self.tokenizer, vocab, self.device, bad_words_token_ids)
+        req.cache_salt = cache_salt
         if params.seed is not None:
             req.generator = make_generator(params.seed, self.device)
             req.sample_key = sample_key(params.seed)
@@ -144,7 +165,9 @@ class LLMEngine:
         return bool(self.waiting or self.running)
 
     def stats(self) -> SchedulerStats:
-        return SchedulerStats(len(self.running), len(self.waiting), self.cache.num_free, self.cache.num_slots)
+        return SchedulerStats(
+            len(self.running), len(self.waiting), self.cache.num_free, self.cache.num_slots, self.cache.usage
+        )
 
     def running_request_ids(self) -> list[str]:
         """The requests the next step runs (the ones a failed step is blamed on)."""
@@ -161,21 +184,25 @@ class LLMEngine:
             touched = self._prefill(prefill)
             c.prefill_seconds += time.perf_counter() - t0
         else:
+            self._preempt(self.scheduler.make_room())
             touched = self._decode(list(self.running))
             c.decode_seconds += time.perf_counter() - t0
             c.decode_tokens += c.generation_tokens - n0
+        c.kv_cache_usage = self.cache.usage
         if self.spec_log is not None:
             self.spec_log.maybe_log()
         return [self.output_of(r) for r in touched]
 
     def _admit(self) -> None:
-        while self.waiting and self.cache.num_free:
-            req = self.waiting.popleft()
-            req.slot = self.cache.allocate()
-            req.status = Status.RUNNING
-            self.running.append(req)
+        for req in self.scheduler.admit(self.can_hit):
             if self.proposer is not None:
                 self.proposer.add_request(req)
+
+    def _preempt(self, reqs: list[Request]) -> None:
+        """Preempted requests start over in the proposer when readmitted (their tokens are recomputed)."""
+        if self.proposer is not None:
+            for req in reqs:
+                self.proposer.remove_request(req, False)
 
     def _prefill(self, reqs: list[Request]) -> list[Request]:
         """Chunked prefill of waiting prompts; one padded forward over the chosen requests."""
@@ -183,17 +210,17 @@ class LLMEngine:
         budget = self.opts.max_num_batched_tokens
         rows, chosen = [], []
         for r in reqs:
-            n = min(r.num_prompt - r.num_computed, budget)
+            n = min(r.prefill_end - r.num_computed, budget)
             if n <= 0 or (rows and self._padding_waste(rows, r, n)):
                 break
-            final = r.num_computed + n == r.num_prompt
-            # logits for every position of the chunk
-            every = r.params.prompt_logprobs is not None
+            final = r.num_computed + n == r.prefill_end
+            # logits for every position of the chunk (a preempted request has its prompt logprobs already)
+            every = r.params.prompt_logprobs is not None and not r.resuming
             rows.append(
                 RowInput(
                     r.slot,
                     r.num_computed,
-                    r.prompt_token_ids[r.num_computed : r.num_computed + n],
+                    r.tokens_from(r.num_computed)[:n],
                     logits_from=0 if every else n - 1 if final else n,
                 )
             )
@@ -204,17 +231,23 @@ class LLMEngine:
         finals, last_rows, at = [], [], 0
         for r, row in zip(chosen, rows):
             n_rows = len(row.token_ids) - row.logits_from
-            if r.params.prompt_logprobs is not None:
+            if r.params.prompt_logprobs is not None and not r.resuming:
                 self._add_prompt_logprobs(r, out.logits[at : at + n_rows])
             r.num_computed += len(row.token_ids)
             if not r.in_prefill:
                 finals.append(r)
                 last_rows.append(at + n_rows - 1)
             at += n_rows
-        if finals:
-            logits = out.logits if len(last_rows) == at else out.logits[last_rows]
-            step = sample_step(finals, logits, SpecDecodeMetadata.none(len(finals)), VerifyRule())
-            self._commit(finals, step.tokens, step)
+        self.scheduler.cache_committed(chosen)
+        # a preempted request's recompute ends where it left off: its next token is known
+        sampled = [(r, i) for r, i in zip(finals, last_rows) if not r.resuming]
+        if sampled:
+            done, picked = [r for r, _ in sampled], [i for _, i in sampled]
+            logits = out.logits if len(picked) == at else out.logits[picked]
+            step = sample_step(done, logits, SpecDecodeMetadata.none(len(done)), VerifyRule())
+            self._commit(done, step.tokens, step)
+        for r in finals:
+            r.recompute_to = 0
         # every prompt position of every chunk
         if not self.wants_hidden:
             return finals
@@ -311,6 +344,7 @@ class LLMEngine:
         self.planner.report(self.counters)
         self._accept(reqs, spec, step)
         self._commit(reqs, step.tokens, step)
+        self.scheduler.cache_committed(reqs)
         if self.wants_hidden:
             self._observe_hidden(reqs, out.hidden if states is None else states, _hidden_rows(spec, step))
         return reqs
@@ -389,12 +423,9 @@ class LLMEngine:
                 self._finish(r)
 
     def _finish(self, req: Request, aborted: bool = False) -> None:
-        if req.status is Status.RUNNING:
-            self.running.remove(req)
-            self.cache.free(req.slot)
-            req.slot = None
-        elif req.status is Status.WAITING:
-            self.waiting.remove(req)
+        # its last full blocks too: a chat's next turn starts with this one's answer
+        self.scheduler.cache_committed([req])
+        self.scheduler.finish(req)
         req.status = Status.FINISHED
         if not aborted and may_end_early(req):
             self.early_exposure += len(req.output_token_ids)

@@ -24,3 +24,4 @@ class EngineOptions:
     spec_schedule: tuple[tuple[int, int, int], ...] | None = None
     # per_request_spec_decode_metrics: none (no verify steps kept) | summary | detailed
     spec_metrics: str = "none"
+    enable_prefix_caching: bool = True

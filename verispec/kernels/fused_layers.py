@@ -166,6 +166,9 @@ class FusedLayers:
             and ssin.is_contiguous()
             and pos.dtype is torch.int64
             and pos.is_contiguous()
+            and ctx.blocks is not None
+            and ctx.blocks.is_cpu
+            and ctx.blocks.stride(-1) == 1
             and (mask is None or (mask.dtype is torch.bool and mask.stride(-1) == 1 and mask.shape[1] == 1))
         )
 
@@ -216,7 +219,9 @@ class FusedLayers:
             h.shape[0],
             cos.data_ptr(),
             ssin.data_ptr(),
-            ctx.slot_lo,
+            ctx.blocks.data_ptr(),
+            ctx.blocks.stride(0),
+            ctx.block_shift,
             ctx.cache_pos.data_ptr(),
             ctx.kv_len,
             m_ptr,

@@ -27,8 +27,8 @@ int i8_amx_init(void);
 // ops.c: fused decoder ops (shapes and strides documented there).
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
-                   const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
-                   const int64_t *qlen, int nthreads);
+                   const int64_t *blocks, int64_t nbt, int64_t bshift, const uint8_t *mask, int64_t ms, int64_t mq,
+                   float scale, float softcap, float *out, const int64_t *qlen, int nthreads);
 void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, int64_t D, float eps, float *sum,
                      float *out);
 void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads);
@@ -36,7 +36,7 @@ void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, 
               const float *cos, const float *ssin, const int64_t *qlen);
 void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
                   int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D,
-                  const int64_t *qlen);
+                  const int64_t *qlen, const int64_t *blocks, int64_t nbt, int64_t bshift);
 void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads);
 void verify_greedy_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
                        const int64_t *drafts, int64_t *out_token, int64_t *num_accepted, int nthreads);
@@ -48,7 +48,8 @@ void verify_sampled_f32(const float *x, int64_t V, int64_t stride, int64_t B, in
 int64_t decoder_scratch_per_row(const struct ModelDims *m);
 void decoder_layers_f32(const struct LayerDesc *layers, int64_t n_layers, const struct ModelDims *m, float *h,
                         int64_t S, int64_t Q, const int64_t *pack, const int64_t *qlen, int64_t N,
-                        const float *cos, const float *ssin, int64_t slot_lo, const int64_t *cache_pos,
+                        const float *cos, const float *ssin, const int64_t *blocks, int64_t nbt, int64_t bshift,
+                        const int64_t *cache_pos,
                         int64_t kv_len, const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads,
                         const int64_t *aux_at, int64_t n_aux, float *aux_out, const float *norm_final,
                         float *normed_out);

@@ -27,14 +27,14 @@ typedef struct LayerDesc {
     int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 q4, 1 q8, 2 q4t, 3 q8t, 4 q4v, 5 q8v, 6 q6v, 7 q6
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
-    float *kv;                                         // this layer's cache [slots, 2 Hkv, T, D]
+    float *kv;                                         // this layer's paged cache [blocks, 2 Hkv, bs, D]
     const uint8_t *w_k, *w_v;  // q, k and v apart (their formats differ): w_qkv holds q's rows; NULL: fused
     int32_t f_k, f_v;
 } LayerDesc;
 
 typedef struct ModelDims {
     int64_t hidden, hq, hkv, d, inter;
-    int64_t cs, ch, ct;  // cache strides in elements
+    int64_t cs, ch, ct;  // paged cache strides in elements (block, head, row)
     float eps, scale, softcap;
     int32_t i8_isa;  // the qgemm_i8 variant for q4v / q8v / q6v weights (int8 activations)
 } ModelDims;
@@ -93,14 +93,16 @@ static void copy_aux(const float *h, int64_t N, int64_t H, int64_t l, const int6
 
 // h [N, hidden] in place: the residual stream after layers [0, n_layers) of `layers`. pack [N] and qlen [S] (or both
 // NULL: N = S * Q).
-// cos / ssin [S, Q, D]; cache_pos [S, Q]; mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL;
+// cos / ssin [S, Q, D]; cache_pos [S, Q] positions in each sequence, blocks [S, nbt] its block table (block size
+// 1 << bshift); mask [S, 1, Q, kv_len] bool with strides (ms, mq), or NULL;
 // scratch: S * Q * decoder_scratch_per_row(m) floats. aux_at [n_aux] layer ids in 0 .. n_layers, aux_out
 // [N, n_aux * hidden] (n_aux 0: both may be NULL): the streams entering those layers, copied on the way (copy_aux).
 // norm_final [hidden]: the model's final norm, normed_out [N, hidden] = rmsnorm(h) * norm_final, fused with the last
 // layer's residual add as between layers (the module path's final RMSNorm calls the same kernel).
 void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDims *m, float *h, int64_t S,
                         int64_t Q, const int64_t *pack, const int64_t *qlen, int64_t N, const float *cos,
-                        const float *ssin, int64_t slot_lo, const int64_t *cache_pos, int64_t kv_len,
+                        const float *ssin, const int64_t *blocks, int64_t nbt, int64_t bshift,
+                        const int64_t *cache_pos, int64_t kv_len,
                         const uint8_t *mask, int64_t ms, int64_t mq, float *scratch, int nthreads,
                         const int64_t *aux_at, int64_t n_aux, float *aux_out, const float *norm_final,
                         float *normed_out) {
@@ -123,10 +125,11 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(qkv_pad + pack[n] * F, qkv + n * F, sizeof(float) * F);
         rope_f32(qkv_pad, S, hq + hkv, Q, D, Q * F, D, F, cos, ssin, qlen);
-        float *cache = L->kv + slot_lo * m->cs;
-        write_kv_f32(cache, m->cs, m->ch, m->ct, qkv_pad + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D, qlen);
+        float *cache = L->kv;
+        write_kv_f32(cache, m->cs, m->ch, m->ct, qkv_pad + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D, qlen,
+                     blocks, nbt, bshift);
         attention_f32(qkv_pad, S, hq, Q, D, Q * F, D, F, cache, cache + hkv * m->ch, hkv, kv_len, m->cs, m->ch,
-                      m->ct, mask, ms, mq, m->scale, m->softcap, attn_pad, qlen, nthreads);
+                      m->ct, blocks, nbt, bshift, mask, ms, mq, m->scale, m->softcap, attn_pad, qlen, nthreads);
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(attn + n * O, attn_pad + pack[n] * O, sizeof(float) * O);
         qgemm(m, L->f_o, attn, N, O, L->w_o, H, a, nthreads);

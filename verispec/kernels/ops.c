@@ -112,6 +112,19 @@ static inline __attribute__((always_inline)) void dot_heads(const int G, const f
 #endif
 }
 
+// Where key row t of one sequence and KV head lies: a contiguous cache view (blocks NULL: k + t * kt), or a paged
+// cache whose block table row `blocks` maps position t to block blocks[t >> shift], row t & mask of that block
+// (bstride floats apart). The value row is voff floats after its key row (V heads follow K heads in the cache).
+typedef struct KVRows {
+    const float *k;
+    const int64_t *blocks;
+    int64_t shift, mask, bstride, kt, voff;
+} KVRows;
+
+static inline __attribute__((always_inline)) const float *key_row(const KVRows *r, int64_t t) {
+    return r->blocks ? r->k + r->blocks[t >> r->shift] * r->bstride + (t & r->mask) * r->kt : r->k + t * r->kt;
+}
+
 // o_h[0, D) = sum_t p_h[t] * v[t] for G heads h that share the value rows (one GQA group): each v row is loaded
 // once for all G heads. Up to 8 x VL output floats per head in registers at a time; a key whose weight is zero for
 // every head is skipped (a zero weight among others adds exactly +-0: the same sums). Every output element is one
@@ -140,14 +153,14 @@ static inline __attribute__((always_inline)) void dot_heads(const int G, const f
 // R vectors of output for G heads (G, R constants at each call): p [G rows, pstride apart], head h's output at o[h];
 // live: bit t set where some head's weight at t is not zero.
 static inline __attribute__((always_inline)) void ws_tile(const int G, const int R, const float *p, int64_t pstride,
-                                                          const uint8_t *live, const float *v, int64_t T, int64_t kt,
+                                                          const uint8_t *live, const KVRows *kv, int64_t T,
                                                           float *const *o, int64_t d0) {
     WS_VEC acc[WS_MAX_HEADS][8];
     for (int h = 0; h < G; h++)
         for (int j = 0; j < R; j++) acc[h][j] = WS_ZERO();
     for (int64_t t = 0; t < T; t++) {
         if (!(live[t >> 3] >> (t & 7) & 1)) continue;
-        const float *vt = v + t * kt + d0;
+        const float *vt = key_row(kv, t) + kv->voff + d0;
         WS_VEC vv[8];
         for (int j = 0; j < R; j++) vv[j] = WS_LOAD(vt + WS_VL * j);
         for (int h = 0; h < G; h++) {
@@ -161,21 +174,21 @@ static inline __attribute__((always_inline)) void ws_tile(const int G, const int
 
 // The widest register tiles that fit (G heads x R vectors + R value vectors <= WS_REGS), then narrower ones.
 static inline __attribute__((always_inline)) void ws_heads(const int G, const float *p, int64_t pstride,
-                                                           const uint8_t *live, const float *v, int64_t T,
-                                                           int64_t kt, int64_t D, float *const *o) {
+                                                           const uint8_t *live, const KVRows *kv, int64_t T,
+                                                           int64_t D, float *const *o) {
     int64_t d0 = 0;
     if ((G + 1) * 8 <= WS_REGS)
-        for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_tile(G, 8, p, pstride, live, v, T, kt, o, d0);
+        for (; d0 + 8 * WS_VL <= D; d0 += 8 * WS_VL) ws_tile(G, 8, p, pstride, live, kv, T, o, d0);
     if ((G + 1) * 4 <= WS_REGS)
-        for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_tile(G, 4, p, pstride, live, v, T, kt, o, d0);
-    for (; d0 + 2 * WS_VL <= D; d0 += 2 * WS_VL) ws_tile(G, 2, p, pstride, live, v, T, kt, o, d0);
-    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_tile(G, 1, p, pstride, live, v, T, kt, o, d0);
+        for (; d0 + 4 * WS_VL <= D; d0 += 4 * WS_VL) ws_tile(G, 4, p, pstride, live, kv, T, o, d0);
+    for (; d0 + 2 * WS_VL <= D; d0 += 2 * WS_VL) ws_tile(G, 2, p, pstride, live, kv, T, o, d0);
+    for (; d0 + WS_VL <= D; d0 += WS_VL) ws_tile(G, 1, p, pstride, live, kv, T, o, d0);
     for (; d0 < D; d0 += 8)  // AVX-512 build with D % 16 == 8
         for (int h = 0; h < G; h++) {
             __m256 acc = _mm256_setzero_ps();
             for (int64_t t = 0; t < T; t++)
                 if (p[h * pstride + t] != 0.0f)
-                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[h * pstride + t]), _mm256_loadu_ps(v + t * kt + d0), acc);
+                    acc = _mm256_fmadd_ps(_mm256_set1_ps(p[h * pstride + t]), _mm256_loadu_ps(key_row(kv, t) + kv->voff + d0), acc);
             _mm256_storeu_ps(o[h] + d0, acc);
         }
 }
@@ -193,8 +206,8 @@ static void live_keys(int64_t n, const float *p, int64_t pstride, int64_t T, uin
 
 // ws_heads for any number of heads (n, weights p [n rows, pstride apart], outputs o [n]): passes of up to
 // WS_MAX_HEADS, each reading the value rows once for all its heads. live: (T + 7) / 8 bytes of scratch.
-static __attribute__((noinline)) void weighted_sums(int64_t n, const float *p, int64_t pstride, const float *v,
-                                                    int64_t T, int64_t kt, int64_t D, float *const *o,
+static __attribute__((noinline)) void weighted_sums(int64_t n, const float *p, int64_t pstride, const KVRows *kv,
+                                                    int64_t T, int64_t D, float *const *o,
                                                     uint8_t *live) {
     for (int64_t h0 = 0; h0 < n; h0 += WS_MAX_HEADS) {
         const float *ph = p + h0 * pstride;
@@ -202,28 +215,28 @@ static __attribute__((noinline)) void weighted_sums(int64_t n, const float *p, i
         const int64_t g = n - h0 < WS_MAX_HEADS ? n - h0 : WS_MAX_HEADS;
         live_keys(g, ph, pstride, T, live);
         switch (g) {
-            case 1: ws_heads(1, ph, pstride, live, v, T, kt, D, oh); break;
-            case 2: ws_heads(2, ph, pstride, live, v, T, kt, D, oh); break;
-            case 3: ws_heads(3, ph, pstride, live, v, T, kt, D, oh); break;
-            case 4: ws_heads(4, ph, pstride, live, v, T, kt, D, oh); break;
-            case 5: ws_heads(5, ph, pstride, live, v, T, kt, D, oh); break;
-            default: ws_heads(6, ph, pstride, live, v, T, kt, D, oh); break;
+            case 1: ws_heads(1, ph, pstride, live, kv, T, D, oh); break;
+            case 2: ws_heads(2, ph, pstride, live, kv, T, D, oh); break;
+            case 3: ws_heads(3, ph, pstride, live, kv, T, D, oh); break;
+            case 4: ws_heads(4, ph, pstride, live, kv, T, D, oh); break;
+            case 5: ws_heads(5, ph, pstride, live, kv, T, D, oh); break;
+            default: ws_heads(6, ph, pstride, live, kv, T, D, oh); break;
         }
     }
 }
 
-// Scores of R query rows x G query heads (row r's head h at q + r * qq + h * qh) against keys [0, T) (kt apart):
+// Scores of R query rows x G query heads (row r's head h at q + r * qq + h * qh) against keys [0, T) (kv's rows):
 // p[r * prs + h * pstride + t] = q . k_t * scale, softcapped, -inf where row r's mask (mrow + r * mq, if any) masks t.
 // Keys go 4 at a time, each 4-key group loaded once for every row and head (G a constant at each call: a row's G x 4
 // dot products interleave in dot_heads). Each score is reduced alike whatever G and R: bitwise the same as one row
 // and head at a time.
 // tend[r]: the end of row r's last 4-key group with an unmasked key (0 if none); every p row is written up to T
 // rounded up to 4 (pstride >= T rounded up to 8).
-// vb: the value rows (same strides as the keys), fetched into the cache as their keys are read, so the weighted
+// The value rows (kv->voff after their keys), fetched into the cache as their keys are read, so the weighted
 // sums that follow do not wait on memory (in decode steps the cache rows come from DRAM).
 static inline __attribute__((always_inline)) void scores(const int G, int64_t R, const float *q, int64_t qh,
-                                                         int64_t qq, const float *kb, const float *vb, int64_t T,
-                                                         int64_t kt, int64_t D, const uint8_t *mrow, int64_t mq,
+                                                         int64_t qq, const KVRows *kv, int64_t T, int64_t D,
+                                                         const uint8_t *mrow, int64_t mq,
                                                          float scale, float softcap, float *p, int64_t pstride,
                                                          int64_t prs, int64_t *tend) {
     const __m128 vscale = _mm_set1_ps(scale), ninf = _mm_set1_ps(-INFINITY);
@@ -255,11 +268,12 @@ static inline __attribute__((always_inline)) void scores(const int G, int64_t R,
             tend[r] = te;
             if (!fetched) {
                 for (int64_t u = t; u < te; u++)
-                    for (int64_t l = 0; l < D; l += 16) _mm_prefetch((const char *)(vb + u * kt + l), _MM_HINT_T0);
+                    for (int64_t l = 0; l < D; l += 16)
+                        _mm_prefetch((const char *)(key_row(kv, u) + kv->voff + l), _MM_HINT_T0);
                 fetched = 1;
             }
             __m128 sc[WS_MAX_HEADS];
-            dot_heads(G, q + r * qq, qh, kb + t * kt, kb + t1 * kt, kb + t2 * kt, kb + t3 * kt, D, sc);
+            dot_heads(G, q + r * qq, qh, key_row(kv, t), key_row(kv, t1), key_row(kv, t2), key_row(kv, t3), D, sc);
             for (int h = 0; h < G; h++) {
                 sc[h] = _mm_mul_ps(sc[h], vscale);
                 if (softcap > 0) {
@@ -303,25 +317,25 @@ static inline __attribute__((always_inline)) float softmax_numerators(float *p, 
 // scores for any group size G: G a constant for G <= 6; larger groups one head at a time (the mask, hence the ends,
 // are the same for every head). p [R, G, T8].
 static inline __attribute__((always_inline)) void any_scores(int64_t G, int64_t R, const float *q, int64_t qh,
-                                                             int64_t qq, const float *kb, const float *vb, int64_t T,
-                                                             int64_t kt, int64_t D, const uint8_t *mrow, int64_t mq,
+                                                             int64_t qq, const KVRows *kv, int64_t T, int64_t D,
+                                                             const uint8_t *mrow, int64_t mq,
                                                              float scale, float softcap, float *p, int64_t T8,
                                                              int64_t *tend) {
     if (G == 1)
-        scores(1, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, T8, tend);
+        scores(1, R, q, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, T8, tend);
     else if (G == 2)
-        scores(2, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 2 * T8, tend);
+        scores(2, R, q, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, 2 * T8, tend);
     else if (G == 3)
-        scores(3, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 3 * T8, tend);
+        scores(3, R, q, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, 3 * T8, tend);
     else if (G == 4)
-        scores(4, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 4 * T8, tend);
+        scores(4, R, q, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, 4 * T8, tend);
     else if (G == 5)
-        scores(5, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 5 * T8, tend);
+        scores(5, R, q, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, 5 * T8, tend);
     else if (G == 6)
-        scores(6, R, q, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, 6 * T8, tend);
+        scores(6, R, q, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, 6 * T8, tend);
     else
         for (int64_t h = 0; h < G; h++)
-            scores(1, R, q + h * qh, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p + h * T8, T8, G * T8,
+            scores(1, R, q + h * qh, qh, qq, kv, T, D, mrow, mq, scale, softcap, p + h * T8, T8, G * T8,
                    tend);
 }
 
@@ -330,7 +344,9 @@ static inline __attribute__((always_inline)) void any_scores(int64_t G, int64_t 
 #define ATT_ROWS 8
 
 // q: [S, Hq, Q, D] with strides (qs, qh, qq) in elements, D contiguous; k, v: [S, Hkv, T, D] with strides
-// (ks, kh, kt) (the cache view; v shares k's strides); mask: [S, 1, Q, T] bool with strides (ms, mq), T contiguous,
+// (ks, kh, kt) (the cache view; v shares k's strides), or, with a block table, the paged cache's K and V heads
+// [num_blocks, Hkv, 1 << bshift, D] with strides (ks, kh, kt), sequence s's position t in block
+// blocks[s * nbt + (t >> bshift)]; mask: [S, 1, Q, T] bool with strides (ms, mq), T contiguous,
 // or NULL (attend to all T). out: [S, Q, Hq, D] contiguous (the layout o_proj reads). D % 8 == 0.
 // softcap > 0 applies tanh(score / softcap) * softcap before the mask (Gemma 2 style).
 // qlen [S]: sequence s has rows 0 .. qlen[s] - 1, the rest padding (not computed, out left as it was); NULL: Q each.
@@ -338,8 +354,8 @@ static inline __attribute__((always_inline)) void any_scores(int64_t G, int64_t 
 // only on that row's q, keys and mask, never on S, T, the other rows or how the rows are grouped.
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
                    const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
-                   const uint8_t *mask, int64_t ms, int64_t mq, float scale, float softcap, float *out,
-                   const int64_t *qlen, int nthreads) {
+                   const int64_t *blocks, int64_t nbt, int64_t bshift, const uint8_t *mask, int64_t ms, int64_t mq,
+                   float scale, float softcap, float *out, const int64_t *qlen, int nthreads) {
     // first[s]: the number of rows before sequence s (first[S]: all of them)
     int64_t *first = malloc(sizeof(int64_t) * (S + 1));
     first[0] = 0;
@@ -369,14 +385,16 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
             const int64_t h0 = j / n * G, t0 = j % n, g = h0 / group;
             R = n - t0 < i1 - i ? n - t0 : i1 - i;
             R = R < ATT_ROWS ? R : ATT_ROWS;
-            const float *kb = k + s * ks + g * kh, *vb = v + s * ks + g * kh;
+            const KVRows kr = {blocks ? k + g * kh : k + s * ks + g * kh, blocks ? blocks + s * nbt : NULL, bshift,
+                               ((int64_t)1 << bshift) - 1, ks, kt, v - k};
+            const KVRows *kv = &kr;
             const uint8_t *mrow = mask ? mask + s * ms + t0 * mq : NULL;
             const float *qv = q + s * qs + h0 * qh + t0 * qq;
             // one row (decode): R a constant, the row loop compiled away
             if (R == 1)
-                any_scores(G, 1, qv, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, tend);
+                any_scores(G, 1, qv, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, tend);
             else
-                any_scores(G, R, qv, qh, qq, kb, vb, T, kt, D, mrow, mq, scale, softcap, p, T8, tend);
+                any_scores(G, R, qv, qh, qq, kv, T, D, mrow, mq, scale, softcap, p, T8, tend);
             // keys past a row's last 4-key group with an unmasked key are all masked (causal prefill): the weighted
             // sums run to the rows' furthest end, the other rows' weights zero beyond their own
             int64_t tw = 0;
@@ -389,7 +407,7 @@ void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, 
                     // the group's heads are consecutive in the output: [G, D] per row
                     o[r * G + h] = out + ((s * Q + t0 + r) * Hq + h0 + h) * D;
                 }
-            weighted_sums(R * G, p, T8, vb, tw, kt, D, o, live);
+            weighted_sums(R * G, p, T8, kv, tw, D, o, live);
             for (int64_t j = 0; j < R * G; j++) {
                 const __m256 vi = _mm256_set1_ps(inv[j]);
                 for (int64_t d = 0; d < D; d += 8)
@@ -465,17 +483,22 @@ void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, 
 }
 
 // cache[s, h, pos[s, t], :] = x[s, h, t, :] for h < H (cache strides cs, ch, ct; x strides xs, xh, xq; D contiguous).
+// With a block table (blocks != NULL): the paged cache [num_blocks, H, 1 << bshift, D], position p of sequence s in
+// block blocks[s * nbt + (p >> bshift)] (cs its stride), row p & mask.
 // qlen [S]: only rows t < qlen[s] of sequence s (the rest is padding); NULL: all Q.
 void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
-                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D, const int64_t *qlen) {
+                  int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D, const int64_t *qlen,
+                  const int64_t *blocks, int64_t nbt, int64_t bshift) {
+    const int64_t bmask = ((int64_t)1 << bshift) - 1;
     // one sequence per thread: its padding rows (without qlen) all write the same scratch position
 #pragma omp parallel for if (S >= 2 && S * Q >= ROWS_PER_REGION) schedule(static)
     for (int64_t s = 0; s < S; s++)
         for (int64_t t = 0; t < (qlen ? qlen[s] : Q); t++) {
             const int64_t p = pos[s * Q + t];
+            float *row = blocks ? cache + blocks[s * nbt + (p >> bshift)] * cs + (p & bmask) * ct : cache + s * cs + p * ct;
             for (int64_t h = 0; h < H; h++) {
                 const float *src = x + s * xs + h * xh + t * xq;
-                float *dst = cache + s * cs + h * ch + p * ct;
+                float *dst = row + h * ch;
                 for (int64_t i = 0; i < D; i++) dst[i] = src[i];
             }
         }

@@ -28,6 +28,11 @@ def _lengths_ok(qlen: torch.Tensor | None, s: int) -> bool:
     )
 
 
+def _table_ok(table: torch.Tensor, s: int) -> bool:
+    """A block table's rows [S, nbt] int64 on the CPU, each row contiguous."""
+    return table.is_cpu and table.dtype is torch.int64 and table.shape[0] == s and table.stride(-1) == 1
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -73,10 +78,19 @@ def attention(
     softcap: float | None,
     # [S] int64: sequence s's real rows are 0 .. qlen[s] - 1, the rest padding (left uncomputed); None: all Q
     qlen: torch.Tensor | None = None,
+    # a paged cache: (block table [S, nbt] int64 rows, log2 of the block size, keys to read); k and v are then the
+    # cache's K and V heads [num_blocks, Hkv, block_size, D]
+    paged: tuple[torch.Tensor, int, int] | None = None,
 ) -> torch.Tensor | None:
     """-> [S, Q, Hq * D] (the layout o_proj reads), or None if not applicable."""
     s, hq, nq, d = q.shape
     hkv, t = k.shape[1], k.shape[2]
+    blocks, nbt, shift = None, 0, 0
+    if paged is not None:
+        table, shift, t = paged
+        if not _table_ok(table, s):
+            return None
+        blocks, nbt = table.data_ptr(), table.stride(0)
     if d % 8 or q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride() or not _usable(q, k, v):
         return None
     if mask is not None and (mask.dtype != torch.bool or mask.stride(-1) != 1 or mask.shape[1] != 1):
@@ -106,6 +120,9 @@ def attention(
         ks,
         kh,
         kt,
+        blocks,
+        nbt,
+        shift,
         m_ptr,
         ms,
         mq,
@@ -136,19 +153,46 @@ def rope_(
 
 
 def write_kv(
-    cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor, qlen: torch.Tensor | None = None
+    cache: torch.Tensor,
+    x: torch.Tensor,
+    pos: torch.Tensor,
+    qlen: torch.Tensor | None = None,
+    paged: tuple[torch.Tensor, int] | None = None,
 ) -> bool:
     """cache [S, H, T, D] view, x [S, H, Q, D] view, pos [S, Q] int64: cache[s, :, pos[s, t]] = x[s, :, t]
-    (qlen [S] int64: for t < qlen[s] only; None: all)."""
+    (qlen [S] int64: for t < qlen[s] only; None: all). paged = (block table [S, nbt] int64 rows, log2 of the block
+    size): cache is the paged cache [num_blocks, H, block_size, D] and position p of sequence s lies in its block
+    table[s, p >> shift]."""
     s, h, nq, d = x.shape
     if cache.stride(-1) != 1 or x.stride(-1) != 1 or not _usable(cache, x) or not _lengths_ok(qlen, s):
         return False
+    blocks, nbt, shift = None, 0, 0
+    if paged is not None:
+        if not _table_ok(paged[0], s):
+            return False
+        blocks, nbt, shift = paged[0].data_ptr(), paged[0].stride(0), paged[1]
     if pos.dtype != torch.int64 or not pos.is_contiguous() or pos.shape != (s, nq):
         return False
     cs, ch, ct, _ = cache.stride()
     xs, xh, xq, _ = x.stride()
     load_qgemm().write_kv_f32(
-        cache.data_ptr(), cs, ch, ct, x.data_ptr(), xs, xh, xq, pos.data_ptr(), s, h, nq, d, _ptr(qlen)
+        cache.data_ptr(),
+        cs,
+        ch,
+        ct,
+        x.data_ptr(),
+        xs,
+        xh,
+        xq,
+        pos.data_ptr(),
+        s,
+        h,
+        nq,
+        d,
+        _ptr(qlen),
+        blocks,
+        nbt,
+        shift,
     )
     return True
 

@@ -1,7 +1,8 @@
-"""Causal / tree attention over the slot-major KV cache.
+"""Causal / tree attention over the paged KV cache.
 
-The cache for one layer is [num_slots, 2*H_kv, T_alloc, D] (K heads then V heads). A forward covers a contiguous slot range
-[lo, hi) so the keys it reads are a *view* of the cache (no per-step copy that grows with context).
+The cache for one layer is [num_blocks, 2*H_kv, block_size, D] (K heads then V heads, runner/kv_cache.py). A forward
+covers a contiguous slot range [lo, hi); the block table's rows of those slots map each sequence's positions to
+blocks. The C kernels read the blocks in place; the PyTorch and CUDA paths gather a sequence's blocks first.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ class AttnContext:
     slot_hi: int
     # [S, 1] arange, for cache writes
     rows: torch.Tensor
-    # [S, Q] where each new token's K/V is written
+    # [S, Q] where each new token's K/V is written (a position in its sequence)
     cache_pos: torch.Tensor
     # keys [0, kv_len) are read
     kv_len: int
@@ -38,6 +39,10 @@ class AttnContext:
     pack: torch.Tensor | None = None
     # [S] int64 real rows of each sequence, 0 .. qlen[s] - 1 (None: no padding); the kernels skip the rest
     qlen: torch.Tensor | None = None
+    # [S, blocks_per_slot] int64: the block table rows of slots [lo, hi)
+    blocks: torch.Tensor | None = None
+    # log2 of the block size
+    block_shift: int = 4
     # cuda_ops.visible_keys of mask / sliding_mask, made on first use (CUDA only)
     _visible: dict[bool, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
@@ -61,12 +66,23 @@ class AttnContext:
         return x.index_select(0, self.pack) if self.pack is not None else x
 
 
-def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> torch.Tensor:
-    """Write new K|V x [S, 2*Hkv, Q, D] into cache rows [lo, hi); return the readable view [S, 2*Hkv, kv_len, D]."""
-    view = cache[ctx.slot_lo : ctx.slot_hi]
-    if not ops.write_kv(view, x, ctx.cache_pos, ctx.qlen):
-        view[ctx.rows, :, ctx.cache_pos] = x.transpose(1, 2)
-    return view[:, :, : ctx.kv_len]
+def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> None:
+    """Write new K|V x [S, 2*Hkv, Q, D] at the rows' positions into the paged cache [blocks, 2*Hkv, bs, D]."""
+    if not ops.write_kv(cache, x, ctx.cache_pos, ctx.qlen, (ctx.blocks, ctx.block_shift)):
+        # [S, Q] block and row of each position
+        blk = torch.gather(ctx.blocks, 1, ctx.cache_pos >> ctx.block_shift)
+        row = ctx.cache_pos & ((1 << ctx.block_shift) - 1)
+        cache[blk, :, row] = x.transpose(1, 2)
+
+
+def read_kv(cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
+    """The rows' K|V [S, 2*Hkv, kv_len, D], gathered from their blocks (a copy: the PyTorch and CUDA paths)."""
+    bs = 1 << ctx.block_shift
+    n = -(-ctx.kv_len // bs)
+    # [S, n, 2Hkv, bs, D]
+    g = cache[ctx.blocks[:, :n]]
+    s, _, h, _, d = g.shape
+    return g.transpose(1, 2).reshape(s, h, n * bs, d)[:, :, : ctx.kv_len]
 
 
 def attention(

@@ -14,7 +14,7 @@ from torch import nn
 from verispec.config import ModelConfig
 from verispec.kernels import cuda_ops, ops
 from verispec.kernels.fused_layers import FusedLayers, why_not_fusable
-from verispec.layers.attention import AttnContext, attention, write_kv
+from verispec.layers.attention import AttnContext, attention, read_kv, write_kv
 from verispec.layers.embedding import Embedding
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
@@ -63,16 +63,21 @@ class Attention(nn.Module):
         if self.q_norm is not None or not ops.rope_(qk, *rope, ctx.qlen):
             # RoPE on q and k together, in place
             qkv[:, : hq + hkv] = apply_rope(qk, *rope)
-        # one cache write for K and V: [S, 2Hkv, T, D]
-        kv = write_kv(kv_cache, ctx, qkv[:, hq:])
+        # one cache write for K and V
+        write_kv(kv_cache, ctx, qkv[:, hq:])
         mask = ctx.sliding_mask if self.sliding else ctx.mask
-        q, k, v, cap = qkv[:, :hq], kv[:, :hkv], kv[:, hkv:], self.cfg.attn_logit_softcapping
-        # [S, Q, Hq*D], or None where the fused kernel does not apply
-        o = ops.attention(q, k, v, mask, self.scale, cap, ctx.qlen)
-        if o is None and cuda_ops.applies(x):
-            o = cuda_ops.attention(q, k, v, self.scale, cap, ctx.visible(self.sliding))
+        q, cap = qkv[:, :hq], self.cfg.attn_logit_softcapping
+        # [S, Q, Hq*D], or None where the fused kernel does not apply; it reads the blocks in place
+        paged = (ctx.blocks, ctx.block_shift, ctx.kv_len)
+        o = ops.attention(q, kv_cache[:, :hkv], kv_cache[:, hkv:], mask, self.scale, cap, ctx.qlen, paged)
         if o is None:
-            o = attention(q, k, v, mask, self.scale, cap).transpose(1, 2).reshape(s, nq, hq * self.d)
+            # [S, 2Hkv, T, D]
+            kv = read_kv(kv_cache, ctx)
+            k, v = kv[:, :hkv], kv[:, hkv:]
+            if cuda_ops.applies(x):
+                o = cuda_ops.attention(q, k, v, self.scale, cap, ctx.visible(self.sliding))
+            else:
+                o = attention(q, k, v, mask, self.scale, cap).transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))
 
 

@@ -32,7 +32,7 @@ from torch import nn
 
 from verispec.config import ModelConfig, config_int
 from verispec.kernels import ops
-from verispec.layers.attention import AttnContext, attention, write_kv
+from verispec.layers.attention import AttnContext, attention, read_kv, write_kv
 from verispec.layers.linear import Dense
 from verispec.layers.norm import RMSNorm
 from verispec.layers.rotary import apply_rope, rope_cos_sin, rope_inv_freq
@@ -97,12 +97,16 @@ class DFlashAttention(nn.Module):
         # [S, Hq, Q, D]
         q = apply_rope(self.q_norm.forward(q.view(s, nq, hq, self.d).transpose(1, 2)), *rope)
         # [S, 2Hkv, T, D]: context then block
-        kv = write_kv(kv_cache, ctx, self._kv(x, rope, ctx))
-        args = (q, kv[:, :hkv], kv[:, hkv:], ctx.mask, self.scale, None)
+        write_kv(kv_cache, ctx, self._kv(x, rope, ctx))
+        paged = (ctx.blocks, ctx.block_shift, ctx.kv_len)
         # [S, Q, Hq*D], or None where the fused kernel does not apply
-        o = ops.attention(*args, ctx.qlen)
+        o = ops.attention(
+            q, kv_cache[:, :hkv], kv_cache[:, hkv:], ctx.mask, self.scale, None, ctx.qlen, paged
+        )
         if o is None:
-            o = attention(*args).transpose(1, 2).reshape(s, nq, hq * self.d)
+            kv = read_kv(kv_cache, ctx)
+            o = attention(q, kv[:, :hkv], kv[:, hkv:], ctx.mask, self.scale, None)
+            o = o.transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))
 
 

@@ -224,6 +224,13 @@ def profile_step_cost(
 ) -> dict[int, float]:
     """Time the target's forward over each row count in `points` (best of a few rounds) on a free KV slot, behind a
     `context`-token context. The slot's cache is scratch: the next request in it overwrites it."""
+    with runner.cache.borrowed([slot], runner.cache.t_alloc - 1):
+        return _profile_rows(runner, slot, points, repeats, context)
+
+
+def _profile_rows(
+    runner: ModelRunner, slot: int, points: list[int], repeats: int, context: int
+) -> dict[int, float]:
     context = _profile_context(runner, slot, max(points), context)
     best = dict.fromkeys(points, float("inf"))
     runner.run([RowInput(slot, context, [0] * max(points))])
@@ -252,6 +259,12 @@ def profile_step_cost(
     return monotone_profile(best)
 
 
+def batch_profile_slots(cache, most: int) -> list[int]:
+    """The slots profile_batch_step runs: up to `most`, as many as the KV pool holds behind its context."""
+    per_seq = -(-min(cache.t_alloc - 1, _PROFILE_CONTEXT + 2) // cache.block_size)
+    return list(range(min(most, cache.num_slots, cache.pool.num_usable // per_seq)))
+
+
 @torch.inference_mode()
 def profile_batch_step(
     runner: ModelRunner, slots: list[int], repeats: int = _PROFILE_REPEATS
@@ -260,16 +273,18 @@ def profile_batch_step(
     copy of the first slot's _PROFILE_CONTEXT-token context. The rows profile times one sequence: a batch step also
     reads every sequence's own keys and values, which a closed batch saves once a request has ended. The slots are
     scratch."""
-    context = _profile_context(runner, slots[0], 1)
-    runner.cache.copy_prefix(slots[0], slots[1:], context)
-    rows = [RowInput(s, context, [0]) for s in slots]
-    runner.run(rows)
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        runner.run(rows)
-        sync(runner.device)
-        best = min(best, time.perf_counter() - t)
+    with runner.cache.borrowed(slots[:1], min(runner.cache.t_alloc - 1, _PROFILE_CONTEXT + 2)):
+        context = _profile_context(runner, slots[0], 1)
+        with runner.cache.borrowed(slots[1:], context + 1):
+            runner.cache.copy_prefix(slots[0], slots[1:], context)
+            rows = [RowInput(s, context, [0]) for s in slots]
+            runner.run(rows)
+            best = float("inf")
+            for _ in range(repeats):
+                t = time.perf_counter()
+                runner.run(rows)
+                sync(runner.device)
+                best = min(best, time.perf_counter() - t)
     return len(slots), best
 
 

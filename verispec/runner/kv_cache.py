@@ -1,14 +1,17 @@
-"""Slot-major KV cache with O(1) rollback.
+"""The paged KV cache: fixed-size blocks of K and V per layer, a block table per sequence slot.
 
-One slot per running sequence: each layer holds K and V stacked on the head axis, [num_slots, 2*H_kv, T_alloc, D]
-(one write per layer per step). A sequence's valid
-length lives on its Request (num_computed); truncating it is moving that integer back, never a copy.
-The last column (T_alloc - 1) is a scratch column that padded query rows write into and nobody reads.
+Each layer holds [num_blocks, 2*H_kv, block_size, D] (K heads then V heads; one write per layer per step). A running
+sequence owns a slot, the row of the block table that maps its positions to blocks (position p in block
+table[slot, p // block_size]). Its valid length lives on its Request (num_computed): truncating it (rejected drafts)
+is moving that integer back, never a copy. Blocks come from a BlockPool (runner/block_pool.py): on demand for the
+engine's cache (grow), or, for the drafters' caches, all of a slot's blocks when the slot is taken (reserve_all).
+Position t_alloc - 1 is a scratch position that padded query rows write into and nobody reads.
 """
 
 from __future__ import annotations
 
-import heapq
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,16 +19,22 @@ import torch
 
 from verispec.config import ModelConfig
 from verispec.kernels.arena import anonymous_buffer
+from verispec.runner.block_pool import NULL_BLOCK, BlockPool
 
 GiB = 1 << 30
 # when the user gives none: enough for chat/code, cheap to allocate on a CPU
 DEFAULT_MAX_MODEL_LEN = 4096
+# vLLM's default and accepted block sizes (tokens per block)
+DEFAULT_BLOCK_SIZE = 16
+BLOCK_SIZES = (8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)
 class CacheBudget:
     num_slots: int
     max_model_len: int
+    # blocks in the pool, the null block included
+    num_blocks: int
     bytes_total: int
 
 
@@ -36,8 +45,10 @@ def plan_cache(
     budget_bytes: int,
     lookahead: int = 0,
     dtype_bytes: int = 4,
+    block_size: int = DEFAULT_BLOCK_SIZE,
 ) -> CacheBudget:
-    """Decide slots and context length up front from the memory budget; ValueError if nothing fits."""
+    """Decide the context length and the block pool up front from the memory budget; ValueError if one sequence
+    of max_model_len does not fit. The pool never exceeds what max_num_seqs full-length sequences would take."""
     per_tok = cfg.kv_bytes_per_token * dtype_bytes // 4
     if max_model_len is None:
         fit = budget_bytes // max(1, max_num_seqs * per_tok) - lookahead - 1
@@ -52,15 +63,18 @@ def plan_cache(
             f"max_model_len={max_model_len} is larger than the model's max_position_embeddings="
             f"{cfg.max_position_embeddings}"
         )
-    t_alloc = max_model_len + lookahead + 1
-    slots = min(max_num_seqs, budget_bytes // (t_alloc * per_tok))
-    if slots < 1:
+    per_seq = -(-(max_model_len + lookahead + 1) // block_size)
+    blocks = min(budget_bytes // (block_size * per_tok), max_num_seqs * per_seq)
+    if blocks < per_seq:
         raise ValueError(
             f"KV cache budget of {budget_bytes / GiB:.2f} GiB cannot hold one sequence of "
             f"max_model_len={max_model_len}; lower max_model_len"
         )
     return CacheBudget(
-        num_slots=int(slots), max_model_len=int(max_model_len), bytes_total=int(slots * t_alloc * per_tok)
+        num_slots=int(max_num_seqs),
+        max_model_len=int(max_model_len),
+        num_blocks=int(blocks) + 1,
+        bytes_total=int(blocks * block_size * per_tok),
     )
 
 
@@ -78,38 +92,135 @@ def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> 
 
 class KVCache:
     def __init__(
-        self, cfg: ModelConfig, num_slots: int, t_alloc: int, device: torch.device, dtype: torch.dtype
+        self,
+        cfg: ModelConfig,
+        num_slots: int,
+        t_alloc: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        num_blocks: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
     ):
-        shape = (num_slots, 2 * cfg.num_kv_heads, t_alloc, cfg.head_dim)
+        """num_blocks: the pool (block 0 the null block), blocks taken as sequences grow; None: every slot reserves
+        t_alloc positions when it is taken."""
+        if block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size={block_size} is not supported; choose one of {list(BLOCK_SIZES)}")
+        self.block_size, self.block_shift = block_size, block_size.bit_length() - 1
+        # table columns: every position a slot can hold
+        self.blocks_per_slot = -(-t_alloc // block_size)
+        self.reserve_all = num_blocks is None
+        if num_blocks is None:
+            num_blocks = num_slots * self.blocks_per_slot + 1
+        shape = (num_blocks, 2 * cfg.num_kv_heads, block_size, cfg.head_dim)
         # zeros, not empty: masked keys are multiplied by 0 in attention and must never be NaN garbage
         self.kv = [_zeros(shape, device, dtype) for _ in range(cfg.num_layers)]
+        self.pool = BlockPool(num_blocks)
+        # [num_slots, blocks_per_slot] int64; NULL_BLOCK where a slot holds nothing
+        self.block_table = torch.full(
+            (num_slots, self.blocks_per_slot), NULL_BLOCK, dtype=torch.long, device=device
+        )
+        # each slot's blocks in position order (the table's host copy)
+        self.blocks: list[list[int]] = [[] for _ in range(num_slots)]
         self.num_slots, self.t_alloc = num_slots, t_alloc
         self.scratch = t_alloc - 1
-        # min-heap: lowest slot first keeps active slots dense
-        self._free = list(range(num_slots))
+        self._free_slots = list(range(num_slots - 1, -1, -1))
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Free slots."""
+        return len(self._free_slots)
+
+    @property
+    def usage(self) -> float:
+        """The share of blocks in use (vLLM's kv_cache_usage_perc; cached free blocks count as free)."""
+        return 1.0 - self.pool.num_free / self.pool.num_usable
 
     def allocate(self) -> int | None:
-        return heapq.heappop(self._free) if self._free else None
+        """A free slot (lowest first: keeps active slots dense), holding no blocks, or all of its blocks in
+        reserve_all mode; None if none is free."""
+        if not self._free_slots:
+            return None
+        slot = self._free_slots.pop()
+        if self.reserve_all:
+            self.grow(slot, self.t_alloc)
+        return slot
 
     def free(self, slot: int) -> None:
-        heapq.heappush(self._free, slot)
+        self.release(slot)
+        self._free_slots.append(slot)
+        self._free_slots.sort(reverse=True)
+
+    def release(self, slot: int) -> None:
+        """Give back the slot's blocks (it holds none after)."""
+        self.pool.free(self.blocks[slot])
+        self.blocks[slot] = []
+        self.block_table[slot].fill_(NULL_BLOCK)
+
+    @contextmanager
+    def borrowed(self, slots: Iterable[int], n: int) -> Iterator[None]:
+        """Free slots holding positions [0, n) for a while (the step-cost profile, the audit's plain forwards: their
+        contents are scratch), their blocks given back after."""
+        slots = list(slots)
+        try:
+            for s in slots:
+                if not self.grow(s, n):
+                    raise ValueError(f"the KV cache has too few free blocks for {len(slots)} x {n} positions")
+            yield
+        finally:
+            for s in slots:
+                self.release(s)
+
+    def blocks_needed(self, slot: int, n: int) -> int:
+        """New blocks for the slot to hold positions [0, n)."""
+        return max(0, self._blocks_for(n) - len(self.blocks[slot]))
+
+    def grow(self, slot: int, n: int) -> bool:
+        """Make the slot hold positions [0, n) (n <= t_alloc); False, and nothing taken, if too few blocks are free."""
+        need = self.blocks_needed(slot, n)
+        if need == 0:
+            return True
+        if need > self.pool.num_free:
+            return False
+        self._append(slot, self.pool.allocate(need))
+        return True
+
+    def adopt(self, slot: int, blocks: list[int]) -> None:
+        """Put blocks (a cached prefix, already referenced for this slot) at the start of an empty slot."""
+        assert not self.blocks[slot]
+        self._append(slot, blocks)
+
+    def _append(self, slot: int, new: list[int]) -> None:
+        have = len(self.blocks[slot])
+        self.blocks[slot] += new
+        self.block_table[slot, have : have + len(new)] = torch.tensor(new, dtype=torch.long)
+
+    def _blocks_for(self, n: int) -> int:
+        return min(self.blocks_per_slot, -(-n // self.block_size))
+
+    def physical(self, slot: int, positions: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(blocks, rows in them) of a slot's positions."""
+        pos = torch.tensor(positions, dtype=torch.long, device=self.block_table.device)
+        return self.block_table[slot, pos >> self.block_shift], pos & (self.block_size - 1)
 
     def copy_prefix(self, src: int, dst: list[int], n: int) -> None:
-        """Positions [0, n) of slot src copied into every slot of dst, every layer (the step-cost profile's batch
-        step: many sequences behind one context)."""
+        """Positions [0, n) of slot src copied into every slot of dst (grown to hold them), every layer (the
+        step-cost profile's batch step: many sequences behind one context)."""
         if not dst or n <= 0:
             return
-        d = torch.tensor(dst, device=self.kv[0].device)
-        for kv in self.kv:
-            kv[d, :, :n] = kv[src, :, :n]
+        k = self._blocks_for(n)
+        for d in dst:
+            if not self.grow(d, n):
+                raise ValueError("the KV cache has too few free blocks for the copies")
+        s = torch.tensor(self.blocks[src][:k], dtype=torch.long)
+        for d in dst:
+            t = torch.tensor(self.blocks[d][:k], dtype=torch.long)
+            for kv in self.kv:
+                kv[t] = kv[s]
 
     def move(self, slot: int, src: list[int], dst: list[int]) -> None:
         """K/V at positions src copied to dst in `slot`, every layer (a token tree's accepted path made contiguous)."""
-        s, d = torch.tensor(src), torch.tensor(dst)
-        # [slots, 2 Hkv, T, D]
+        sb, sr = self.physical(slot, src)
+        db, dr = self.physical(slot, dst)
+        # [blocks, 2 Hkv, block_size, D]
         for kv in self.kv:
-            kv[slot, :, d] = kv[slot, :, s]
+            kv[db, :, dr] = kv[sb, :, sr]

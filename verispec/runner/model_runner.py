@@ -124,6 +124,7 @@ class ModelRunner:
             rows_idx = self._slot_rows[s] = torch.arange(s, device=dev)[:, None]
         unpack, pack, lengths = _packing(pad_pos, s, q, qlen_t, dev)
         ctx = AttnContext(lo, hi, rows_idx, cache_pos, kv_len, mask, sliding, q, unpack, pack, lengths)
+        ctx.blocks, ctx.block_shift = self.cache.block_table[lo:hi], self.cache.block_shift
         return ids_t, positions, ctx, flat
 
     def _sliding(

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import REPEATED_SPAN_PROMPTS
 from verispec import LLM, SamplingParams
-from verispec.proposers.factory import SUPPORTED_METHODS
+from verispec.proposers.factory import SUPPORTED_METHODS, draft_kv_share
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ def plain_outputs():
     return get
 
 
-def _spec_llm(request, tmp_path, method: str) -> tuple[str, LLM]:
+def _spec_llm(request, tmp_path, method: str, **engine_args) -> tuple[str, LLM]:
     assert method in SETUPS, f"method {method!r} is in SUPPORTED_METHODS but has no Setup in {__file__}"
     setup = SETUPS[method]
     target = request.getfixturevalue(setup.target)
@@ -69,7 +69,8 @@ def _spec_llm(request, tmp_path, method: str) -> tuple[str, LLM]:
             "kv_connector": "ExampleHiddenStatesConnector",
             "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
         }
-    return target, LLM(target, max_model_len=256, speculative_config=spec, kv_transfer_config=kv)
+    engine_args = {"max_model_len": 256} | engine_args
+    return target, LLM(target, speculative_config=spec, kv_transfer_config=kv, **engine_args)
 
 
 def test_every_supported_method_has_a_setup():
@@ -108,3 +109,32 @@ def test_abort_mid_flight_leaves_the_other_requests_unchanged(request, tmp_path,
     assert done == {f"r{i}": expected[i] for i in (0, 2, 3)}, method
     outs = llm.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected, method
+
+
+@pytest.mark.parametrize("method", SUPPORTED_METHODS)
+def test_cached_prefixes_and_preemption_change_nothing(request, tmp_path, plain_outputs, method):
+    """A second turn over the first's prompt and answer (its blocks come from the prefix cache, where the method
+    can use them) and a KV pool too small for the batch (requests preempted and recomputed): plain decoding's
+    output, turn after turn."""
+    target, llm = _spec_llm(request, tmp_path, method)
+    follow = [
+        {"prompt_token_ids": p["prompt_token_ids"] + out + [5, 6, 7]}
+        for p, out in zip(REPEATED_SPAN_PROMPTS, plain_outputs(target))
+    ]
+    plain = LLM(target, max_model_len=256, enable_prefix_caching=False)
+    expected = [o.outputs[0].token_ids for o in plain.generate(follow, SAMPLING, use_tqdm=False)]
+    llm.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)
+    outs = llm.generate(follow, SAMPLING, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected, method
+    if llm.engine.can_hit:
+        assert llm.engine.counters.prefix_cache_hits > 0, method
+    # a pool of 14 blocks of 16 tokens for 4 requests growing to 70-100 tokens: some are preempted and recomputed
+    longer = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in plain.generate(follow, longer, use_tqdm=False)]
+    per_tok = plain.engine.runner.model.cfg.kv_bytes_per_token
+    # the target's share of the budget: a draft model's cache takes the rest
+    budget = int(per_tok * 16 * 14.5 / (1 - draft_kv_share(llm.engine.speculative_config)))
+    _, small = _spec_llm(request, tmp_path, method, max_model_len=128, kv_cache_memory_bytes=budget)
+    outs = small.generate(follow, longer, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == expected, method
+    assert small.engine.counters.num_preemptions > 0, method

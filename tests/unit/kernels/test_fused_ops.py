@@ -101,6 +101,52 @@ def test_attention_matches_sdpa(s, q, t, d, softcap):
     assert torch.equal(ops.attention(qt, wide[:, :hkv], wide[:, hkv:], wide_mask, 0.125, softcap), out)
 
 
+def _scattered(cache: torch.Tensor, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cache [S, H, T, D] laid out as a paged cache: (pool [blocks, H, bs, D] with each sequence's blocks in a
+    shuffled order behind a null block, table [S, T / bs])."""
+    s, h, t, d = cache.shape
+    n = t // bs
+    g = torch.Generator().manual_seed(n)
+    order = torch.randperm(s * n, generator=g) + 1
+    pool = torch.randn(s * n + 1, h, bs, d, generator=g)
+    table = order.view(s, n)
+    # [S, n, H, bs, D]
+    pool[table] = cache.view(s, h, n, bs, d).transpose(1, 2)
+    return pool, table
+
+
+@pytest.mark.parametrize("bs", [8, 16, 64])
+@pytest.mark.parametrize(("s", "q", "t"), [(1, 1, 64), (3, 5, 128), (2, 12, 320)])
+def test_paged_attention_equals_the_contiguous_cache(s, q, t, bs, softcap=None):
+    """The same keys read through a block table give bitwise the same output as from one contiguous view."""
+    hq, hkv, d = 6, 2, 64
+    # its own generator: the other tests' random cases stay as they were
+    g = torch.Generator().manual_seed(s * q)
+    qt = torch.randn(s, hq, q, d, generator=g)
+    cache = torch.randn(s, 2 * hkv, t, d, generator=g)
+    pool, table = _scattered(cache, bs)
+    kv_len = t - 3
+    mask = torch.ones(q, kv_len, dtype=torch.bool).tril(kv_len - q).expand(s, 1, q, kv_len).clone()
+    contiguous = ops.attention(qt, cache[:, :hkv, :kv_len], cache[:, hkv:, :kv_len], mask, 0.125, 30.0)
+    shift = bs.bit_length() - 1
+    paged = ops.attention(qt, pool[:, :hkv], pool[:, hkv:], mask, 0.125, 30.0, None, (table, shift, kv_len))
+    assert torch.equal(paged, contiguous)
+
+
+@pytest.mark.parametrize("bs", [8, 16])
+def test_paged_write_kv_lands_in_the_tables_blocks(bs):
+    s, h, q, d, t = 3, 4, 5, 16, 64
+    cache = torch.zeros(s, h, t, d)
+    pool, table = _scattered(cache, bs)
+    x = torch.randn(s, q, h, d, generator=torch.Generator().manual_seed(bs)).transpose(1, 2)
+    pos = torch.stack([torch.arange(q) + o for o in (0, bs - 2, t - q)])
+    ref = cache.clone()
+    ref[torch.arange(s).view(s, 1), :, pos] = x.transpose(1, 2)
+    assert ops.write_kv(pool, x, pos, None, (table, bs.bit_length() - 1))
+    back = pool[table].transpose(1, 2).reshape(s, h, t, d)
+    assert torch.equal(back, ref)
+
+
 @pytest.mark.parametrize(("q", "t", "hq", "hkv"), [(5, 300, 9, 3), (20, 64, 6, 2), (3, 40, 10, 2)])
 def test_attention_row_does_not_depend_on_its_neighbours(q, t, hq, hkv):
     # a thread takes a sequence's consecutive query rows together (up to 8): each row must come out as it does alone,

@@ -9,7 +9,7 @@ from verispec.runner.model_runner import ModelRunner, RowInput
 
 def runner() -> ModelRunner:
     model = SimpleNamespace(cfg=SimpleNamespace(sliding_window=None, layer_types=None))
-    cache = SimpleNamespace(scratch=63)
+    cache = SimpleNamespace(scratch=63, block_table=torch.zeros(4, 4, dtype=torch.long), block_shift=4)
     return ModelRunner(model, cache, torch.device("cpu"))
 
 
