@@ -21,7 +21,10 @@ _CHILD = r"""
 import json, statistics, subprocess, sys, time
 spec = json.loads(sys.argv[1])
 from verispec import LLM, SamplingParams
-llm = LLM(spec["model"], max_model_len=1024, max_num_seqs=1, activation_dtype=spec["dtype"])
+# the same prompt every run: no prefix cache
+llm = LLM(
+    spec["model"], max_model_len=1024, max_num_seqs=1, activation_dtype=spec["dtype"], enable_prefix_caching=False
+)
 sp = SamplingParams(temperature=0, max_tokens=spec["tokens"], ignore_eos=True)
 llm.generate(["def f(x):"], sp, use_tqdm=False)
 

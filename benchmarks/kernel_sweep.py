@@ -117,7 +117,13 @@ def forward_steps(model: str, rows: list[int], reps: int, int8: bool) -> dict[st
     out = {}
     print("whole forward step, 256-token context (ms; cost against 1 row):")
     for dtype in ("float32", "int8") if int8 else ("float32",):
-        llm = LLM(model, max_model_len=max(rows) + 300, max_num_seqs=1, activation_dtype=dtype)
+        llm = LLM(
+            model,
+            max_model_len=max(rows) + 300,
+            max_num_seqs=1,
+            activation_dtype=dtype,
+            enable_prefix_caching=False,
+        )
         steps = profile_step_cost(llm.engine.runner, 0, rows, repeats=max(reps, 8))
         out[dtype] = steps
         one = steps.get(1)

@@ -66,11 +66,14 @@ def load(
         capi.llama_model_default_params = defaults
 
 
-def generate(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
+def generate(
+    model, prompt: list[int], max_tokens: int, eos: set[int], keep_prefix: bool = False
+) -> list[int]:
     """Greedy tokens after `prompt`, up to max_tokens, EOS included (as verispec reports it). The model's state is
-    reset first: llama-cpp-python would otherwise reuse the previous prompt's shared prefix (verispec has no
-    prefix cache, so neither side reuses anything)."""
-    model.reset()
+    reset first unless keep_prefix: llama-cpp-python then reuses the previous call's shared prefix (its prompt
+    cache, as llama.cpp's server reuses a slot's), for benchmarks/prefix_cache.py."""
+    if not keep_prefix:
+        model.reset()
     out: list[int] = []
     for t in model.generate(prompt, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
         out.append(int(t))

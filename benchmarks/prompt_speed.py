@@ -45,7 +45,13 @@ def main() -> None:
     sp = SamplingParams(temperature=0, max_tokens=1)
     for dtype in ("float32", "int8"):
         llm = LLM(
-            args.model, max_model_len=2048, max_num_seqs=1, activation_dtype=dtype, threads=args.threads
+            args.model,
+            max_model_len=2048,
+            max_num_seqs=1,
+            activation_dtype=dtype,
+            threads=args.threads,
+            # the same prompt every repeat: its processing, not a cache hit
+            enable_prefix_caching=False,
         )
         ids = ids or llm.tokenizer.encode(SOURCE.read_text(), add_special_tokens=False)[: args.prompt_tokens]
         llm.generate([{"prompt_token_ids": ids[:64]}], sp, use_tqdm=False)

@@ -30,6 +30,8 @@ class BenchResult:
     prefill_seconds: float = 0.0
     # tokens from decode steps / time in decode steps (prefill excluded)
     decode_tok_per_s: float = 0.0
+    # prompt tokens found in the prefix cache / prompt tokens looked up (0 with the cache off)
+    prefix_hit_rate: float = 0.0
 
 
 class RunTimer:
@@ -41,7 +43,13 @@ class RunTimer:
         self.seconds = 0.0
         self.outs: list = []
         c = llm.engine.counters
-        self._c0 = (c.prefill_seconds, c.decode_seconds, c.decode_tokens)
+        self._c0 = (
+            c.prefill_seconds,
+            c.decode_seconds,
+            c.decode_tokens,
+            c.prefix_cache_queries,
+            c.prefix_cache_hits,
+        )
         s = c.spec
         self._s0 = (
             (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.num_accepted_tokens_per_pos))
@@ -50,6 +58,9 @@ class RunTimer:
         )
 
     def generate(self, prompts: list[list[int]], sp: SamplingParams, progress: bool = False) -> list:
+        """The prompts from a cold prefix cache: a workload's own reuse counts, nothing from warm-ups or from
+        earlier calls (the same prompts again would otherwise skip their prompt processing)."""
+        self.llm.reset_prefix_cache()
         t = time.perf_counter()
         outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=progress)
         self.seconds += time.perf_counter() - t
@@ -62,6 +73,8 @@ class RunTimer:
         res = BenchResult(self.label, dt, n, n / dt)
         res.prefill_seconds = c.prefill_seconds - self._c0[0]
         res.decode_tok_per_s = (c.decode_tokens - self._c0[2]) / max(1e-9, c.decode_seconds - self._c0[1])
+        queries = c.prefix_cache_queries - self._c0[3]
+        res.prefix_hit_rate = (c.prefix_cache_hits - self._c0[4]) / queries if queries else 0.0
         s, base = c.spec, self._s0
         if s is not None:
             res.num_drafts = s.num_drafts - base[0]
@@ -138,6 +151,7 @@ def print_table(rows: list[BenchResult], baseline: BenchResult) -> None:
     head = f"{'run':<28}{'out tok':>8}{'tok/s':>9}{'speedup':>9}{'prefill s':>10}{'decode tok/s':>13}{'speedup':>9}{'drafts':>8}{'drafted':>9}{'accepted':>9}{'mean AL':>8}  per-position"
     print(head)
     print("-" * len(head))
+    hits = [f"{r.label} {r.prefix_hit_rate:.0%}" for r in rows]
     for r in rows:
         print(
             f"{r.label:<28}{r.output_tokens:>8}{r.tok_per_s:>9.1f}{r.tok_per_s / baseline.tok_per_s:>8.2f}x"
@@ -147,6 +161,7 @@ def print_table(rows: list[BenchResult], baseline: BenchResult) -> None:
             f"{r.num_drafts:>8}{r.num_draft_tokens:>9}{r.num_accepted_tokens:>9}{r.mean_acceptance_length:>8.2f}  "
             f"{', '.join(f'{x:.2f}' for x in r.per_position)}"
         )
+    print(f"prefix cache hit rate: {', '.join(hits)}")
     bound = prompt_ceiling(baseline)
     if bound is not None:
         print(

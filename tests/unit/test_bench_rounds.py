@@ -17,6 +17,9 @@ class FakeLLM:
         self.name, self.log = name, log
         self.engine = SimpleNamespace(counters=EngineCounters(spec=SpecDecodingStats(2) if spec else None))
 
+    def reset_prefix_cache(self) -> bool:
+        return True
+
     def generate(self, prompts, sp, use_tqdm=False):
         ids = [p["prompt_token_ids"] for p in prompts]
         c = self.engine.counters

@@ -84,7 +84,13 @@ class LLMEngine:
         self.can_hit = needs.target_hidden != "all" and not needs.observes_states
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
         if self.spec_log is not None:
-            self.spec_log.extra = self.planner.log_line
+            self.spec_log.extra = self._log_line
+
+    def _log_line(self) -> str:
+        """The periodic log line's tail: the planner's figures, the prefix cache's hit rate and the KV usage."""
+        c = self.counters
+        hits = c.prefix_cache_hits / c.prefix_cache_queries if c.prefix_cache_queries else 0.0
+        return f"{self.planner.log_line()}, Prefix cache hit rate: {hits:.1%}, KV cache usage: {self.cache.usage:.1%}"
 
     @property
     def waiting(self) -> deque[Request]:

@@ -101,8 +101,8 @@ class KVCache:
         num_blocks: int | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
     ):
-        """num_blocks: the pool (block 0 the null block), blocks taken as sequences grow; None: every slot reserves
-        t_alloc positions when it is taken."""
+        """num_blocks: the pool (block 0 the null block), blocks taken as sequences grow; None: every slot holds
+        t_alloc positions from the start (the drafters' caches, and callers that address slots directly)."""
         if block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size={block_size} is not supported; choose one of {list(BLOCK_SIZES)}")
         self.block_size, self.block_shift = block_size, block_size.bit_length() - 1
@@ -124,6 +124,9 @@ class KVCache:
         self.num_slots, self.t_alloc = num_slots, t_alloc
         self.scratch = t_alloc - 1
         self._free_slots = list(range(num_slots - 1, -1, -1))
+        if self.reserve_all:
+            for slot in range(num_slots):
+                self.grow(slot, t_alloc)
 
     @property
     def num_free(self) -> int:
@@ -140,18 +143,18 @@ class KVCache:
         reserve_all mode; None if none is free."""
         if not self._free_slots:
             return None
-        slot = self._free_slots.pop()
-        if self.reserve_all:
-            self.grow(slot, self.t_alloc)
-        return slot
+        return self._free_slots.pop()
 
     def free(self, slot: int) -> None:
-        self.release(slot)
+        if not self.reserve_all:
+            self.release(slot)
         self._free_slots.append(slot)
         self._free_slots.sort(reverse=True)
 
     def release(self, slot: int) -> None:
-        """Give back the slot's blocks (it holds none after)."""
+        """Give back the slot's blocks (it holds none after; in reserve_all mode, nothing to give back)."""
+        if self.reserve_all:
+            return
         self.pool.free(self.blocks[slot])
         self.blocks[slot] = []
         self.block_table[slot].fill_(NULL_BLOCK)

@@ -85,7 +85,12 @@ def test_the_step_cost_profile_is_cached_per_kernel_build(monkeypatch):
         builder.build_planner(
             args,
             SimpleNamespace(source=__file__),
-            SimpleNamespace(device="cpu", cache=SimpleNamespace(num_slots=1)),
+            SimpleNamespace(
+                device="cpu",
+                cache=SimpleNamespace(
+                    num_slots=1, t_alloc=64, block_size=16, pool=SimpleNamespace(num_usable=8)
+                ),
+            ),
             SimpleNamespace(num_lookahead_slots=2),
             None,
             16,

@@ -63,10 +63,13 @@ def test_a_slot_grows_block_by_block_and_gives_them_back(cfg):
     assert cache.usage == 0 and cache.block_table[slot].eq(NULL_BLOCK).all()
 
 
-def test_drafter_caches_reserve_every_block_of_a_slot(cfg):
+def test_drafter_caches_hold_every_block_of_every_slot(cfg):
     cache = KVCache(cfg, 2, 20, torch.device("cpu"), torch.float32, block_size=8)
+    assert [len(b) for b in cache.blocks] == [3, 3] and cache.pool.num_free == 0
     slot = cache.allocate()
-    assert len(cache.blocks[slot]) == 3 and cache.pool.num_free == 3
+    cache.free(slot)
+    # freeing the slot keeps its blocks: it is addressed directly
+    assert len(cache.blocks[slot]) == 3
 
 
 def test_copy_prefix_copies_a_slots_first_blocks_into_others(cfg):
