@@ -24,6 +24,8 @@ class EngineRequest:
     params: SamplingParams
     # params.bad_words as token ids, when the front end tokenized them already (constraints.bad_words_token_ids)
     bad_words_token_ids: list[list[int]] | None = None
+    # the prefix cache's salt (requests with different salts never share cached blocks)
+    cache_salt: str | None = None
 
 
 def child_params(params: SamplingParams, j: int) -> SamplingParams:

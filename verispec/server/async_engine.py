@@ -275,7 +275,7 @@ class AsyncEngine:
         for r in requests if error is None else ():
             try:
                 self.engine.add_request(
-                    r.request_id, r.prompt, r.prompt_token_ids, r.params, r.bad_words_token_ids
+                    r.request_id, r.prompt, r.prompt_token_ids, r.params, r.bad_words_token_ids, r.cache_salt
                 )
             # ValueError: invalid input -> 400; anything else -> 500
             except Exception as e:
@@ -368,7 +368,7 @@ class AsyncEngine:
             return
         stats = self.engine.stats()
         self.metrics.sync_counters(self.engine.counters)
-        self.metrics.update_gauges(stats.running, stats.waiting, stats.free_kv_slots)
+        self.metrics.update_gauges(stats.running, stats.waiting, stats.free_kv_slots, stats.kv_cache_usage)
 
 
 def _resolve(fut: asyncio.Future, error: BaseException | None) -> None:

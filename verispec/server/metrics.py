@@ -114,7 +114,19 @@ class ServerMetrics:
             "vllm:num_requests_waiting", "Number of requests waiting to be processed.", m, registry=r
         )
         self.kv_usage = Gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage (fraction of sequence slots in use).", m, registry=r
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m, registry=r
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            m,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", m, registry=r
+        )
+        self.preemptions = Counter(
+            "vllm:num_preemptions", "Cumulative number of preemption from the engine.", m, registry=r
         )
         self.kv_free = Gauge("verispec:kv_cache_free_slots", "Free KV-cache sequence slots.", m, registry=r)
         self._add_histograms()
@@ -185,6 +197,9 @@ class ServerMetrics:
             self.prompt_tokens,
             self.generation_tokens,
             self.request_aborted,
+            self.prefix_queries,
+            self.prefix_hits,
+            self.preemptions,
             self.ttft,
             self.itl,
             self.e2e,
@@ -197,7 +212,7 @@ class ServerMetrics:
                 metric.labels(name)
             for i in range(self.k):
                 self.per_pos.labels(name, str(i))
-        self.update_gauges(0, 0, self.num_kv_slots)
+        self.update_gauges(0, 0, self.num_kv_slots, 0.0)
 
     # ------------------------------------------------------------------ engine-thread updates
     def _inc(self, counter, key: str, value: int, *labels: str) -> None:
@@ -211,6 +226,9 @@ class ServerMetrics:
         self._inc(self.prompt_tokens, "prompt", c.prompt_tokens)
         self._inc(self.generation_tokens, "generation", c.generation_tokens)
         self._inc(self.request_aborted, "aborted", c.requests_aborted)
+        self._inc(self.prefix_queries, "prefix_queries", c.prefix_cache_queries)
+        self._inc(self.prefix_hits, "prefix_hits", c.prefix_cache_hits)
+        self._inc(self.preemptions, "preemptions", c.num_preemptions)
         if self.k and c.spec is not None:
             s = c.spec
             self._inc(self.drafts, "drafts", s.num_drafts)
@@ -222,12 +240,13 @@ class ServerMetrics:
                 self.mean_chosen_k.labels(self.model_name).set(c.mean_chosen_k)
                 self.verified_row_cost.labels(self.model_name).set(c.verified_row_cost or 0.0)
 
-    def update_gauges(self, running: int, waiting: int, free_slots: int) -> None:
+    def update_gauges(self, running: int, waiting: int, free_slots: int, kv_usage: float) -> None:
+        """kv_usage: the share of KV blocks in use."""
         name = self.model_name
         self.running.labels(name).set(running)
         self.waiting.labels(name).set(waiting)
         self.kv_free.labels(name).set(free_slots)
-        self.kv_usage.labels(name).set(1.0 - free_slots / self.num_kv_slots if self.num_kv_slots else 0.0)
+        self.kv_usage.labels(name).set(kv_usage)
 
     def request_finished(self, finish_reason: str | None) -> None:
         if finish_reason in FINISH_REASONS:

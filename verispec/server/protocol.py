@@ -138,6 +138,8 @@ class _SamplingFields(_Request):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's: the prefix cache's isolation key (a tenant's prefixes never serve another salt)
+    cache_salt: str | None = None
     logit_bias: dict[str, Number] | None = (
         # OpenAI: token id (as a string) -> bias, clamped to [-100, 100]
         None
@@ -156,6 +158,13 @@ class _SamplingFields(_Request):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     truncate_prompt_tokens: StrictInt | None = None
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _salt(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+        return value
 
     @field_validator(*LIST_LIMITS, mode="before")
     @classmethod

@@ -109,6 +109,8 @@ class ServingContext:
             words = bad_words_token_ids(out[0].params.bad_words, self.tokenizer)
             for r in out:
                 r.bad_words_token_ids = words
+        for r in out:
+            r.cache_salt = req.cache_salt
         if len(out) > self.max_children:
             raise APIError(
                 400,
