@@ -109,6 +109,7 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         lookahead=lookahead,
         dtype_bytes=dtype.itemsize,
         block_size=args.block_size,
+        full_length_slots=draft_kv_share(spec) > 0,
     )
     t_alloc = plan.max_model_len + lookahead + 1
     cache = KVCache(cfg, plan.num_slots, t_alloc, device, dtype, plan.num_blocks, args.block_size)

@@ -46,9 +46,12 @@ def plan_cache(
     lookahead: int = 0,
     dtype_bytes: int = 4,
     block_size: int = DEFAULT_BLOCK_SIZE,
+    full_length_slots: bool = False,
 ) -> CacheBudget:
     """Decide the context length and the block pool up front from the memory budget; ValueError if one sequence
-    of max_model_len does not fit. The pool never exceeds what max_num_seqs full-length sequences would take."""
+    of max_model_len does not fit. The pool never exceeds what max_num_seqs full-length sequences would take.
+    full_length_slots: no more slots than full-length sequences fit (a draft model's own cache holds each of its
+    slots at full length)."""
     per_tok = cfg.kv_bytes_per_token * dtype_bytes // 4
     if max_model_len is None:
         fit = budget_bytes // max(1, max_num_seqs * per_tok) - lookahead - 1
@@ -70,8 +73,9 @@ def plan_cache(
             f"KV cache budget of {budget_bytes / GiB:.2f} GiB cannot hold one sequence of "
             f"max_model_len={max_model_len}; lower max_model_len"
         )
+    slots = min(max_num_seqs, blocks // per_seq) if full_length_slots else max_num_seqs
     return CacheBudget(
-        num_slots=int(max_num_seqs),
+        num_slots=int(slots),
         max_model_len=int(max_model_len),
         num_blocks=int(blocks) + 1,
         bytes_total=int(blocks * block_size * per_tok),

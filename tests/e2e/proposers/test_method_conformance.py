@@ -137,4 +137,8 @@ def test_cached_prefixes_and_preemption_change_nothing(request, tmp_path, plain_
     _, small = _spec_llm(request, tmp_path, method, max_model_len=128, kv_cache_memory_bytes=budget)
     outs = small.generate(follow, longer, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outs] == expected, method
-    assert small.engine.counters.num_preemptions > 0, method
+    if draft_kv_share(llm.engine.speculative_config) == 0:
+        assert small.engine.counters.num_preemptions > 0, method
+    else:
+        # a draft model's cache holds full-length slots: no more run at once than fit whole, none is preempted
+        assert small.engine.cache.num_slots == 1, method

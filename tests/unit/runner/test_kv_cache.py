@@ -102,3 +102,9 @@ def test_move_copies_positions_through_the_block_table(cfg):
     for kv, old in zip(cache.kv, before):
         assert torch.equal(kv[b[1], :, 1], old[b[2], :, 1])
         assert torch.equal(kv[b[0]], old[b[0]])
+
+
+def test_a_draft_models_full_length_cache_bounds_the_slots(cfg):
+    # a draft model keeps each of its slots at full length: no more slots than full sequences fit
+    plan = plan_cache(cfg, 8, 255, 3 * 512 * 256, full_length_slots=True)
+    assert (plan.num_slots, plan.num_blocks) == (3, 3 * 16 + 1)
