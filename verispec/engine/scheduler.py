@@ -84,9 +84,8 @@ class Scheduler:
     def preempt(self, req: Request) -> None:
         """vLLM's recompute preemption: the request's blocks are freed (its full blocks stay cached), it waits at
         the front of the queue, and computes its tokens again when readmitted."""
-        self.running.remove(req)
-        self.cache.free(req.slot)
-        req.slot, req.status = None, Status.WAITING
+        self._release(req)
+        req.status = Status.WAITING
         req.num_computed, req.num_cached_blocks = 0, 0
         req.recompute_to = req.num_tokens - 1
         self.waiting.appendleft(req)
@@ -110,11 +109,15 @@ class Scheduler:
 
     def finish(self, req: Request) -> None:
         if req.status is Status.RUNNING:
-            self.running.remove(req)
-            self.cache.free(req.slot)
-            req.slot = None
+            self._release(req)
         elif req.status is Status.WAITING:
             self.waiting.remove(req)
+
+    def _release(self, req: Request) -> None:
+        """A running request out of the batch, its slot and blocks freed."""
+        self.running.remove(req)
+        self.cache.free(req.slot)
+        req.slot = None
 
 
 def chain_hashes(req: Request, tokens: list[int], full: int, bs: int, start: int = 0) -> None:

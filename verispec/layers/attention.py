@@ -45,6 +45,8 @@ class AttnContext:
     block_shift: int = 4
     # cuda_ops.visible_keys of mask / sliding_mask, made on first use (CUDA only)
     _visible: dict[bool, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # (block, row) of each cache_pos, made on first use (the PyTorch path's KV write)
+    _where: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def visible(self, sliding: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's visible keys, compacted once per forward for the batch-invariant CUDA attention."""
@@ -53,6 +55,13 @@ class AttnContext:
             device = self.rows.device
             self._visible[sliding] = cuda_ops.visible_keys(mask, self.kv_len, device)
         return self._visible[sliding]
+
+    def where(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[S, Q] block and row of each new token's position, once per forward (every layer writes there)."""
+        if self._where is None:
+            blk = torch.gather(self.blocks, 1, self.cache_pos >> self.block_shift)
+            self._where = blk, self.cache_pos & ((1 << self.block_shift) - 1)
+        return self._where
 
     def to_padded(self, x: torch.Tensor) -> torch.Tensor:
         """[N, F] packed tokens -> [S, Q, F]."""
@@ -69,9 +78,7 @@ class AttnContext:
 def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> None:
     """Write new K|V x [S, 2*Hkv, Q, D] at the rows' positions into the paged cache [blocks, 2*Hkv, bs, D]."""
     if not ops.write_kv(cache, x, ctx.cache_pos, ctx.qlen, (ctx.blocks, ctx.block_shift)):
-        # [S, Q] block and row of each position
-        blk = torch.gather(ctx.blocks, 1, ctx.cache_pos >> ctx.block_shift)
-        row = ctx.cache_pos & ((1 << ctx.block_shift) - 1)
+        blk, row = ctx.where()
         cache[blk, :, row] = x.transpose(1, 2)
 
 

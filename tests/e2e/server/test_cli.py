@@ -58,6 +58,18 @@ def test_cli_config_resolution(tmp_path, monkeypatch):
     assert args.port == 1234 and callable(args.func)
 
 
+def _serve(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`verispec serve` with args (and env over this process's), its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "verispec.server.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
 def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("no_such_option: 1\n")
@@ -70,16 +82,7 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
         ["m", "-sc", '{"method": "ngram"}', "--per-request-spec-decode-metrics", "full"],
         ["m", "--shutdown-timeout", "-1"],
     ]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "verispec.server.cli", *c],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for c in cases
-    ]
+    procs = [_serve(c) for c in cases]
     for c, proc in zip(cases, procs):
         out, err = proc.communicate(timeout=120)
         lines = [x for x in err.splitlines() if x.strip()]
@@ -99,17 +102,7 @@ def test_a_blank_api_key_refuses_to_start(tmp_path):
         (["m"], {"VERISPEC_API_KEY": ""}, "VERISPEC_API_KEY"),
         (["m", "--api-key", " padded "], {}, "--api-key"),
     ]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "verispec.server.cli", *args],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, **env},
-        )
-        for args, env, _ in cases
-    ]
+    procs = [_serve(args, env) for args, env, _ in cases]
     for (args, _, needle), proc in zip(cases, procs):
         _, err = proc.communicate(timeout=120)
         lines = [x for x in err.splitlines() if x.strip()]
