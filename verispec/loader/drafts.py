@@ -58,16 +58,27 @@ def load_eagle3(
     th = config_int(hf.get("target_hidden_size") or target_hidden, "target_hidden_size", where)
     own_embed = "embed_tokens.weight" in tensors
     draft = Eagle3Draft(cfg, th, draft_vocab, bool(hf.get("norm_before_residual", False)), own_embed)
-    d2t = tensors.pop("d2t", None)
-    if draft_vocab != cfg.vocab_size:
-        if d2t is None or tuple(d2t.shape) != (draft_vocab,):
-            raise ValueError(
-                f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs a 'd2t' tensor of "
-                f"{draft_vocab} offsets"
-            )
-        check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
-        draft.d2t = d2t.long()
+    d2t = _vocab_map(tensors, "d2t", "draft_vocab_size", draft_vocab, cfg.vocab_size, folder, offsets=True)
+    if d2t is not None:
+        draft.d2t = d2t
     return load_draft(draft, tensors, folder, "EAGLE-3", device, dtype)
+
+
+def _vocab_map(
+    tensors: dict, name: str, size_key: str, n: int, vocab: int, folder: Path, offsets: bool = False
+) -> torch.Tensor | None:
+    """A draft's reduced-vocabulary map (EAGLE-3's d2t offsets, Medusa's token_map ids) taken out of `tensors`:
+    int64 [n], checked against the target's vocabulary; None when the draft keeps the whole vocabulary."""
+    t = tensors.pop(name, None)
+    if n >= vocab:
+        return None
+    if t is None or tuple(t.shape) != (n,):
+        what = "offsets" if offsets else "token ids"
+        raise ValueError(
+            f"{folder}: {size_key}={n} < vocab_size={vocab} needs a '{name}' tensor of {n} {what}"
+        )
+    check_token_ids(t, name, n, vocab, folder, offsets=offsets)
+    return t.long()
 
 
 def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) -> MedusaHeads:
@@ -80,15 +91,10 @@ def load_medusa(folder: str | Path, device: torch.device, dtype: torch.dtype) ->
         tensors, [last], folder, "Medusa", f"says {cfg.num_heads} heads of {cfg.num_hidden_layers} layers"
     )
     heads = MedusaHeads(cfg)
-    token_map = tensors.pop("token_map", None)
-    if cfg.truncated_vocab_size < cfg.vocab_size:
-        if token_map is None or token_map.shape != (cfg.truncated_vocab_size,):
-            raise ValueError(
-                f"{folder}: truncated_vocab_size={cfg.truncated_vocab_size} < vocab_size={cfg.vocab_size} needs a "
-                f"'token_map' tensor of {cfg.truncated_vocab_size} token ids"
-            )
-        check_token_ids(token_map, "token_map", cfg.truncated_vocab_size, cfg.vocab_size, folder)
-        heads.token_map = token_map.long()
+    n = cfg.truncated_vocab_size
+    token_map = _vocab_map(tensors, "token_map", "truncated_vocab_size", n, cfg.vocab_size, folder)
+    if token_map is not None:
+        heads.token_map = token_map
     return load_draft(heads, tensors, folder, "Medusa", device, dtype)
 
 
