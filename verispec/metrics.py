@@ -183,6 +183,10 @@ class EngineCounters:
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
     kv_cache_usage: float = 0.0
+    # structured outputs: drafts cut because the grammar refused them (never verified, so not in
+    # spec_decode_num_draft_tokens, as vLLM), and drafts the grammar forced (verified and counted like any other)
+    grammar_cut_drafts: int = 0
+    grammar_forced_drafts: int = 0
 
     def to_metrics(self, num_running: int, num_waiting: int) -> list[Metric]:
         out: list[Metric] = [
@@ -203,6 +207,10 @@ class EngineCounters:
                 Counter("vllm:spec_decode_num_drafts", {}, s.num_drafts),
                 Counter("vllm:spec_decode_num_draft_tokens", {}, s.num_draft_tokens),
                 Counter("vllm:spec_decode_num_accepted_tokens", {}, s.num_accepted_tokens),
+                Counter("verispec:spec_decode_num_grammar_cut_draft_tokens", {}, self.grammar_cut_drafts),
+                Counter(
+                    "verispec:spec_decode_num_grammar_forced_draft_tokens", {}, self.grammar_forced_drafts
+                ),
                 Vector(
                     "vllm:spec_decode_num_accepted_tokens_per_pos", {}, list(s.num_accepted_tokens_per_pos)
                 ),

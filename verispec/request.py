@@ -51,6 +51,8 @@ class Request:
     logit_bias_ids: torch.Tensor | None = None
     # [n] float32 their biases
     logit_bias_values: torch.Tensor | None = None
+    # structured outputs: the request's grammar matcher (sample/grammar.GrammarState), at its committed output
+    grammar: object | None = None
     text: str = ""
     logprobs: list[dict[int, Logprob]] | None = None
     # filled chunk by chunk during prefill

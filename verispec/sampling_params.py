@@ -36,6 +36,88 @@ def _as_bool(name: str, value: object) -> bool:
     return value
 
 
+# the constraint kinds of StructuredOutputsParams, exactly one per request
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's structured outputs: the output follows a JSON schema (`json`, a dict or its JSON text), any JSON object
+    (`json_object`), a regular expression, one of a list of strings (`choice`) or a context-free grammar (`grammar`:
+    Lark or GBNF). Exactly one kind per request. The grammar is compiled when the request is added
+    (verispec/sample/grammar.py)."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+    # JSON only: no whitespace outside strings; `additionalProperties: false` wherever the schema is silent
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    # JSON only: the regex of whitespace between tokens
+    whitespace_pattern: str | None = None
+    # accepted for vLLM compatibility: verispec has one backend (llguidance), so there is nothing to fall back to
+    disable_fallback: bool = False
+
+    def __post_init__(self) -> None:
+        given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) > 1:
+            raise ValueError(
+                "You can only use one kind of structured outputs constraint but multiple are specified: "
+                f"{', '.join(given)}."
+            )
+        if not given:
+            raise ValueError(
+                "You must use one kind of structured outputs constraint but none are specified "
+                f"(one of {', '.join(STRUCTURED_KINDS)})."
+            )
+        if self.structural_tag is not None:
+            raise ValueError(
+                "structured_outputs.structural_tag is not supported; use json, regex, choice or grammar."
+            )
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(
+                f"structured_outputs.json must be a JSON schema (an object or its JSON text), got {self.json!r}."
+            )
+        for name in ("regex", "grammar", "whitespace_pattern"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {v!r}.")
+        if self.choice is not None:
+            if isinstance(self.choice, str) or not isinstance(self.choice, (list, tuple)) or not self.choice:
+                raise ValueError(
+                    f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}."
+                )
+            if not all(isinstance(c, str) for c in self.choice):
+                raise ValueError(f"structured_outputs.choice must be a list of strings, got {self.choice!r}.")
+            self.choice = list(self.choice)
+        if self.json_object is not None:
+            _as_bool("structured_outputs.json_object", self.json_object)
+        for name in ("disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
+            _as_bool(f"structured_outputs.{name}", getattr(self, name))
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+    @classmethod
+    def from_dict(cls, d: object) -> StructuredOutputsParams:
+        """From a request body's `structured_outputs` object: unknown keys are a ValueError naming them."""
+        if isinstance(d, StructuredOutputsParams):
+            return d
+        if not isinstance(d, dict):
+            raise ValueError(f"structured_outputs must be an object, got {d!r}.")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"structured_outputs has unknown keys {unknown}; allowed: {', '.join(sorted(known))}."
+            )
+        return cls(**d)
+
+
 @dataclass
 class SamplingParams:
     """Sampling parameters for one request (vLLM semantics).
@@ -70,6 +152,8 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     # words whose last token is banned when the output ends with the rest
     bad_words: list[str] | None = None
+    # the output follows a JSON schema, regex, choice or grammar
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self._normalise_types()
@@ -125,6 +209,8 @@ class SamplingParams:
                     f"allowed_token_ids must be a list of integers, got {self.allowed_token_ids!r}."
                 )
             self.allowed_token_ids = [_as_int("allowed_token_ids", i) for i in self.allowed_token_ids]
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
 
     def _verify_args(self) -> None:
         if self.n < 1:

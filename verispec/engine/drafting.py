@@ -30,6 +30,9 @@ class StepDrafts:
     confidence: list[list[float] | None] | None = None
     # the longest draft the planner asked for (0: the drafter was not called)
     longest_ask: int = 0
+    # structured outputs: drafts cut because the grammar refused them, and drafts the grammar forced
+    grammar_cut: int = 0
+    grammar_forced: int = 0
 
 
 class Drafter:
@@ -63,16 +66,20 @@ class Drafter:
                 )
             prop = _top_path(prop)
         asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
+        asked, cut = _grammar_cut(spec, asked)
         one_hot = prop.draft_probs is None
         lengths = self.planner.choose(ids, asked, prop.confidence, b, seconds, one_hot=one_hot, worth=worth)
         kept = {r.request_id: d[:n] for r, d, n in zip(spec, asked, lengths)}
+        forced = 0
+        if one_hot and any(r.grammar is not None for r in spec):
+            forced = _grammar_forced(spec, kept, caps)
         drafts = [kept.get(r.request_id, []) for r in reqs]
         probs = None if one_hot else _align_draft_probs(reqs, spec, prop.draft_probs, drafts)
         confidence = None
         if prop.confidence is not None:
             conf = dict(zip(ids, prop.confidence))
             confidence = [conf.get(r.request_id) for r in reqs]
-        return StepDrafts(SpecDecodeMetadata(drafts, probs), confidence, longest)
+        return StepDrafts(SpecDecodeMetadata(drafts, probs), confidence, longest, cut, forced)
 
     def _propose(
         self, spec: list[Request], ids: list[str], caps: list[int], rows: int, worth: list[float] | None
@@ -127,6 +134,36 @@ class Drafter:
         if len(reqs) * (tree.size + 1) > max(self.opts.spec_token_budget, tree.size + 1):
             return False
         return not any(has_position_constraints(r) for r in reqs)
+
+
+def _grammar_cut(spec: list[Request], drafts: list[list[int]]) -> tuple[list[list[int]], int]:
+    """Structured outputs: each draft cut at the first token its request's grammar refuses (the target could never
+    emit it: verifying it would waste a row) -> (drafts, tokens cut)."""
+    out, cut = [], 0
+    for r, d in zip(spec, drafts):
+        if r.grammar is not None and d:
+            n = r.grammar.valid_prefix(d)
+            cut += len(d) - n
+            d = d[:n]
+        out.append(d)
+    return out, cut
+
+
+def _grammar_forced(spec: list[Request], kept: dict[str, list[int]], caps: list[int]) -> int:
+    """Structured outputs: where a request's grammar admits a single continuation after its drafts (a schema's
+    keys, punctuation, the tail of an enum), those tokens are appended as drafts, free to propose and verified like
+    any other (a model that spells them with other tokens rejects them). Within each request's cap; in place ->
+    how many were appended."""
+    added = 0
+    for r, cap in zip(spec, caps):
+        d = kept.get(r.request_id, [])
+        if r.grammar is None or len(d) >= cap:
+            continue
+        more = r.grammar.forced(d)[: cap - len(d)]
+        if more:
+            kept[r.request_id] = d + more
+            added += len(more)
+    return added
 
 
 def _top_path(prop: Proposal) -> Proposal:

@@ -4,6 +4,7 @@ commit), then stop rules."""
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from verispec.runner.kv_cache import KVCache
 from verispec.runner.model_runner import ModelRunner, RowInput
 from verispec.sample import logits as S
 from verispec.sample.constraints import set_token_constraints
+from verispec.sample.grammar import GrammarCompiler, GrammarState
 from verispec.sample.logits import make_generator, sample_key
 from verispec.sample.metadata import SpecDecodeMetadata, StepTokens, VerifyRule
 from verispec.sample.step import sample_step
@@ -83,6 +85,9 @@ class LLMEngine:
         needs = proposer.needs if proposer is not None else ProposerNeeds()
         self.can_hit = needs.target_hidden != "all" and not needs.observes_states
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
+        # structured outputs: built on the first request that asks (the tokenizer's vocabulary is read once)
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
         if self.spec_log is not None:
             self.spec_log.extra = self._log_line
 
@@ -105,6 +110,21 @@ class LLMEngine:
         return self.cache.pool.reset()
 
     # ------------------------------------------------------------------ requests
+    def grammar_for(self, params) -> GrammarState | None:
+        """The matcher of params.structured_outputs (None without one), compiled or from the cache; ValueError
+        naming the field for a bad constraint. Safe to call from any thread (the server compiles off the engine's)."""
+        so = params.structured_outputs
+        if so is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("structured_outputs need a tokenizer (skip_tokenizer_init=True was given)")
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(
+                    self.tokenizer, self.runner.model.cfg.vocab_size, self.eos_token_ids
+                )
+            return self._grammars.matcher(so)
+
     def add_request(
         self,
         request_id: str,
@@ -113,9 +133,11 @@ class LLMEngine:
         params,
         bad_words_token_ids: list[list[int]] | None = None,
         cache_salt: str | None = None,
+        grammar: GrammarState | None = None,
     ) -> Request:
-        """Validate and queue a request. bad_words_token_ids: params.bad_words already tokenized by the caller
-        (the server does it off the thread that steps the engine)."""
+        """Validate and queue a request. bad_words_token_ids, grammar: params.bad_words already tokenized and
+        params.structured_outputs already compiled by the caller (the server does both off the thread that steps
+        the engine; `grammar_for`)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if not prompt_token_ids:
@@ -137,6 +159,7 @@ class LLMEngine:
             raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True was given)")
         req = Request(request_id, prompt, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
         set_token_constraints(req, self.tokenizer, vocab, self.device, bad_words_token_ids)
+        req.grammar = grammar if grammar is not None else self.grammar_for(params)
         req.cache_salt = cache_salt
         if params.seed is not None:
             req.generator = make_generator(params.seed, self.device)
@@ -337,6 +360,8 @@ class LLMEngine:
         """Draft, one forward over every request's last token and drafts, verify, commit."""
         drafts = self.drafter.draft(reqs, self._token_worth)
         spec = drafts.spec
+        self.counters.grammar_cut_drafts += drafts.grammar_cut
+        self.counters.grammar_forced_drafts += drafts.grammar_forced
         rows = _rows(reqs, spec)
         t = time.perf_counter()
         out, states = self._forward(reqs, rows)
@@ -425,6 +450,8 @@ class LLMEngine:
             r.last_token_time = now
             added = commit_tokens(r, toks, self.opts.max_model_len, step, b)
             self.counters.generation_tokens += added
+            if r.grammar is not None and r.finish_reason is None:
+                r.grammar.accept(r.output_token_ids[len(r.output_token_ids) - added :])
             if r.finish_reason is not None:
                 self._finish(r)
 

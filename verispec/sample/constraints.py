@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from verispec.request import Request
+from verispec.sample.grammar import masks, refused
 
 
 def bad_words_token_ids(words: list[str], tokenizer) -> list[list[int]]:
@@ -54,7 +55,12 @@ def set_token_constraints(
 
 
 def has_constraints(r: Request) -> bool:
-    return bool(r.bad_words_token_ids) or r.disallowed is not None or r.logit_bias_ids is not None
+    return (
+        bool(r.bad_words_token_ids)
+        or r.disallowed is not None
+        or r.logit_bias_ids is not None
+        or r.grammar is not None
+    )
 
 
 def has_position_constraints(r: Request) -> bool:
@@ -64,6 +70,7 @@ def has_position_constraints(r: Request) -> bool:
     return (
         p.has_penalties
         or bool(r.bad_words_token_ids)
+        or r.grammar is not None
         or p.logprobs is not None
         or p.min_tokens > len(r.output_token_ids)
     )
@@ -72,7 +79,8 @@ def has_position_constraints(r: Request) -> bool:
 def constrain_tokens(logits: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> None:
     """allowed_token_ids (every other token -inf), bad_words (at verify position j the output so far includes the
     first j drafts), then logit_bias (added), at every scored position of the request, before min_tokens and the
-    penalties, as vLLM orders them. logits [B, K+1, V], in place."""
+    penalties, as vLLM orders them; a grammar's mask at every position first. logits [B, K+1, V], in place."""
+    apply_grammars(logits, reqs, drafts)
     for i, r in enumerate(reqs):
         if r.bad_words_token_ids:
             for j in range(len(drafts[i]) + 1):
@@ -83,6 +91,24 @@ def constrain_tokens(logits: torch.Tensor, reqs: list[Request], drafts: list[lis
             logits[i].masked_fill_(r.disallowed, float("-inf"))
         if r.logit_bias_ids is not None:
             logits[i, :, r.logit_bias_ids] += r.logit_bias_values.to(logits.dtype)
+
+
+def apply_grammars(logits: torch.Tensor, reqs: list[Request], drafts: list[list[int]]) -> None:
+    """Structured outputs: every token the request's grammar refuses at a verified position is -inf there (the
+    drafts, already cut where the grammar refuses them, are the tokens before each position). logits [B, K+1, V]."""
+    with_grammar = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    if not with_grammar:
+        return
+    # [sum(len(d) + 1), V] bool
+    bad = refused(
+        masks([reqs[i].grammar for i in with_grammar], [drafts[i] for i in with_grammar]), logits.shape[-1]
+    )
+    bad = bad.to(logits.device, non_blocking=True)
+    at = 0
+    for i in with_grammar:
+        n = len(drafts[i]) + 1
+        logits[i, :n].masked_fill_(bad[at : at + n], float("-inf"))
+        at += n
 
 
 def suppress_early_stops(logits: torch.Tensor, reqs: list[Request], stride: int) -> None:

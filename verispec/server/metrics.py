@@ -176,6 +176,19 @@ class ServerMetrics:
             m + ["position"],
             registry=r,
         )
+        # structured outputs: drafts the grammar refused (never verified) and drafts it forced
+        self.grammar_cut = Counter(
+            "verispec:spec_decode_num_grammar_cut_draft_tokens",
+            "Draft tokens cut before verification because the request's grammar refused them.",
+            m,
+            registry=r,
+        )
+        self.grammar_forced = Counter(
+            "verispec:spec_decode_num_grammar_forced_draft_tokens",
+            "Draft tokens the request's grammar forced (verified like any other draft).",
+            m,
+            registry=r,
+        )
         # the goodput planner's (exported once it has planned a step)
         self.mean_chosen_k = Gauge(
             "verispec:spec_decode_mean_chosen_k",
@@ -208,7 +221,13 @@ class ServerMetrics:
         for reason in FINISH_REASONS:
             self.request_success.labels(name, reason)
         if self.k:
-            for metric in (self.drafts, self.draft_tokens, self.accepted):
+            for metric in (
+                self.drafts,
+                self.draft_tokens,
+                self.accepted,
+                self.grammar_cut,
+                self.grammar_forced,
+            ):
                 metric.labels(name)
             for i in range(self.k):
                 self.per_pos.labels(name, str(i))
@@ -234,6 +253,8 @@ class ServerMetrics:
             self._inc(self.drafts, "drafts", s.num_drafts)
             self._inc(self.draft_tokens, "draft_tokens", s.num_draft_tokens)
             self._inc(self.accepted, "accepted", s.num_accepted_tokens)
+            self._inc(self.grammar_cut, "grammar_cut", c.grammar_cut_drafts)
+            self._inc(self.grammar_forced, "grammar_forced", c.grammar_forced_drafts)
             for i, n in enumerate(s.num_accepted_tokens_per_pos[: self.k]):
                 self._inc(self.per_pos, f"pos{i}", n, str(i))
             if c.mean_chosen_k is not None:
