@@ -38,6 +38,8 @@ void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float 
                   int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D,
                   const int64_t *qlen, const int64_t *blocks, int64_t nbt, int64_t bshift);
 void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads);
+void apply_bitmask_f32(float *x, int64_t V, int64_t stride, const int32_t *mask, int64_t W, const int64_t *rows,
+                       int64_t R);
 void verify_greedy_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,
                        const int64_t *drafts, int64_t *out_token, int64_t *num_accepted, int nthreads);
 void verify_sampled_f32(const float *x, int64_t V, int64_t stride, int64_t B, int64_t K, const int64_t *rows,

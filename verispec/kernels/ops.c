@@ -546,6 +546,24 @@ void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64
     for (int64_t n = 0; n < N; n++) out[n] = argmax_row(x + n * stride, V);
 }
 
+// Structured outputs: row rows[r] of x gets -inf at every token whose bit is clear in bitmask row r (bit t % 32 of
+// word t / 32 set: token t allowed). Words all set are skipped, words all clear filled: a JSON grammar refuses most
+// of a vocabulary.
+void apply_bitmask_f32(float *x, int64_t V, int64_t stride, const int32_t *mask, int64_t W, const int64_t *rows,
+                       int64_t R) {
+    for (int64_t r = 0; r < R; r++) {
+        float *row = x + rows[r] * stride;
+        const uint32_t *m = (const uint32_t *)(mask + r * W);
+        for (int64_t w = 0; w < W && w * 32 < V; w++) {
+            const uint32_t bits = m[w];
+            if (bits == 0xFFFFFFFFu) continue;
+            const int64_t base = w * 32, n = V - base < 32 ? V - base : 32;
+            for (int64_t j = 0; j < n; j++)
+                if (!((bits >> j) & 1u)) row[base + j] = -INFINITY;
+        }
+    }
+}
+
 // Greedy verification: per request b, its rows rows[b, 0..K] of x score its drafts drafts[b, 0..K) (-1 padded: the
 // first -1 ends them) and the bonus position. Accepts drafts while each equals its row's argmax and emits the
 // argmax of the first row whose draft differs (or of the bonus row), walking the rows in order: a request costs

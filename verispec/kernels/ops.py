@@ -210,6 +210,20 @@ def argmax(x: torch.Tensor) -> torch.Tensor | None:
     return out
 
 
+def apply_bitmask(x: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> bool:
+    """Structured outputs: -inf in row rows[r] of x [N, V] (CPU float32, rows contiguous) at every token the int32
+    bitmask row r [R, W] refuses (ops.c apply_bitmask_f32), in place. False (nothing done) where the kernel does
+    not apply."""
+    if not (
+        verify_applies(x) and bitmask.is_contiguous() and bitmask.dtype is torch.int32 and bitmask.is_cpu
+    ):
+        return False
+    load_qgemm().apply_bitmask_f32(
+        x.data_ptr(), x.shape[1], x.stride(0), bitmask.data_ptr(), bitmask.shape[1], _i64(rows), len(rows)
+    )
+    return True
+
+
 def verify_applies(x: torch.Tensor) -> bool:
     """Whether verify_greedy and verify_sampled take logits x [N, V] (CPU float32, rows contiguous, kernels
     built)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from verispec.kernels import ops
 from verispec.request import Request
 from verispec.sample.grammar import masks, refused
 
@@ -99,11 +100,14 @@ def apply_grammars(logits: torch.Tensor, reqs: list[Request], drafts: list[list[
     with_grammar = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not with_grammar:
         return
-    # [sum(len(d) + 1), V] bool
-    bad = refused(
-        masks([reqs[i].grammar for i in with_grammar], [drafts[i] for i in with_grammar]), logits.shape[-1]
-    )
-    bad = bad.to(logits.device, non_blocking=True)
+    b, stride, v = logits.shape
+    # [sum(len(d) + 1), W] int32, and the row of logits.view(B * (K+1), V) each scores
+    bitmask = masks([reqs[i].grammar for i in with_grammar], [drafts[i] for i in with_grammar])
+    rows = [i * stride + j for i in with_grammar for j in range(len(drafts[i]) + 1)]
+    if logits.is_contiguous() and ops.apply_bitmask(logits.view(b * stride, v), bitmask, rows):
+        return
+    # [R, V] bool
+    bad = refused(bitmask, v).to(logits.device, non_blocking=True)
     at = 0
     for i in with_grammar:
         n = len(drafts[i]) + 1

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import llguidance as llg
+import numpy as np
 import torch
 
 from verispec.sampling_params import StructuredOutputsParams
@@ -167,10 +168,8 @@ def masks(states: list[GrammarState], drafts: list[list[int]]) -> torch.Tensor:
     return out
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
-
 def refused(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 bitmasks [R, W] -> bool [R, vocab], True where the token is refused."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS.to(bitmask.device)) & 1
-    return bits.view(bitmask.shape[0], -1)[:, :vocab] == 0
+    """int32 bitmasks [R, W] (CPU) -> bool [R, vocab], True where the token is refused: numpy unpacks the inverted
+    words' bits (little-endian: bit t of word t // 32 is byte t // 8's bit t % 8) without an [R, W, 32] temporary."""
+    bits = np.unpackbits((~bitmask).numpy().view(np.uint8), axis=1, count=vocab, bitorder="little")
+    return torch.from_numpy(bits.view(np.bool_))
