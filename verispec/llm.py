@@ -153,7 +153,10 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: each conversation rendered with the model's chat template (tools: OpenAI-style function
+        definitions the template renders, as vLLM's `tools`), then generated."""
         if self.tokenizer is None:
             raise ValueError("chat() needs a tokenizer (skip_tokenizer_init=True was given)")
         if not messages:
@@ -162,9 +165,17 @@ class LLM:
         prompts = []
         for conv in convs:
             for m in conv:
-                if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-                    raise ValueError("each message must be a dict with 'role' and 'content'")
-            text = self.tokenizer.apply_chat_template(list(conv), add_generation_prompt=add_generation_prompt)
+                if (
+                    not isinstance(m, Mapping)
+                    or "role" not in m
+                    or ("content" not in m and "tool_calls" not in m)
+                ):
+                    raise ValueError(
+                        "each message must be a dict with 'role' and 'content' (or 'tool_calls')"
+                    )
+            text = self.tokenizer.apply_chat_template(
+                list(conv), add_generation_prompt=add_generation_prompt, tools=tools
+            )
             prompts.append(
                 {"prompt": text, "prompt_token_ids": self.tokenizer.encode(text, add_special_tokens=False)}
             )

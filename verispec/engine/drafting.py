@@ -66,8 +66,8 @@ class Drafter:
                 )
             prop = _top_path(prop)
         asked = [d[:c] for d, c in zip(prop.token_ids, ask)]
-        asked, cut = _grammar_cut(spec, asked)
         one_hot = prop.draft_probs is None
+        asked, cut = _grammar_cut(spec, asked, one_hot)
         lengths = self.planner.choose(ids, asked, prop.confidence, b, seconds, one_hot=one_hot, worth=worth)
         kept = {r.request_id: d[:n] for r, d, n in zip(spec, asked, lengths)}
         forced = 0
@@ -136,13 +136,17 @@ class Drafter:
         return not any(has_position_constraints(r) for r in reqs)
 
 
-def _grammar_cut(spec: list[Request], drafts: list[list[int]]) -> tuple[list[list[int]], int]:
-    """Structured outputs: each draft cut at the first token its request's grammar refuses (the target could never
-    emit it: verifying it would waste a row) -> (drafts, tokens cut)."""
+def _grammar_cut(spec: list[Request], drafts: list[list[int]], one_hot: bool) -> tuple[list[list[int]], int]:
+    """Structured outputs: each draft cut where its request's grammar refuses a token (the target can never emit
+    it) -> (drafts, tokens cut). One-hot drafts are cut before the refused token: the position then samples the
+    target's masked law, which is what rejecting it would do. Drafts with a distribution keep the refused token as
+    their last: rejecting it (certain: the target gives it 0) samples the residual max(0, p - q), and sampling p
+    instead would bias the output towards the tokens q favours."""
     out, cut = [], 0
     for r, d in zip(spec, drafts):
         if r.grammar is not None and d:
             n = r.grammar.valid_prefix(d)
+            n = n if one_hot or n == len(d) else n + 1
             cut += len(d) - n
             d = d[:n]
         out.append(d)

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from verispec.outputs import RequestOutput, SpecDecodeMetrics
+from verispec.sample.grammar import GrammarState
 from verispec.sampling_params import SamplingParams
 
 
@@ -26,6 +27,8 @@ class EngineRequest:
     bad_words_token_ids: list[list[int]] | None = None
     # the prefix cache's salt (requests with different salts never share cached blocks)
     cache_salt: str | None = None
+    # params.structured_outputs compiled already (LLMEngine.grammar_for), this request's own matcher
+    grammar: GrammarState | None = None
 
 
 def child_params(params: SamplingParams, j: int) -> SamplingParams:

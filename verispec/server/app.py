@@ -37,7 +37,10 @@ def build_app(
     max_queue: int = 256,
     model_path: str | None = None,
     max_request_body_bytes: int = 4 << 20,
+    tool_call_parser: str | None = None,
 ) -> FastAPI:
+    """tool_call_parser: the parser of tool_choice "auto" (--enable-auto-tool-choice --tool-call-parser); None
+    refuses "auto", as vLLM without those flags."""
     names = [served_model_name] if isinstance(served_model_name, str) else list(served_model_name)
     spec = llm.speculative_config
     metrics = ServerMetrics(
@@ -51,6 +54,7 @@ def build_app(
         llm.max_model_len,
         max_queue + engine.num_slots,
         llm.engine.opts.spec_metrics,
+        tool_call_parser,
     )
 
     @asynccontextmanager

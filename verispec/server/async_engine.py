@@ -275,7 +275,13 @@ class AsyncEngine:
         for r in requests if error is None else ():
             try:
                 self.engine.add_request(
-                    r.request_id, r.prompt, r.prompt_token_ids, r.params, r.bad_words_token_ids, r.cache_salt
+                    r.request_id,
+                    r.prompt,
+                    r.prompt_token_ids,
+                    r.params,
+                    r.bad_words_token_ids,
+                    r.cache_salt,
+                    grammar=r.grammar,
                 )
             # ValueError: invalid input -> 400; anything else -> 500
             except Exception as e:

@@ -25,6 +25,7 @@ from verispec.server.app import build_app
 from verispec.server.async_engine import on_engine_thread
 from verispec.server.connections import fit_limits, guarded_protocol
 from verispec.server.shutdown import DrainingServer
+from verispec.server.tools import TOOL_PARSERS
 from verispec.spec_config import parse_json_config
 
 
@@ -45,6 +46,9 @@ class ServeConfig:
     max_connections: int = 512
     uvicorn_log_level: str = "info"
     disable_uvicorn_access_log: bool = False
+    # tool_choice "auto": the model's own tool calls, read by the --tool-call-parser (verispec/server/tools.py)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
     engine: EngineArgs = field(default_factory=EngineArgs)
 
 
@@ -108,6 +112,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--uvicorn-log-level", default=None, choices=_LOG_LEVELS)
     p.add_argument("--disable-uvicorn-access-log", action="store_true", default=None)
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        default=None,
+        help='allow tool_choice "auto" (the default with tools): the model decides to call tools; needs '
+        "--tool-call-parser",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help=f'how the model writes tool calls, read for tool_choice "auto": {", ".join(TOOL_PARSERS)}',
+    )
 
 
 def _check_value(key: str, value: Any, where: str) -> Any:
@@ -216,9 +232,22 @@ def _check_server_options(cfg: ServeConfig) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive number of seconds, got {value}")
     if cfg.max_connections < 1:
         raise ValueError(f"--max-connections must be >= 1, got {cfg.max_connections}")
+    _check_tool_options(cfg)
     if cfg.uvicorn_log_level not in _LOG_LEVELS:
         raise ValueError(
             f"uvicorn-log-level must be one of {', '.join(_LOG_LEVELS)}, got {cfg.uvicorn_log_level!r}"
+        )
+
+
+def _check_tool_options(cfg: ServeConfig) -> None:
+    if cfg.tool_call_parser is not None and cfg.tool_call_parser not in TOOL_PARSERS:
+        raise ValueError(
+            f"--tool-call-parser must be one of {', '.join(TOOL_PARSERS)}, got {cfg.tool_call_parser!r}"
+        )
+    if cfg.enable_auto_tool_choice and cfg.tool_call_parser is None:
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (one of "
+            f"{', '.join(TOOL_PARSERS)}): how the model's tool calls are read"
         )
 
 
@@ -244,6 +273,7 @@ def run_server(args: argparse.Namespace) -> int:
         max_queue=cfg.max_queue,
         model_path=cfg.engine.model,
         max_request_body_bytes=cfg.max_request_body_bytes,
+        tool_call_parser=cfg.tool_call_parser if cfg.enable_auto_tool_choice else None,
     )
     shown = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "api_key"}
     logging.getLogger("verispec.server").info("verispec serve config: %s", shown)

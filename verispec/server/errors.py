@@ -31,9 +31,11 @@ class ClientGone(Exception):
 
 
 def bad_request(e: ValueError) -> APIError:
-    """A ValueError from request validation as a 400; the engine's and SamplingParams' messages start with the
-    field name (the engine's prompt_token_ids is the request's prompt)."""
+    """A ValueError from request validation as a 400 naming the field: protocol.FieldError's, or the one the
+    engine's and SamplingParams' messages start with (the engine's prompt_token_ids is the request's prompt)."""
     msg = str(e)
+    if isinstance(e, P.FieldError):
+        return APIError(400, msg, e.field)
     m = re.match(r"([a-z_]+) ", msg)
     name = {"prompt_token_ids": "prompt"}.get(m.group(1), m.group(1)) if m else None
     return APIError(400, msg, name if name in _FIELDS else None)

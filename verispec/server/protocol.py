@@ -1,14 +1,20 @@
 """OpenAI request/response models for /v1/completions and /v1/chat/completions (vLLM's extra fields included).
 
 Unknown request fields are ignored, as OpenAI and vLLM do; known ones this server does not implement
-(prompt_logprobs, response_format, tools, ...) are a 400 naming the field unless left at their neutral value. Types
+(best_of, suffix, ...) are a 400 naming the field unless left at their neutral value. Types
 are strict (no "4" or true for an integer, only finite numbers), list fields have limits (LIST_LIMITS), and a lone
 UTF-16 surrogate anywhere, unknown fields included, is a 400. Errors use OpenAI's nested shape
 `{"error": {"message", "type", "param", "code"}}` so the `openai` client raises the right exception class.
+
+Structured outputs come as vLLM's `structured_outputs` object (json, regex, choice, grammar, json_object, ...; both
+endpoints) or OpenAI's `response_format` ({"type": "text"}: none; "json_object"; "json_schema" with
+`json_schema.schema`), never both; a bad one is a 400 naming the field. vLLM 0.12 removed the `guided_*` fields:
+each is a 400 naming its `structured_outputs` replacement. Chat `tools` / `tool_choice`: verispec/server/tools.py.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -22,11 +28,13 @@ from pydantic import (
     StrictBool,
     StrictInt,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
-from verispec.sampling_params import SamplingParams
+from verispec.sampling_params import SamplingParams, StructuredOutputsParams
+from verispec.server import tools as T
 
 # vLLM's default --max-logprobs
 MAX_LOGPROBS = 20
@@ -42,6 +50,16 @@ LIST_LIMITS = {
     "logit_bias": 1024,
     "allowed_token_ids": 1 << 18,
 }
+
+
+# the fields vLLM 0.12 removed -> their structured_outputs key
+GUIDED_FIELDS = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 
 
 def random_id(prefix: str) -> str:
@@ -151,13 +169,15 @@ class _SamplingFields(_Request):
     prompt_logprobs: StrictInt | None = None
     best_of: StrictInt | None = None
     use_beam_search: StrictBool = False
-    response_format: dict[str, Any] | None = None
-    structured_outputs: dict[str, Any] | None = None
-    guided_json: Any = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
     truncate_prompt_tokens: StrictInt | None = None
+    # structured outputs: vLLM's object (StructuredOutputsParams' fields) or OpenAI's; at most one of them
+    structured_outputs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    # removed in vLLM 0.12 (GUIDED_FIELDS): a 400 naming the replacement, whatever the value's type
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
     @field_validator("cache_salt")
     @classmethod
@@ -176,25 +196,50 @@ class _SamplingFields(_Request):
 
     def unsupported(self) -> list[str]:
         """Names of the fields set to something this server would have to ignore."""
-        bad = [
-            name
-            for name in (
-                "structured_outputs",
-                "guided_json",
-                "guided_regex",
-                "guided_choice",
-                "guided_grammar",
-                "truncate_prompt_tokens",
-            )
-            if getattr(self, name) not in (None, {}, [])
-        ]
+        bad = ["truncate_prompt_tokens"] if self.truncate_prompt_tokens is not None else []
         if self.best_of is not None and self.best_of != self.n:
             bad.append("best_of")
         if self.use_beam_search:
             bad.append("use_beam_search")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            bad.append("response_format")
         return bad
+
+    def constraint_field(self) -> str | None:
+        """The request field the output constraint came from (None without one)."""
+        if self.structured_outputs is not None:
+            return "structured_outputs"
+        fmt = self.response_format
+        return "response_format" if fmt is not None and fmt.get("type") != "text" else None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The output constraint of structured_outputs or response_format, None without one; FieldError naming
+        the field."""
+        for name, key in GUIDED_FIELDS.items():
+            if getattr(self, name) is not None:
+                raise FieldError(
+                    f'{name} was removed in vLLM 0.12; use {{"structured_outputs": {{"{key}": ...}}}} instead.',
+                    name,
+                )
+        fmt = _response_format(self.response_format)
+        if self.structured_outputs is None:
+            return fmt
+        if fmt is not None:
+            raise FieldError(
+                "response_format and structured_outputs both constrain the output; set only one of them.",
+                "response_format",
+            )
+        try:
+            return StructuredOutputsParams.from_dict(self.structured_outputs)
+        except ValueError as e:
+            raise FieldError(str(e), "structured_outputs") from None
+
+    def constraint_error(self, e: ValueError) -> FieldError:
+        """A constraint that does not compile (LLMEngine.grammar_for's error) as a 400 naming the request field
+        it came from."""
+        field = self.constraint_field()
+        msg = str(e)
+        if field == "response_format":
+            msg = msg.replace("structured_outputs.json", "response_format.json_schema.schema", 1)
+        return FieldError(msg, field)
 
     def sampling_params(
         self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None
@@ -232,6 +277,7 @@ class _SamplingFields(_Request):
             allowed_token_ids=self.allowed_token_ids,
             bad_words=self.bad_words or None,
             prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
+            structured_outputs=self.structured(),
         )
 
     def _logit_bias(self) -> dict[int, float] | None:
@@ -250,6 +296,39 @@ class _SamplingFields(_Request):
     def continuous_usage(self) -> bool:
         """vLLM's stream_options.continuous_usage_stats: usage (tokens so far) in every chunk."""
         return bool(self.include_usage and self.stream_options.continuous_usage_stats)
+
+
+def _response_format(fmt: dict[str, Any] | None) -> StructuredOutputsParams | None:
+    """OpenAI's response_format as a constraint: None for {"type": "text"}; FieldError naming the field."""
+    kind = None if fmt is None else fmt.get("type")
+    if fmt is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if kind != "json_schema":
+        allowed = ", ".join(repr(t) for t in RESPONSE_FORMAT_TYPES)
+        raise FieldError(f"response_format.type must be one of {allowed}, got {kind!r}.", "response_format")
+    spec = fmt.get("json_schema")
+    if not isinstance(spec, dict):
+        raise FieldError(
+            'response_format.json_schema must be an object {"name": ..., "schema": {...}} when '
+            f'response_format.type is "json_schema", got {spec!r}.',
+            "response_format",
+        )
+    schema = spec.get("schema")
+    if not isinstance(schema, dict):
+        raise FieldError(
+            f"response_format.json_schema.schema must be a JSON schema object, got {schema!r}.",
+            "response_format",
+        )
+    for key, kinds in (("name", str), ("description", (str, type(None))), ("strict", (bool, type(None)))):
+        if not isinstance(spec.get(key), kinds):
+            raise FieldError(
+                f"response_format.json_schema.{key} must be a {'string' if key != 'strict' else 'bool'}, "
+                f"got {spec.get(key)!r}.",
+                "response_format",
+            )
+    return StructuredOutputsParams(json=schema)
 
 
 class CompletionRequest(_SamplingFields):
@@ -274,6 +353,39 @@ class ChatMessage(_Request):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    # a tool flow's assistant turn ([{"id", "type": "function", "function": {"name", "arguments"}}]) and the
+    # tool's answer to one of its calls
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls(cls, calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, call in enumerate(calls or []):
+            fn = call.get("function")
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise ValueError(
+                    f"tool_calls[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
+                )
+            if not isinstance(fn.get("arguments"), (str, dict, type(None))):
+                raise ValueError(f"tool_calls[{i}].function.arguments must be a JSON string or an object")
+        return calls
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template reads it: role and text content, plus name, tool_calls and
+        tool_call_id when set. A call's arguments given as JSON text are parsed into an object, as vLLM does (tool
+        templates render `arguments | tojson`); text that is not JSON is passed as given."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls is not None:
+            out["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": _arguments(c["function"].get("arguments"))}}
+                for c in self.tool_calls
+            ]
+        return out
 
     @field_validator("role")
     @classmethod
@@ -295,18 +407,62 @@ class ChatMessage(_Request):
         return "\n".join(parts)
 
 
+def _arguments(args: str | dict | None) -> Any:
+    """A tool call's arguments for the chat template: JSON text parsed (None or empty: {}), as vLLM does."""
+    if not args:
+        return {}
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except json.JSONDecodeError:
+            return args
+    return args
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = None
     add_generation_prompt: StrictBool = True
+    # OpenAI tool calling (verispec/server/tools.py)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
 
-    def unsupported(self) -> list[str]:
-        bad = super().unsupported() + (["tools"] if self.tools else [])
-        return bad + (["tool_choice"] if self.tool_choice not in (None, "none", "auto") else [])
+    def tool_plan(self) -> T.ToolChoice:
+        """The validated tools and resolved tool_choice (vLLM's default: "auto" with tools, "none" without);
+        FieldError naming tools or tool_choice."""
+        try:
+            return T.resolve_choice(self.tools, self.tool_choice)
+        except T.ToolError as e:
+            raise FieldError(str(e), e.field) from None
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """The output constraint: structured_outputs / response_format, or the tool calls of a "required" or named
+        tool_choice (never both: FieldError naming tool_choice)."""
+        own = super().structured()
+        plan = self.tool_plan()
+        tool = T.constraint(plan)
+        if tool is not None and own is not None:
+            what = '"required"' if plan.mode == "required" else f"function {plan.name!r}"
+            raise FieldError(
+                f"tool_choice {what} constrains the output to tool calls; it cannot be combined with "
+                f"{super().constraint_field()}.",
+                "tool_choice",
+            )
+        return own if tool is None else tool
+
+    def constraint_field(self) -> str | None:
+        field = super().constraint_field()
+        return field if field is not None or T.constraint(self.tool_plan()) is None else "tools"
+
+    def constraint_error(self, e: ValueError) -> FieldError:
+        err = super().constraint_error(e)
+        if err.field == "tools":
+            err = FieldError(
+                str(err).replace("structured_outputs.json", "the tools' parameters schema", 1), "tools"
+            )
+        return err
 
     def requested_logprobs(self) -> int | None:
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= MAX_LOGPROBS:
@@ -403,9 +559,22 @@ class ChatLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    # JSON text
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -431,9 +600,31 @@ class ChatCompletionResponse(BaseModel):
     metrics: dict | None = None
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed tool call's part: the first names it (id, type, function.name), later ones add arguments text;
+    the client joins them by index."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
+
+    @field_serializer("tool_calls")
+    def _only_given_parts(self, calls: list[DeltaToolCall] | None) -> list[dict] | None:
+        """A tool call delta's unset parts are left out, not null: the openai client merges every key it gets
+        (a null `type` in a later delta would replace "function")."""
+        return None if calls is None else [c.model_dump(exclude_none=True) for c in calls]
 
 
 class ChatStreamChoice(BaseModel):

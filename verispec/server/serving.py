@@ -29,6 +29,8 @@ class ServingContext:
     max_children: int
     # --per-request-spec-decode-metrics (the engine's setting): none | summary | detailed
     spec_metrics: str = "none"
+    # the parser of tool_choice "auto" (--enable-auto-tool-choice --tool-call-parser); None: "auto" is a 400
+    tool_call_parser: str | None = None
 
     @property
     def model_name(self) -> str:
@@ -93,7 +95,8 @@ class ServingContext:
         prompt_logprobs: int | None = None,
     ) -> list[EngineRequest]:
         """Every prompt's n engine requests (ids f"{base}-{i}" per prompt when several, then fanout's), with the
-        bad words tokenized once for all of them. Run it off the event loop: a request may list 1,024 bad words."""
+        bad words tokenized once for all of them and the output constraint compiled for each. Run it off the event
+        loop (a request may list 1,024 bad words) and off the engine thread (a schema may take long to compile)."""
         out: list[EngineRequest] = []
         for i, (text, ids) in enumerate(prompts):
             try:
@@ -118,7 +121,20 @@ class ServingContext:
                 "allowed.",
                 "n",
             )
+        self._compile_grammars(req, out)
         return out
+
+    def _compile_grammars(self, req: P._SamplingFields, out: list[EngineRequest]) -> None:
+        """Each engine request's own grammar matcher (compiled once, then copied from the engine's cache): here,
+        not on the engine thread, which would stall every running request meanwhile. A constraint that does not
+        compile is a 400 naming the request field it came from."""
+        for r in out:
+            if r.params.structured_outputs is None:
+                continue
+            try:
+                r.grammar = self.engine.engine.grammar_for(r.params)
+            except ValueError as e:
+                raise bad_request(req.constraint_error(e)) from None
 
     async def submit(self, reqs: list[EngineRequest]) -> RequestGroup:
         """Add the requests atomically; the engine validates each prompt (one rejected: none runs)."""

@@ -82,8 +82,8 @@ async def stream_events(
     """The SSE loop shared by both endpoints: new text (and logprobs) per choice, then the usage chunk. The last
     chunk (the usage chunk, or else the one finishing the last choice) carries response_metrics(final outputs).
 
-    make_choice(index, text, logprob entries, text offset, final output or None); make_chunk(choices, usage,
-    metrics)."""
+    make_choice(index, text, logprob entries, text offset, final output or None), None to send nothing (only
+    without logprob entries or a final output); make_chunk(choices, usage, metrics)."""
     state = [ChoiceState(holdback(req)) for _ in group.request_ids]
     finals: list[RequestOutput | None] = [None] * len(state)
     async for i, out in group:
@@ -98,6 +98,8 @@ async def stream_events(
         # offsets count the tokens' texts, as the non-streamed response does (the sent text lags behind them
         # while a possible stop string is held back)
         choice = make_choice(i, text, entries, st.token_text, c if out.finished else None)
+        if choice is None:
+            continue
         st.token_text += sum(len(token_text(e)) for e in entries or [])
         last = not req.include_usage and all(f is not None for f in finals)
         u = running_usage(prompts, state) if req.continuous_usage else None

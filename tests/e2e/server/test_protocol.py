@@ -54,9 +54,11 @@ UNSUPPORTED = [
     ("/v1/completions", {"prompt": "hi", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     (
         "/v1/chat/completions",
-        {"messages": MSG, "response_format": {"type": "json_object"}},
+        {"messages": MSG, "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
         "response_format",
     ),
+    ("/v1/chat/completions", {"messages": MSG, "response_format": {"type": "foo"}}, "response_format"),
+    ("/v1/completions", {"prompt": "hi", "guided_json": {}}, "guided_json"),
     ("/v1/chat/completions", {"messages": MSG, "tools": [{"type": "function"}]}, "tools"),
     ("/v1/chat/completions", {"messages": MSG, "bad_words": "x"}, "bad_words"),
     (
