@@ -24,6 +24,8 @@ from verispec import LLM, SamplingParams
 from verispec.engine import drafting
 from verispec.loader.checkpoint import resolve_model_path
 from verispec.proposers.base import Proposal, ProposerNeeds
+from verispec.sample import grammar as grammar_mod
+from verispec.sample import step as step_mod
 from verispec.sampling_params import StructuredOutputsParams
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
@@ -45,6 +47,28 @@ class NoDrafts:
 
     def propose(self, reqs, k_max) -> Proposal:
         return Proposal([[] for _ in reqs])
+
+
+GRAMMAR_SECONDS = [0.0]
+
+
+def timed(fn):
+    """fn, adding its wall time to GRAMMAR_SECONDS: the grammar's own work in a step (drafts cut and forced, the
+    masked copy of the logits, the matcher's advance)."""
+
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            GRAMMAR_SECONDS[0] += time.perf_counter() - t
+
+    return wrapper
+
+
+step_mod._processed = timed(step_mod._processed)
+drafting._grammar_cut = timed(drafting._grammar_cut)
+grammar_mod.GrammarState.accept = timed(grammar_mod.GrammarState.accept)
 
 
 def extraction_prompt(text: str, schema: dict) -> list[dict]:
@@ -93,6 +117,7 @@ def run(llm: LLM, items: list[tuple[list[int], dict]], max_tokens: int, grammar:
     """Batch 1, one request after another -> seconds, tokens, decode ms per step, outputs."""
     c = llm.engine.counters
     d0, t0, s0 = c.decode_seconds, c.decode_tokens, c.spec.num_drafts if c.spec else 0
+    g0 = GRAMMAR_SECONDS[0]
     outs, start = [], time.perf_counter()
     for prompt, schema in items:
         so = StructuredOutputsParams(json=schema, disable_any_whitespace=True) if grammar else None
@@ -107,6 +132,7 @@ def run(llm: LLM, items: list[tuple[list[int], dict]], max_tokens: int, grammar:
         "decode_tokens": c.decode_tokens - t0,
         "plain_steps": steps,
         "drafts": (c.spec.num_drafts - s0) if c.spec else 0,
+        "grammar_seconds": GRAMMAR_SECONDS[0] - g0,
         "token_ids": [list(o.token_ids) for o in outs],
         "texts": [o.text for o in outs],
     }
@@ -143,7 +169,12 @@ def peer_run(gguf: Path, threads: int, items, max_tokens: int, eos: set[int]) ->
                 break
         outs.append(toks)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "tokens": sum(len(o) for o in outs), "token_ids": outs}
+    texts = [llama_cpp_peer_text(model, o, eos) for o in outs]
+    return {"seconds": seconds, "tokens": sum(len(o) for o in outs), "token_ids": outs, "texts": texts}
+
+
+def llama_cpp_peer_text(model, tokens: list[int], eos: set[int]) -> str:
+    return model.detokenize([t for t in tokens if t not in eos]).decode("utf-8", errors="replace")
 
 
 def main() -> None:
@@ -155,7 +186,8 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--output", default=None)
     args = ap.parse_args()
-    common = dict(max_model_len=4096, enable_prefix_caching=False, activation_dtype=args.activation_dtype)
+    # prefix caching on, as users run it: the tool set's system turn is the same in every request
+    common = dict(max_model_len=4096, activation_dtype=args.activation_dtype)
     if args.threads:
         common["threads"] = args.threads
     plain = LLM(args.model, **common)
@@ -174,7 +206,7 @@ def main() -> None:
         ),
     ]
     engines = {None: plain}
-    real_forced = drafting._grammar_forced
+    real_forced = timed(drafting._grammar_forced)
     for name, spec, grammar, forced in configs:
         key = json.dumps(spec, sort_keys=True) if spec else None
         if key not in engines:
@@ -191,6 +223,7 @@ def main() -> None:
         eos = set(plain.engine.eos_token_ids)
         for workload, items in work.items():
             r = peer_run(gguf, args.threads or plain.engine.opts.threads or 2, items, args.max_tokens, eos)
+            r["valid"] = valid(r["texts"], [s for _, s in items])
             rows[f"{workload} | llama.cpp + GBNF grammar"] = r
     report(rows, work, args)
 

@@ -33,6 +33,9 @@ class StepDrafts:
     # structured outputs: drafts cut because the grammar refused them, and drafts the grammar forced
     grammar_cut: int = 0
     grammar_forced: int = 0
+    # with forced drafts: per request in batch order, how many of its drafts the proposer made (the planner learns
+    # from those alone: forced ones are accepted far more often)
+    proposed: list[int] | None = None
 
 
 class Drafter:
@@ -70,16 +73,18 @@ class Drafter:
         asked, cut = _grammar_cut(spec, asked, one_hot)
         lengths = self.planner.choose(ids, asked, prop.confidence, b, seconds, one_hot=one_hot, worth=worth)
         kept = {r.request_id: d[:n] for r, d, n in zip(spec, asked, lengths)}
-        forced = 0
+        forced, proposed = 0, None
         if one_hot and any(r.grammar is not None for r in spec):
+            made = {rid: len(d) for rid, d in kept.items()}
             forced = _grammar_forced(spec, kept, caps)
+            proposed = [made.get(r.request_id, 0) for r in reqs] if forced else None
         drafts = [kept.get(r.request_id, []) for r in reqs]
         probs = None if one_hot else _align_draft_probs(reqs, spec, prop.draft_probs, drafts)
         confidence = None
         if prop.confidence is not None:
             conf = dict(zip(ids, prop.confidence))
             confidence = [conf.get(r.request_id) for r in reqs]
-        return StepDrafts(SpecDecodeMetadata(drafts, probs), confidence, longest, cut, forced)
+        return StepDrafts(SpecDecodeMetadata(drafts, probs), confidence, longest, cut, forced, proposed)
 
     def _propose(
         self, spec: list[Request], ids: list[str], caps: list[int], rows: int, worth: list[float] | None

@@ -7,7 +7,7 @@ import math
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 import torch
@@ -369,8 +369,15 @@ class LLMEngine:
         # step.num_accepted is on the host: the step's work is done
         n_rows = sum(len(row.token_ids) for row in rows)
         ids = [r.request_id for r in reqs]
+        learn_spec, learn_step = _proposer_part(spec, step, drafts.proposed)
         self.planner.observe_verified(
-            ids, spec, drafts.confidence, step, n_rows, time.perf_counter() - t, drafts.longest_ask
+            ids,
+            learn_spec,
+            drafts.confidence,
+            learn_step,
+            n_rows,
+            time.perf_counter() - t,
+            drafts.longest_ask,
         )
         self.planner.report(self.counters)
         self._accept(reqs, spec, step)
@@ -526,6 +533,18 @@ def _rows(reqs: list[Request], spec: SpecDecodeMetadata) -> list[RowInput]:
         RowInput(r.slot, r.num_computed, [r.last_token_id] + t, tree_mask=tree.ancestors[b], depths=depths[b])
         for b, (r, t) in enumerate(zip(reqs, spec.draft_token_ids))
     ]
+
+
+def _proposer_part(
+    spec: SpecDecodeMetadata, step: StepTokens, proposed: list[int] | None
+) -> tuple[SpecDecodeMetadata, StepTokens]:
+    """The step as the planner learns from it: the proposer's drafts and how many of those were accepted, without
+    the drafts a grammar forced after them (the rows they took still count in the step's cost)."""
+    if proposed is None:
+        return spec, step
+    drafts = [d[:p] for d, p in zip(spec.draft_token_ids, proposed)]
+    accepted = [min(n, p) for n, p in zip(step.num_accepted, proposed)]
+    return SpecDecodeMetadata(drafts, spec.draft_probs), replace(step, num_accepted=accepted)
 
 
 def _hidden_rows(spec: SpecDecodeMetadata, step: StepTokens) -> list[range] | list[list[int]]:
