@@ -122,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("bench", help="speculative vs plain decoding on a built-in workload, side by side")
     EngineArgs.add_cli_args(b)
-    b.add_argument("--workload", default="code-edit", help="code-edit | summarize | chat | repeat-edit")
+    b.add_argument(
+        "--workload", default="code-edit", help="code-edit | summarize | chat | repeat-edit | json-records"
+    )
     b.add_argument("--num-prompts", type=int, default=8)
     b.add_argument("--batch-size", type=int, default=1)
     b.add_argument("--max-tokens", type=int, default=128)

@@ -8,7 +8,7 @@ import inspect
 import json
 from pathlib import Path
 
-WORKLOADS = ("code-edit", "summarize", "chat", "repeat-edit")
+WORKLOADS = ("code-edit", "summarize", "chat", "repeat-edit", "json-records")
 
 _EDITS = [
     "Rename every variable called `text` to `source` and return the full updated code.",
@@ -109,6 +109,26 @@ def chat_prompt_ids(tokenizer, convs: list[list[dict]]) -> list[list[int]]:
     return [tokenizer.encode(tokenizer.apply_chat_template(c), add_special_tokens=False) for c in convs]
 
 
+_RECORD_TOPICS = [
+    "books",
+    "cities",
+    "planets",
+    "fruits",
+    "cars",
+    "movies",
+    "animals",
+    "languages",
+    "rivers",
+    "songs",
+    "painters",
+    "sports",
+    "metals",
+    "bridges",
+    "islands",
+    "composers",
+]
+
+
 def build_workload(name: str, n: int) -> list[list[dict]]:
     """Returns n conversations (lists of chat messages)."""
     if name == "code-edit":
@@ -139,5 +159,17 @@ def build_workload(name: str, n: int) -> list[list[dict]]:
         instr = "Convert this function to use f-strings where possible and return the full updated code."
         return [
             [{"role": "user", "content": f"{instr}\n\n```python\n{code[i % len(code)]}```"}] for i in range(n)
+        ]
+    # repetitive JSON: each record repeats the last one's keys, n-gram lookup's and the planner's test (issue 60)
+    if name == "json-records":
+        return [
+            [
+                {
+                    "role": "user",
+                    "content": f"List 8 {_RECORD_TOPICS[i % len(_RECORD_TOPICS)]} as JSON records, one per line, "
+                    "each with the fields id, name, category and rating.",
+                }
+            ]
+            for i in range(n)
         ]
     raise ValueError(f"unknown workload {name!r}; allowed: {', '.join(WORKLOADS)}")
