@@ -58,3 +58,38 @@ def test_cache_salt_isolates_prefixes_and_the_counters_show_it(plain):
         json={"model": "tiny", "prompt": prompt, "max_tokens": 2, "cache_salt": ""},
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+
+
+def test_drafts_a_grammar_cuts_and_forces_are_counted(spec):
+    """A JSON schema under ngram: the grammar forces keys and punctuation (verified like any draft) and cuts
+    drafts it refuses; both counters move on /metrics."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "key": {"enum": ["alpha", "beta"]},
+            "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        },
+        "required": ["key", "n"],
+        "additionalProperties": False,
+    }
+
+    def counters() -> tuple[float, float]:
+        page = httpx.get(f"{spec.url}/metrics").text
+        return (
+            _counter(page, "verispec:spec_decode_num_grammar_forced_draft_tokens"),
+            _counter(page, "verispec:spec_decode_num_grammar_cut_draft_tokens"),
+        )
+
+    before = counters()
+    client = spec.client()
+    for prompt in PROMPTS[:3]:
+        r = client.completions.create(
+            model="tiny",
+            prompt=prompt,
+            max_tokens=40,
+            temperature=0,
+            extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}},
+        )
+        assert r.choices[0].text.startswith('{"key":"')
+    forced, cut = counters()
+    assert forced > before[0] and cut >= before[1]
