@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import operator
 from dataclasses import dataclass, field
@@ -43,8 +44,8 @@ STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "struct
 @dataclass
 class StructuredOutputsParams:
     """vLLM's structured outputs: the output follows a JSON schema (`json`, a dict or its JSON text), any JSON object
-    (`json_object`), a regular expression, one of a list of strings (`choice`) or a context-free grammar (`grammar`:
-    Lark or GBNF). Exactly one kind per request. The grammar is compiled when the request is added
+    (`json_object`), a regular expression, one of a list of strings (`choice`), a context-free grammar (`grammar`:
+    Lark or GBNF) or tagged segments in free text (`structural_tag`). Exactly one kind per request. The grammar is compiled when the request is added
     (verispec/sample/grammar.py)."""
 
     json: str | dict | None = None
@@ -52,7 +53,10 @@ class StructuredOutputsParams:
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    structural_tag: str | None = None
+    # vLLM's structural tag (JSON text or its object): free text in which each `structures[i].begin` (starting with one
+    # of `triggers`) opens a segment that follows `structures[i].schema` and closes with its `end` (tool calls inside
+    # prose, e.g. `<function=get_weather>{...}</function>`)
+    structural_tag: str | dict | None = None
     # JSON only: no whitespace outside strings; `additionalProperties: false` wherever the schema is silent
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
@@ -73,15 +77,13 @@ class StructuredOutputsParams:
                 "You must use one kind of structured outputs constraint but none are specified "
                 f"(one of {', '.join(STRUCTURED_KINDS)})."
             )
-        if self.structural_tag is not None:
-            raise ValueError(
-                "structured_outputs.structural_tag is not supported; use json, regex, choice or grammar."
-            )
+        if isinstance(self.structural_tag, dict):
+            self.structural_tag = json.dumps(self.structural_tag)
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError(
                 f"structured_outputs.json must be a JSON schema (an object or its JSON text), got {self.json!r}."
             )
-        for name in ("regex", "grammar", "whitespace_pattern"):
+        for name in ("regex", "grammar", "whitespace_pattern", "structural_tag"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {v!r}.")

@@ -51,10 +51,44 @@ def grammar_text(so: StructuredOutputsParams) -> str:
         return llg.LLMatcher.grammar_from_regex(so.regex)
     if kind == "choice":
         return llg.LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(c) for c in so.choice))
+    if kind == "structural_tag":
+        return _structural_tag(so.structural_tag)
     try:
         return llg.grammar_from("grammar", so.grammar)
     except ValueError as e:
         raise ValueError(f"structured_outputs.grammar: {e}") from None
+
+
+def _structural_tag(text: str) -> str:
+    """vLLM's structural tag {"structures": [{"begin", "schema", "end"}], "triggers": [...]} as llguidance's: free
+    text in which a trigger opens a segment `begin` + JSON under `schema` + `end` (as vLLM's guidance backend,
+    schemas read leniently: unknown keywords ignored). ValueError naming the field."""
+    where = "structured_outputs.structural_tag"
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON: {e}") from None
+    structures = spec.get("structures") if isinstance(spec, dict) else None
+    triggers = spec.get("triggers") if isinstance(spec, dict) else None
+    if not isinstance(structures, list) or not structures:
+        raise ValueError(f"{where}.structures must be a non-empty list of {{begin, schema, end}} objects")
+    if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
+        raise ValueError(f"{where}.triggers must be a non-empty list of strings")
+    tags = []
+    for i, st in enumerate(structures):
+        if not isinstance(st, dict) or not all(isinstance(st.get(k), str) for k in ("begin", "end")):
+            raise ValueError(f"{where}.structures[{i}] must have string 'begin' and 'end'")
+        schema = st.get("schema", {})
+        if not isinstance(schema, dict):
+            raise ValueError(f"{where}.structures[{i}].schema must be a JSON schema object")
+        trigger = next((t for t in triggers if st["begin"].startswith(t)), None)
+        if trigger is None:
+            raise ValueError(
+                f"{where}.structures[{i}].begin {st['begin']!r} starts with none of the triggers {triggers}"
+            )
+        grammar = {"x-guidance": {"lenient": True}, **schema}
+        tags.append(llg.StructTag(trigger=trigger, begin=st["begin"], grammar=grammar, end=st["end"]))
+    return llg.StructTag.to_grammar(tags)
 
 
 def _no_additional_properties(schema: dict) -> dict:

@@ -59,7 +59,7 @@ GUIDED_FIELDS = {
     "guided_choice": "choice",
     "guided_grammar": "grammar",
 }
-RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "structural_tag")
 
 
 def random_id(prefix: str) -> str:
@@ -239,6 +239,7 @@ class _SamplingFields(_Request):
         msg = str(e)
         if field == "response_format":
             msg = msg.replace("structured_outputs.json", "response_format.json_schema.schema", 1)
+            msg = msg.replace("structured_outputs.structural_tag", "response_format", 1)
         return FieldError(msg, field)
 
     def sampling_params(
@@ -305,6 +306,10 @@ def _response_format(fmt: dict[str, Any] | None) -> StructuredOutputsParams | No
         return None
     if kind == "json_object":
         return StructuredOutputsParams(json_object=True)
+    if kind == "structural_tag":
+        # vLLM's: {"type": "structural_tag", "structures": [{"begin", "schema", "end"}], "triggers": [...]}
+        tag = {k: fmt.get(k) for k in ("structures", "triggers")}
+        return StructuredOutputsParams(structural_tag=json.dumps(tag))
     if kind != "json_schema":
         allowed = ", ".join(repr(t) for t in RESPONSE_FORMAT_TYPES)
         raise FieldError(f"response_format.type must be one of {allowed}, got {kind!r}.", "response_format")

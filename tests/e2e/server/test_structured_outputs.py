@@ -241,10 +241,25 @@ BAD = [
     (CHAT, {"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "regex, choice"),
     (CHAT, {"structured_outputs": {}}, "structured_outputs", "none are specified"),
     (CHAT, {"structured_outputs": {"choice": []}}, "structured_outputs", "structured_outputs.choice"),
-    (CHAT, {"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs", "structural_tag"),
+    (
+        CHAT,
+        {"structured_outputs": {"structural_tag": "{}"}},
+        "structured_outputs",
+        "structural_tag.structures",
+    ),
+    (
+        CHAT,
+        {
+            "structured_outputs": {
+                "structural_tag": {"structures": [{"begin": "<f>", "end": "</f>"}], "triggers": ["<g"]}
+            }
+        },
+        "structured_outputs",
+        "starts with none of the triggers",
+    ),
     (CHAT, {"structured_outputs": "json"}, "structured_outputs", "structured_outputs"),
     (CHAT, {"response_format": {"type": "foo"}}, "response_format", "'json_schema'"),
-    (CHAT, {"response_format": {"type": "structural_tag"}}, "response_format", "response_format.type"),
+    (CHAT, {"response_format": {"type": "structural_tag"}}, "response_format", "response_format.structures"),
     (CHAT, {"response_format": {}}, "response_format", "response_format.type"),
     (CHAT, {"response_format": {"type": "json_schema"}}, "response_format", "response_format.json_schema"),
     (
@@ -352,3 +367,17 @@ def test_grammars_compile_off_the_engine_thread_one_per_engine_request(ckpt):
     asyncio.run(main())
     assert len(threads) == 3 and "verispec-engine" not in threads
     assert len(added) == 2 and all(g is not None for g in added)
+
+
+def test_response_format_structural_tag(plain):
+    """vLLM's structural tag through OpenAI's response_format: free text with tagged tool segments (a random model
+    rarely opens one; the segments' constraint is tested in tests/unit/sample/test_grammar.py)."""
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<function=f>", "schema": {"type": "object"}, "end": "</function>"}],
+        "triggers": ["<function="],
+    }
+    r = plain.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], response_format=tag, max_tokens=8
+    )
+    assert r.choices[0].message.content is not None

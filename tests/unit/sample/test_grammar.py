@@ -138,7 +138,7 @@ def test_compiled_constraints_are_cached_and_matchers_are_not_shared(tok, compil
         ({"json": SCHEMA, "regex": "a"}, "multiple are specified"),
         ({"choice": []}, "choice"),
         ({"choice": "a"}, "choice"),
-        ({"structural_tag": "{}"}, "structural_tag"),
+        ({"structural_tag": 3}, "structural_tag"),
         ({"regex": 3}, "regex"),
         ({"json_object": True, "disable_any_whitespace": "yes"}, "disable_any_whitespace"),
     ],
@@ -153,3 +153,29 @@ def test_sampling_params_take_a_dict_and_name_unknown_keys():
     assert sp.structured_outputs.kind == "choice"
     with pytest.raises(ValueError, match="unknown keys.*'jsn'"):
         SamplingParams(structured_outputs={"jsn": {}})
+
+
+def test_a_structural_tag_leaves_text_free_and_constrains_each_tagged_segment(tok, compiler):
+    tag = {
+        "structures": [
+            {
+                "begin": "<function=get_weather>",
+                "schema": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                },
+                "end": "</function>",
+            }
+        ],
+        "triggers": ["<function="],
+    }
+    g = compiler.matcher(StructuredOutputsParams(structural_tag=tag))
+    good = tok.encode(
+        'Sure. <function=get_weather>{"city": "Oslo"}</function> done', add_special_tokens=False
+    )
+    assert g.valid_prefix(good) == len(good)
+    bad = tok.encode('Sure. <function=get_weather>{"town": 1}', add_special_tokens=False)
+    assert tok.decode(bad[: g.valid_prefix(bad)]) == 'Sure. <function=get_weather>{"'
+    with pytest.raises(ValueError, match=r"structural_tag.structures\[0\].begin"):
+        compiler.matcher(StructuredOutputsParams(structural_tag={**tag, "triggers": ["<tool"]}))
