@@ -116,9 +116,13 @@ def apply_grammars(logits: torch.Tensor, reqs: list[Request], drafts: list[list[
 
 
 def suppress_early_stops(logits: torch.Tensor, reqs: list[Request], stride: int) -> None:
-    """min_tokens: EOS and stop_token_ids cannot be sampled before min_tokens outputs. logits [B, K+1, V]."""
+    """min_tokens: EOS and stop_token_ids cannot be sampled before min_tokens outputs (unless the request's grammar
+    has ended: then EOS is all it admits). logits [B, K+1, V]."""
     for i, r in enumerate(reqs):
         left = r.params.min_tokens - len(r.output_token_ids)
+        # a grammar that has ended admits EOS alone: suppressing it would leave nothing to sample
+        if left > 0 and r.grammar is not None and r.grammar.matcher.is_stopped():
+            continue
         if left > 0:
             ids = list(r.params.all_stop_token_ids | (set() if r.params.ignore_eos else set(r.eos_token_ids)))
             if ids:

@@ -206,3 +206,20 @@ def test_a_constraint_needs_a_tokenizer(tiny_llama):
     llm = LLM(tiny_llama, max_model_len=128, skip_tokenizer_init=True)
     with pytest.raises(ValueError, match="structured_outputs need a tokenizer"):
         llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(structured_outputs={"choice": ["a"]}))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_tokens_past_the_end_of_a_grammar_pads_with_eos(tiny_llama, temperature):
+    """min_tokens longer than anything the grammar admits: once it has ended EOS is all that can come (committed
+    without stopping until min_tokens), never a token the grammar refuses, and the batch goes on."""
+    llm = LLM(tiny_llama, max_model_len=128)
+    so = StructuredOutputsParams(choice=["yes", "no"])
+    sp = SamplingParams(temperature=temperature, seed=0, max_tokens=10, min_tokens=6, structured_outputs=so)
+    other = SamplingParams(temperature=0, max_tokens=10)
+    out, rest = llm.generate(["x", "y"], [sp, other], use_tqdm=False)
+    c = out.outputs[0]
+    assert c.text in ("yes", "no") and c.finish_reason == "stop" and len(c.token_ids) == 6
+    eos = set(llm.engine.eos_token_ids)
+    answer = len(llm.tokenizer.encode(c.text, add_special_tokens=False))
+    assert set(c.token_ids[answer:]) <= eos
+    assert len(rest.outputs[0].token_ids) == 10
