@@ -3,6 +3,7 @@ commit), then stop rules."""
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -31,6 +32,8 @@ from verispec.sample.logits import make_generator, sample_key
 from verispec.sample.metadata import SpecDecodeMetadata, StepTokens, VerifyRule
 from verispec.sample.step import sample_step
 from verispec.tokenizer import IncrementalDetokenizer
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -458,7 +461,12 @@ class LLMEngine:
             added = commit_tokens(r, toks, self.opts.max_model_len, step, b)
             self.counters.generation_tokens += added
             if r.grammar is not None and r.finish_reason is None:
-                r.grammar.accept(r.output_token_ids[len(r.output_token_ids) - added :])
+                new = r.output_token_ids[len(r.output_token_ids) - added :]
+                if not r.grammar.accept(new):
+                    logger.error(
+                        "request %s: its grammar refused tokens %s (%s)", r.request_id, new, r.grammar.error
+                    )
+                    r.finish_reason = "abort"
             if r.finish_reason is not None:
                 self._finish(r)
 

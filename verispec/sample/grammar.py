@@ -172,13 +172,17 @@ class GrammarState:
             if after:
                 m.rollback(len(after))
 
-    def accept(self, tokens: list[int]) -> None:
+    def accept(self, tokens: list[int]) -> bool:
         """Advance past committed tokens (each sampled under this grammar's mask; past the grammar's end only EOS
-        is, which ignore_eos keeps committing)."""
-        if self.matcher.is_stopped():
-            return
-        if tokens and not self.matcher.consume_tokens(tokens):
-            raise RuntimeError(f"grammar refused committed tokens {tokens}: {self.matcher.get_error()}")
+        is, which ignore_eos keeps committing). False if the grammar refuses them (a bug: the request is ended,
+        the batch goes on)."""
+        if self.matcher.is_stopped() or not tokens:
+            return True
+        return self.matcher.consume_tokens(tokens)
+
+    @property
+    def error(self) -> str:
+        return self.matcher.get_error()
 
 
 def masks(states: list[GrammarState], drafts: list[list[int]]) -> torch.Tensor:

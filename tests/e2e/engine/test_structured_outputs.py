@@ -223,3 +223,18 @@ def test_min_tokens_past_the_end_of_a_grammar_pads_with_eos(tiny_llama, temperat
     answer = len(llm.tokenizer.encode(c.text, add_special_tokens=False))
     assert set(c.token_ids[answer:]) <= eos
     assert len(rest.outputs[0].token_ids) == 10
+
+
+def test_a_grammar_refusing_a_committed_token_ends_that_request_alone(tiny_llama):
+    """Should a grammar ever refuse a committed token (a bug), its request ends ("abort"), the batch goes on."""
+    llm = LLM(tiny_llama, max_model_len=128)
+    engine = llm.engine
+    so = SamplingParams(temperature=0, max_tokens=8, structured_outputs=LETTERS)
+    broken = engine.add_request("broken", None, [5, 6, 7], so)
+    engine.add_request("fine", None, [5, 6, 7], SamplingParams(temperature=0, max_tokens=8))
+    broken.grammar.accept = lambda tokens: False
+    done = {}
+    while engine.has_unfinished():
+        done |= {o.request_id: o.outputs[0] for o in engine.step() if o.finished}
+    assert done["broken"].finish_reason == "abort"
+    assert done["fine"].finish_reason == "length" and len(done["fine"].token_ids) == 8
