@@ -84,7 +84,16 @@ def _free_port() -> int:
 
 
 class ManagedServer:
-    def __init__(self, model: str, spec: dict | None, max_model_len: int, max_num_seqs: int, log: Path):
+    def __init__(
+        self,
+        model: str,
+        spec: dict | None,
+        max_model_len: int,
+        max_num_seqs: int,
+        log: Path,
+        extra: tuple[str, ...] = (),
+    ):
+        """extra: more `verispec serve` arguments."""
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
@@ -99,6 +108,7 @@ class ManagedServer:
             "--max-num-seqs",
             str(max_num_seqs),
             "--disable-uvicorn-access-log",
+            *extra,
         ]
         if spec:
             cmd += ["--speculative-config", json.dumps(spec)]

@@ -28,6 +28,7 @@ from verispec.proposers.base import Proposal, ProposerNeeds
 from verispec.sample import grammar as grammar_mod
 from verispec.sample import step as step_mod
 from verispec.sampling_params import StructuredOutputsParams
+from verispec.server.tools import required_schema
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
 NO_DRAFTS = {"method": "custom_class", "model": "structured_outputs.NoDrafts", "num_speculative_tokens": 8}
@@ -84,23 +85,6 @@ def extraction_prompt(text: str, schema: dict) -> list[dict]:
     ]
 
 
-def required_tools_schema(tools: list[dict]) -> dict:
-    """tool_choice "required" as vLLM constrains it: an array of calls, each a tool's name with its parameters."""
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": t["function"]["name"]},
-                "parameters": t["function"]["parameters"],
-            },
-            "required": ["name", "parameters"],
-            "additionalProperties": False,
-        }
-        for t in tools
-    ]
-    return {"type": "array", "items": {"anyOf": calls}, "minItems": 1, "maxItems": 1}
-
-
 def tasks(llm: LLM) -> dict[str, list[tuple[list[int], dict]]]:
     tok = llm.tokenizer
 
@@ -110,7 +94,8 @@ def tasks(llm: LLM) -> dict[str, list[tuple[list[int], dict]]]:
         )
 
     extraction = [(ids(extraction_prompt(t, s)), s) for t, s in EXTRACTION]
-    schema = required_tools_schema(TOOLS)
+    # tool_choice "required" as the server constrains it, one call per answer
+    schema = {**required_schema(TOOLS), "maxItems": 1}
     tools = [(ids([{"role": "user", "content": q}], tools=TOOLS), schema) for q in TOOL_REQUESTS]
     return {"extraction": extraction, "tools": tools}
 

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import jsonschema
 import openai
 from adaptive_k import cpu_model
+from serve_load import ManagedServer
 from structured_data import TOOL_REQUESTS, TOOLS
 
 FAKE_RESULTS = {
@@ -27,47 +24,6 @@ FAKE_RESULTS = {
     "search_flights": {"flights": [{"number": "UA 512", "departs": "08:10"}]},
     "create_event": {"created": True},
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve(model: str, port: int, spec: dict | None, threads: int) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "verispec",
-        "serve",
-        model,
-        "--port",
-        str(port),
-        "--threads",
-        str(threads),
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-        "--max-model-len",
-        "4096",
-    ]
-    if spec:
-        cmd += ["--speculative-config", json.dumps(spec)]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
-
-
-def wait_ready(client: openai.OpenAI, proc: subprocess.Popen, timeout: float = 600) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None:
-            raise SystemExit("the server exited")
-        try:
-            client.models.list()
-            return
-        except openai.APIConnectionError:
-            time.sleep(1)
-    raise SystemExit("the server did not start")
 
 
 def one_flow(client: openai.OpenAI, model: str, question: str, choice: str) -> dict:
@@ -113,20 +69,22 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--output", default=None)
+    ap.add_argument("--log-dir", default="bench_results", help="where the servers' logs go")
     args = ap.parse_args()
     results = {}
+    tools = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--threads", str(args.threads))
     for label, spec in (("plain", None), ("ngram", {"method": "ngram", "num_speculative_tokens": 8})):
-        port = free_port()
-        proc = serve(args.model, port, spec, args.threads)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", timeout=600)
+        server = ManagedServer(
+            args.model, spec, 4096, 4, Path(args.log_dir) / f"tool_flow_{label}.log", tools
+        )
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", timeout=600)
         try:
-            wait_ready(client, proc)
+            server.wait_ready()
             results[label] = [
                 one_flow(client, args.model, q, c) for q in TOOL_REQUESTS for c in ("auto", "required")
             ]
         finally:
-            proc.terminate()
-            proc.wait(60)
+            server.stop()
     print(f"model {args.model}, {cpu_model()}, greedy")
     print(
         f"{'server':6s} {'tool_choice':11s} {'flows':>5s} {'called':>6s} {'valid args':>10s} {'answered':>8s} {'s':>6s}"

@@ -83,15 +83,26 @@ def random_prompts(n: int, seed: int = 0) -> list[dict]:
 # ---------------------------------------------------------------------------------------------- checks
 
 
+# the prompt of the sampled-law tests
+LAW_PROMPT = [11, 42, 7, 99, 5]
+
+
+def second_token_counts(llm: LLM, prompt: list[int], sp: SamplingParams, n: int) -> torch.Tensor:
+    """[V] float64: how often each token came second in n sampled generations of `prompt` (the first token
+    verification produced)."""
+    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
+    v = llm.engine.runner.model.cfg.vocab_size
+    return torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+
+
 def assert_second_token_law(llm: LLM, top_p: float = 1.0, n: int = 4000, max_tokens: int = 3) -> None:
     """n sampled 3-token (max_tokens) generations of one prompt: the second output token (the first one speculation
     produced) must follow the target's exact marginal, and the same test must reject a half-uniform mixture (its
     power)."""
-    prompt = [11, 42, 7, 99, 5]
+    prompt = LAW_PROMPT
     sp = SamplingParams(temperature=1.0, top_p=top_p, max_tokens=max_tokens, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": prompt}] * n, sp, use_tqdm=False)
-    v = llm.engine.runner.model.cfg.vocab_size
-    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    counts = second_token_counts(llm, prompt, sp, n)
+    v = counts.shape[0]
     p2 = second_token_law(llm, prompt, SamplingParams(temperature=1.0, top_p=top_p))
     assert chi2_pvalue(counts, p2) > 1e-4
     uniform_mix = 0.5 * p2 + 0.5 * torch.full_like(p2, 1.0 / v) * (p2 > 0)

@@ -11,6 +11,7 @@ import re
 import pytest
 import torch
 
+from tests.helpers import LAW_PROMPT, second_token_counts
 from verispec import LLM, SamplingParams
 from verispec.audit import chi2_pvalue, next_token_probs
 from verispec.proposers.base import Proposal, ProposerNeeds
@@ -18,6 +19,7 @@ from verispec.sample.grammar import masks, refused
 from verispec.sampling_params import StructuredOutputsParams
 
 LETTERS = StructuredOutputsParams(regex=r"[a-m]+")
+SAMPLED_LETTERS = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, structured_outputs=LETTERS)
 
 
 def _allowed(llm: LLM, sp: SamplingParams, before: list[int]) -> torch.Tensor:
@@ -88,11 +90,8 @@ def test_a_refused_draft_with_a_distribution_is_rejected_not_dropped(tiny_llama)
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=3, spec_token_budget=1024
     )
-    prompt = [11, 42, 7, 99, 5]
-    sp = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, structured_outputs=LETTERS)
-    outs = llm.generate([{"prompt_token_ids": prompt}] * 3000, sp, use_tqdm=False)
-    v = llm.engine.runner.model.cfg.vocab_size
-    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    prompt, sp = LAW_PROMPT, SAMPLED_LETTERS
+    counts = second_token_counts(llm, prompt, sp, 3000)
     p1, p2 = masked_laws(llm, prompt, sp)
     assert chi2_pvalue(counts, (p1[:, None] * p2).sum(0)) > 1e-4
     # (dropping the refused draft and sampling p in its place fails this test: p-value 2e-11 in a trial run)
@@ -114,14 +113,13 @@ def test_sampled_tokens_under_a_grammar_follow_the_masked_target_law(tiny_llama,
     llm = LLM(
         tiny_llama, max_model_len=64, max_num_seqs=64, speculative_config=cfg, seed=7, spec_token_budget=1024
     )
-    prompt = [11, 42, 7, 99, 5]
-    sp = SamplingParams(temperature=1.0, max_tokens=3, ignore_eos=True, structured_outputs=LETTERS)
-    outs = llm.generate([{"prompt_token_ids": prompt}] * 3000, sp, use_tqdm=False)
-    v = llm.engine.runner.model.cfg.vocab_size
-    counts = torch.bincount(torch.tensor([o.outputs[0].token_ids[1] for o in outs]), minlength=v).double()
+    prompt, sp = LAW_PROMPT, SAMPLED_LETTERS
+    counts = second_token_counts(llm, prompt, sp, 3000)
     law = masked_second_token_law(llm, prompt, sp)
     assert chi2_pvalue(counts, law) > 1e-4
-    unmasked = next_token_probs(llm, [prompt + [outs[0].outputs[0].token_ids[0]]], sp)[0]
+    # the unmasked law after a sampled first token
+    first = llm.generate([{"prompt_token_ids": prompt}], sp, use_tqdm=False)[0].outputs[0].token_ids[0]
+    unmasked = next_token_probs(llm, [prompt + [first]], sp)[0]
     assert chi2_pvalue(counts, unmasked) < 1e-4
     assert llm.engine.counters.spec.num_accepted_tokens > 0
 
