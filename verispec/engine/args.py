@@ -36,6 +36,10 @@ class EngineArgs:
     threads: int | None = None
     # device: auto | cpu | cuda[:N]
     device: str = "auto"
+    # tensor parallelism: ranks (one process each, started by the engine) and their rendezvous (None: a free port
+    # on 127.0.0.1; tcp://host:port or env:// as torch.distributed takes them)
+    tensor_parallel_size: int = 1
+    distributed_init_method: str | None = None
     # cache: KV slots (concurrent sequences) and the memory they may take (None: a share of free memory)
     max_num_seqs: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -67,6 +71,7 @@ class EngineArgs:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.threads is not None and (not _is_int(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be a positive integer, got {self.threads!r}")
+        self._check_parallel()
         if self.spec_token_budget is not None and (
             not _is_int(self.spec_token_budget) or self.spec_token_budget < 1
         ):
@@ -86,6 +91,21 @@ class EngineArgs:
                 f"enable_prefix_caching must be true or false, got {self.enable_prefix_caching!r}"
             )
         self._check_spec_metrics()
+
+    def _check_parallel(self) -> None:
+        tp = self.tensor_parallel_size
+        if not _is_int(tp) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        method = self.distributed_init_method
+        if method is not None and not (
+            isinstance(method, str) and (method.startswith("tcp://") or method == "env://")
+        ):
+            raise ValueError(f"distributed_init_method must be tcp://host:port or env://, got {method!r}")
+        if tp > 1 and self.device not in ("auto", "cpu"):
+            raise ValueError(
+                f"tensor_parallel_size={tp} runs on the CPU in this build (gloo and shared memory); "
+                f"device={self.device!r} is not supported with it: use device='cpu'"
+            )
 
     def _check_spec_metrics(self) -> None:
         level = self.per_request_spec_decode_metrics
@@ -230,7 +250,20 @@ def _add_runtime_args(parser: argparse.ArgumentParser, default) -> None:
         "--threads",
         type=int,
         default=None,
-        help="CPU threads for the kernels and PyTorch (default: one per core this process may run on)",
+        help="CPU threads for the kernels and PyTorch (default: one per core this process may run on); with "
+        "tensor parallelism, shared out among the ranks",
+    )
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=default("tensor_parallel_size"),
+        help="ranks the model is sharded over (one process each; default 1)",
+    )
+    parser.add_argument(
+        "--distributed-init-method",
+        default=None,
+        help="rendezvous of the tensor-parallel ranks: tcp://host:port or env:// (default: a free local port)",
     )
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from verispec.distributed.group import TPGroup, init_group
 from verispec.engine.args import EngineArgs
 from verispec.engine.engine import LLMEngine
 from verispec.engine.options import EngineOptions
@@ -26,6 +27,16 @@ from verispec.proposers.factory import (
 )
 from verispec.runner.kv_cache import KVCache, plan_cache
 from verispec.runner.model_runner import ModelRunner
+from verispec.runner.tp import STOP, MirroredKVCache, TPModelRunner
+from verispec.runner.tp_worker import (
+    RankSpec,
+    Workers,
+    agree_loaded,
+    check_threads,
+    free_init_method,
+    launch,
+    send_plan,
+)
 from verispec.sample.metadata import VerifyRule
 
 
@@ -81,18 +92,44 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     if args.threads is not None:
         # process-wide: the kernels read torch's thread count on every call
         torch.set_num_threads(args.threads)
-    ckpt = load_checkpoint(
-        args.model,
-        device,
-        args.dtype,
-        args.tokenizer,
-        args.skip_tokenizer_init,
-        keep_quantized=args.keep_quantized,
-        activation_dtype=args.activation_dtype,
-    )
+    group, workers = start_tensor_parallel(args, device)
+    try:
+        ckpt = load_checkpoint(
+            args.model,
+            device,
+            args.dtype,
+            args.tokenizer,
+            args.skip_tokenizer_init,
+            keep_quantized=args.keep_quantized,
+            activation_dtype=args.activation_dtype,
+            tp=group,
+        )
+    except BaseException:
+        if group is not None:
+            stop_tensor_parallel(group, workers, loaded=False)
+        raise
+    if group is not None and not agree_loaded(group, True):
+        message = workers.failures()
+        stop_tensor_parallel(group, workers, loaded=True)
+        raise ValueError(f"tensor_parallel_size={group.size}: a rank could not load {args.model}: {message}")
+    try:
+        return assemble(args, device, ckpt, group, workers)
+    except BaseException:
+        if group is not None:
+            stop_tensor_parallel(group, workers, loaded=True)
+        raise
+
+
+def assemble(args: EngineArgs, device: torch.device, ckpt, group: TPGroup | None, workers) -> LLMEngine:
+    """The engine around a loaded target: speculative config, KV cache plan, runner, proposer, planner."""
     cfg = ckpt.config
+    check_draft_parallel(args)
     spec = resolve_speculative_config(
-        args.speculative_config, args.max_model_len or cfg.max_position_embeddings, ckpt.hf_config, args.model
+        args.speculative_config,
+        args.max_model_len or cfg.max_position_embeddings,
+        ckpt.hf_config,
+        args.model,
+        args.tensor_parallel_size,
     )
     kv_transfer = args.kv_transfer_config
     check_kv_transfer(spec, kv_transfer)
@@ -112,8 +149,17 @@ def build_engine(args: EngineArgs) -> LLMEngine:
         full_length_slots=draft_kv_share(spec) > 0,
     )
     t_alloc = plan.max_model_len + lookahead + 1
-    cache = KVCache(cfg, plan.num_slots, t_alloc, device, dtype, plan.num_blocks, args.block_size)
-    runner = ModelRunner(ckpt.model, cache, device)
+    # this rank's KV heads (all of them without tensor parallelism)
+    local = ckpt.model.cfg
+    if group is None:
+        cache = KVCache(local, plan.num_slots, t_alloc, device, dtype, plan.num_blocks, args.block_size)
+        runner = ModelRunner(ckpt.model, cache, device)
+    else:
+        cache = MirroredKVCache(
+            local, plan.num_slots, t_alloc, device, dtype, plan.num_blocks, args.block_size
+        )
+        runner = TPModelRunner(ckpt.model, cache, device, group, workers)
+        send_plan(group, cache)
     proposer = None
     if spec is not None:
         ctx = DraftContext(ckpt, plan.num_slots, t_alloc, device, dtype, args.seed, kv_transfer)
@@ -139,6 +185,51 @@ def build_engine(args: EngineArgs) -> LLMEngine:
     engine = LLMEngine(runner, ckpt.tokenizer, opts, proposer, ckpt.eos_token_ids, args.seed, planner)
     engine.checkpoint, engine.speculative_config = ckpt, spec
     return engine
+
+
+def start_tensor_parallel(args: EngineArgs, device: torch.device) -> tuple[TPGroup | None, Workers | None]:
+    """With tensor_parallel_size > 1: the other ranks' processes started and the group joined as rank 0 (this
+    process's threads shared out among the ranks); (None, None) otherwise."""
+    size = args.tensor_parallel_size
+    if size == 1:
+        return None, None
+    if device.type != "cpu":
+        raise ValueError(f"tensor_parallel_size={size} runs on the CPU in this build; device={args.device!r}")
+    threads = check_threads(size, args.threads)
+    torch.set_num_threads(threads)
+    method = args.distributed_init_method or free_init_method()
+    common = (str(args.model), "cpu", args.dtype, args.keep_quantized, args.activation_dtype)
+    workers = launch([RankSpec(*common, rank, size, method, threads) for rank in range(1, size)])
+    try:
+        return init_group(0, size, method), workers
+    except ValueError as e:
+        message = workers.failures()
+        workers.join(1.0)
+        raise ValueError(f"{e}; workers: {message}") from None
+
+
+def stop_tensor_parallel(group: TPGroup, workers: Workers, loaded: bool) -> None:
+    """Start-up failed: tell the workers (waiting for the load's outcome, or for the cache plan or a step after
+    it), close, wait for them."""
+    try:
+        if loaded:
+            group.broadcast(torch.tensor([STOP]))
+        else:
+            agree_loaded(group, False)
+    finally:
+        group.close()
+        workers.join(5.0)
+
+
+def check_draft_parallel(args: EngineArgs) -> None:
+    """Drafts run on rank 0, unsharded: a draft_tensor_parallel_size above 1 is refused, not ignored."""
+    spec = args.speculative_config
+    draft_tp = spec.get("draft_tensor_parallel_size") if isinstance(spec, dict) else None
+    if args.tensor_parallel_size > 1 and draft_tp not in (None, 1):
+        raise ValueError(
+            f"speculative_config.draft_tensor_parallel_size={draft_tp!r}: drafts run unsharded on rank 0 in this "
+            "build; use 1 (or leave it out)"
+        )
 
 
 # the most sequences the step-cost profile's batch step runs (each behind its own copy of a 256-token context)

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c", "repack.c")
+    Path(__file__).with_name(n) for n in ("qgemm.c", "ops.c", "layers.c", "qgemm_i8.c", "repack.c", "comm.c")
 )
 HEADER = Path(__file__).with_name("kernels.h")
 # the 'amx' build adds it: qgemm_q4t / q8t on the tile unit
@@ -56,6 +56,7 @@ _C_TYPES = {
     "int32_t": ctypes.c_int32,
     "int": ctypes.c_int,
     "float": ctypes.c_float,
+    "double": ctypes.c_double,
 }
 
 

@@ -53,6 +53,8 @@ class ModelDims(ctypes.Structure):
         ("scale", _F),
         ("softcap", _F),
         ("i8_isa", ctypes.c_int32),
+        ("allreduce", _P),
+        ("ar_ctx", _P),
     ]
 
 
@@ -127,6 +129,9 @@ class FusedLayers:
             float(cfg.attn_logit_softcapping or 0.0),
             0,
         )
+        if model.tp is not None:
+            # the all-reduce the C layers call after attention and after the MLP
+            self.dims.allreduce, self.dims.ar_ctx = model.tp.c_allreduce()
         fmts = {getattr(d, f"f_{n}") for d in self.descs for n in ("qkv", "k", "v", "o", "gate_up", "down")}
         if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"], FMT_CODE["q6v"]}:
             # int8 activations: the same variant as the module path (QuantWeight.matmul) takes

@@ -1,6 +1,7 @@
 // The C interface of verispec's kernel library, declared once: every .c file includes it (the compiler checks each
 // definition against it) and verispec/kernels/build.py reads the prototypes below to set the ctypes argument and
-// return types (pointers -> c_void_p, int64_t -> c_int64, int32_t -> c_int32, int -> c_int, float -> c_float).
+// return types (pointers -> c_void_p, int64_t -> c_int64, int32_t -> c_int32, int -> c_int, float -> c_float,
+// double -> c_double).
 // Keep one prototype per declaration, `;`-terminated; no macros in them.
 #ifndef VERISPEC_KERNELS_H
 #define VERISPEC_KERNELS_H
@@ -8,6 +9,7 @@
 
 struct LayerDesc;
 struct ModelDims;
+struct ShmComm;
 
 // qgemm.c: y [M, N] = x [M, K] @ W^T, float32 activations, W in the q4 / q8 / q6 layouts of
 // verispec/kernels/qweight.py.
@@ -67,6 +69,21 @@ void tile_q8(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthrea
 void dequant_rows(int fmt, const uint8_t *src, int64_t N, int64_t nb, float *dst, int nthreads);
 int64_t dequant_gather(int fmt, const uint8_t *src, int64_t N, int64_t nb, const int64_t *rows, int64_t M,
                        float *dst);
+
+// comm.c: the shared-memory channel of tensor-parallel ranks on one machine (verispec/kernels/comm.py). Each op is a
+// barrier of all ranks and returns 0, -1 (a peer died or the timeout passed) or -2 (the channel was closed);
+// shm_comm_init returns 0, or -3 when the segment is not one of this world and cap.
+int64_t shm_comm_size(void);
+int64_t shm_segment_bytes(int64_t world, int64_t cap);
+int32_t shm_comm_init(struct ShmComm *c, void *base, int32_t rank, int32_t world, int64_t cap, double timeout_s,
+                      int32_t create);
+int32_t shm_comm_dead_rank(void *c);
+int32_t shm_allreduce_f32(void *c, float *x, int64_t n);
+int32_t shm_gather_f32(void *c, const float *x, int64_t rows, int64_t width, float *out, int64_t out_stride,
+                       int64_t col);
+int32_t shm_broadcast(void *c, void *data, int64_t nbytes, double timeout_s);
+int32_t shm_barrier(void *c);
+void shm_close(void *c);
 
 // qgemm_amx.c, in the 'amx' build only (AMX-BF16 tiles, float32 activations; q4t / q8t weights).
 int amx_init(void);

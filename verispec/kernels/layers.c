@@ -12,6 +12,8 @@
 //   qkv = normed @ Wqkv^T (+ b); RoPE on the q and k heads; K|V written to the cache at cache_pos
 //   h += attention(q, cache) @ Wo^T; normed = rmsnorm(h) * norm_post
 //   h += (silu(normed @ Wg^T) * (normed @ Wu^T)) @ Wd^T
+// Under tensor parallelism each rank holds some heads and MLP columns, and the two products added to h are summed
+// over the ranks (ModelDims.allreduce) before the add.
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -32,11 +34,16 @@ typedef struct LayerDesc {
     int32_t f_k, f_v;
 } LayerDesc;
 
+// Tensor parallelism: x [n] summed over the ranks in place (comm.c's shared-memory all-reduce, or a callback)
+typedef int32_t (*allreduce_fn)(void *ctx, float *x, int64_t n);
+
 typedef struct ModelDims {
-    int64_t hidden, hq, hkv, d, inter;
-    int64_t cs, ch, ct;  // paged cache strides in elements (block, head, row)
+    int64_t hidden, hq, hkv, d, inter;  // under tensor parallelism: this rank's heads and MLP columns
+    int64_t cs, ch, ct;                 // paged cache strides in elements (block, head, row)
     float eps, scale, softcap;
     int32_t i8_isa;  // the qgemm_i8 variant for q4v / q8v / q6v weights (int8 activations)
+    allreduce_fn allreduce;  // NULL: one rank; else called on the attention and MLP outputs of every layer
+    void *ar_ctx;
 } ModelDims;
 
 static void qgemm(const ModelDims *m, int32_t fmt, const float *x, int64_t M, int64_t K, const uint8_t *w,
@@ -133,10 +140,12 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(attn + n * O, attn_pad + pack[n] * O, sizeof(float) * O);
         qgemm(m, L->f_o, attn, N, O, L->w_o, H, a, nthreads);
+        if (m->allreduce) m->allreduce(m->ar_ctx, a, N * H);
         add_rmsnorm_f32(h, a, L->norm_post, N, H, m->eps, h, normed);
         qgemm(m, L->f_gate_up, normed, N, H, L->w_gate_up, 2 * I, gu, nthreads);
         silu_mul_f32(gu, N, I, act, nthreads);
         qgemm(m, L->f_down, act, N, I, L->w_down, H, a, nthreads);
+        if (m->allreduce) m->allreduce(m->ar_ctx, a, N * H);
         // the residual add, fused with the next norm: the next layer's, or the model's final one
         const float *next = l + 1 < n_layers ? layers[l + 1].norm_in : norm_final;
         add_rmsnorm_f32(h, a, next, N, H, m->eps, h, l + 1 < n_layers ? normed : normed_out);

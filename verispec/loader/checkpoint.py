@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from verispec.config import ModelConfig, model_config_from_hf
+from verispec.distributed.group import TPGroup
+from verispec.distributed.shard import Shard, check_divisible
 from verispec.kernels import build
 from verispec.kernels.arena import move_weights_to_huge_pages
 from verispec.kernels.qweight import kernels_available
@@ -77,10 +79,12 @@ def load_checkpoint(
     skip_tokenizer_init: bool = False,
     keep_quantized: bool = True,
     activation_dtype: str = "float32",
+    tp: TPGroup | None = None,
 ) -> Checkpoint:
     """activation_dtype: "float32" (the default: transformers' float32 numerics on the same weights) or "int8"
     (activations quantized per row in 32-blocks, integer dot products: llama.cpp's numerics, faster; needs GGUF
-    weights kept quantized on the CPU and the native kernels, else ValueError)."""
+    weights kept quantized on the CPU and the native kernels, else ValueError). tp: this process's tensor-parallel
+    rank, which loads its shard of the layers (the Checkpoint's config stays the whole model's)."""
     if activation_dtype not in ACTIVATION_DTYPES:
         allowed = ", ".join(ACTIVATION_DTYPES)
         raise ValueError(f"activation_dtype={activation_dtype!r} is not supported; allowed: {allowed}")
@@ -112,11 +116,15 @@ def load_checkpoint(
         eos = sorted(set(eos) | set(tok.eos_token_ids))
     cfg = model_config_from_hf(hf_config, str(path))
     dt = pick_dtype(dtype, device, hf_config)
+    shard = None
+    if tp is not None:
+        check_divisible(cfg, tp.size)
+        shard = Shard(cfg, tp.rank, tp.size)
     with torch.device("meta"):
-        net = DecoderLM(cfg)
+        net = DecoderLM(cfg) if shard is None else DecoderLM(shard.local_config(), tp, shard.vocab_sizes)
     net = net.to_empty(device=device).to(dt)
     _init_rope(net, cfg)
-    load_decoder_weights(net, tensors, str(path))
+    load_decoder_weights(net, tensors, str(path), shard)
     # the layers hold what they keep: the checkpoint's copies go before the huge-page copy
     del tensors
     if activation_dtype == "int8":

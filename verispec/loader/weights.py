@@ -22,6 +22,7 @@ from torch import nn
 from verispec.layers.weight_loader import Tensor, default_weight_loader
 
 if TYPE_CHECKING:
+    from verispec.distributed.shard import Shard
     from verispec.models.decoder import DecoderLM
 
 M = TypeVar("M", bound=nn.Module)
@@ -88,11 +89,13 @@ def load_draft(
     return model.to(device=device, dtype=dtype).eval()
 
 
-def load_decoder_weights(model: DecoderLM, tensors: dict[str, Tensor], source: str) -> None:
+def load_decoder_weights(
+    model: DecoderLM, tensors: dict[str, Tensor], source: str, shard: Shard | None = None
+) -> None:
     """A target checkpoint's weights (safetensors, or a GGUF with HF names) into `model`: its names without the
     `model.` (or `model.language_model.`) prefix, and with tied embeddings the LM head read from the embedding
-    (the head keeps its own packed or quantized copy). Empties `tensors`. Raises ValueError on missing / misshapen
-    tensors."""
+    (the head keeps its own packed or quantized copy). Empties `tensors`. `shard`: a tensor-parallel rank's, which
+    keeps its slices. Raises ValueError on missing / misshapen tensors."""
     prefix = "model." if any(k.startswith("model.") for k in tensors) else ""
     if any(k.startswith("model.language_model.") for k in tensors):
         prefix = "model.language_model."
@@ -102,4 +105,6 @@ def load_decoder_weights(model: DecoderLM, tensors: dict[str, Tensor], source: s
         named.pop("lm_head.weight", None)
         if "embed_tokens.weight" in named:
             named["lm_head.weight"] = named["embed_tokens.weight"]
+    if shard is not None:
+        named = shard.shard_tensors(named)
     load_weights(model, named, source, consume=True)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from verispec.config import ModelConfig
+from verispec.distributed.group import TPGroup
 from verispec.kernels import cuda_ops, ops
 from verispec.kernels.fused_layers import FusedLayers, why_not_fusable
 from verispec.layers.attention import AttnContext, attention, read_kv, write_kv
@@ -100,8 +101,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, idx: int):
+    def __init__(self, cfg: ModelConfig, idx: int, tp: TPGroup | None = None):
         super().__init__()
+        # tensor parallelism: attention's and the MLP's partial sums are all-reduced over the ranks
+        self.tp = tp
         self.sliding = cfg.layer_is_sliding(idx)
         self.self_attn = Attention(cfg, self.sliding)
         self.mlp = MLP(cfg)
@@ -115,14 +118,17 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h, ropes, ctx, kv_cache) -> torch.Tensor:
         rope = ropes[1] if self.sliding else ropes[0]
-        a = self.self_attn.forward(self.input_layernorm.forward(h), rope, ctx, kv_cache)
+        a = self._reduce(self.self_attn.forward(self.input_layernorm.forward(h), rope, ctx, kv_cache))
         if self.sandwich:
             h = h + self.post_attention_layernorm.forward(a)
             return h + self.post_feedforward_layernorm.forward(
-                self.mlp.forward(self.pre_feedforward_layernorm.forward(h))
+                self._reduce(self.mlp.forward(self.pre_feedforward_layernorm.forward(h)))
             )
         h, normed = self.post_attention_layernorm.add_forward(h, a)
-        return h + self.mlp.forward(normed)
+        return h + self._reduce(self.mlp.forward(normed))
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.tp is None else self.tp.all_reduce(x.contiguous())
 
 
 def gemma_norm_loader(param: nn.Parameter, value: torch.Tensor) -> None:
@@ -131,17 +137,22 @@ def gemma_norm_loader(param: nn.Parameter, value: torch.Tensor) -> None:
 
 
 class DecoderLM(nn.Module):
-    """forward(input_ids [N] packed, positions [S, Q], ctx, kv) -> final normed hidden [N, hidden]."""
+    """forward(input_ids [N] packed, positions [S, Q], ctx, kv) -> final normed hidden [N, hidden].
+
+    Under tensor parallelism `cfg` holds this rank's heads and MLP columns (distributed/shard.py), `tp` its
+    group and `vocab_sizes` every rank's rows of the LM head: compute_logits gathers them on rank 0."""
 
     packed_modules_mapping = PACKED_MODULES
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup | None = None, vocab_sizes: list[int] | None = None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.tp = cfg, tp
+        self.vocab_sizes = vocab_sizes or [cfg.vocab_size]
         self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, tp) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False)
+        rows = self.vocab_sizes[tp.rank] if tp is not None else cfg.vocab_size
+        self.lm_head = Dense(cfg.hidden_size, rows, bias=False)
         # FusedLayers once the weights are loaded, if the model qualifies (fuse_layers)
         self.fused = None
         self.embed_scale = cfg.hidden_size**0.5 if cfg.is_gemma else 1.0
@@ -206,8 +217,16 @@ class DecoderLM(nn.Module):
         # the final norm [N, hidden] and the aux layers' streams side by side, by the layers' one call
         return self.fused.run(h.contiguous(), rope, ctx, kv, torch.empty_like(h), tuple(aux_layers))
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., hidden] -> logits [..., V] (float32)."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """hidden [..., hidden] -> logits [..., V] (float32); under tensor parallelism a collective: every rank
+        calls it, rank 0 gets the logits, the others None."""
         logits = self.lm_head.forward(hidden).float()
+        if self.tp is not None:
+            shape = logits.shape
+            # [N, V] on rank 0 from every rank's [N, V_rank]
+            logits = self.tp.gather_columns(logits.reshape(-1, shape[-1]), self.vocab_sizes)
+            if logits is None:
+                return None
+            logits = logits.view(*shape[:-1], logits.shape[-1])
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

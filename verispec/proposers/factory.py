@@ -214,7 +214,7 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             raise ValueError(
                 f"speculative_config.model {cfg.model!r}: EAGLE {key}={mine} but the target's is {theirs}"
             )
-    draft.bind_target(ctx.target.model)
+    draft.bind_target(_shared_target(ctx, "eagle"))
     _follow_target_weights(draft, ctx)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return EagleProposer(
@@ -241,7 +241,7 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         raise ValueError(
             f"{cfg.model}: eagle_aux_hidden_state_layer_ids {list(layers)} must be 3 layer ids in 0..{target.num_layers}"
         )
-    draft.bind_target(ctx.target.model)
+    draft.bind_target(_shared_target(ctx, "eagle3"))
     _follow_target_weights(draft, ctx)
     cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     tree = token_tree(cfg, draft.lm_head.out_features)
@@ -271,10 +271,23 @@ def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             f"(the newest token and {block - 1} mask tokens): use at most {block - 1}"
         )
     mask = parallel_drafting_token(read_hf_config(Path(cfg.model)), target.vocab_size)
-    draft.bind_target(ctx.target.model, mask)
+    draft.bind_target(_shared_target(ctx, "dflash"), mask)
     _follow_target_weights(draft, ctx)
     cache = KVCache(c, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return DFlashProposer(draft, ModelRunner(draft, cache, ctx.device), mask)
+
+
+def _shared_target(ctx: DraftContext, method: str):
+    """The target whose embedding and LM head a draft head uses; ValueError under tensor parallelism, where the
+    LM head is sharded over the ranks and every call of it is a collective."""
+    model = ctx.target.model
+    if model.tp is not None:
+        raise ValueError(
+            f"speculative method {method!r} drafts with the target's embedding and LM head, which "
+            f"tensor_parallel_size={model.tp.size} shards over the ranks; this build runs it with "
+            "tensor_parallel_size=1 only"
+        )
+    return model
 
 
 def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -290,7 +303,7 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             "speculative_config.model: method 'mtp' uses the target checkpoint's MTP layers; omit model"
         )
     layer = load_mtp(target.source, target.config, ctx.device, ctx.dtype)
-    layer.bind_target(target.model)
+    layer.bind_target(_shared_target(ctx, "mtp"))
     cache = KVCache(replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return EagleProposer(
         layer,
@@ -446,6 +459,7 @@ def resolve_speculative_config(
     target_max_model_len: int,
     target_hf_config: dict | None = None,
     target_model: str | None = None,
+    target_tensor_parallel_size: int = 1,
 ) -> SpeculativeConfig | None:
     """The user's speculative_config (a dict or a JSON string) validated and resolved as vLLM does, and checked
     against what this build supports; ValueError naming the key otherwise. Without `model`, a method with a draft
@@ -467,6 +481,7 @@ def resolve_speculative_config(
     spec = SpeculativeConfig.from_dict(
         speculative_config,
         target_max_model_len=target_max_model_len,
+        target_tensor_parallel_size=target_tensor_parallel_size,
         draft_hf_config=draft_hf,
         supported_methods=SUPPORTED_METHODS,
     )
