@@ -181,6 +181,10 @@ class LLM:
             )
         return self.generate(prompts, sampling_params, use_tqdm)
 
+    def shutdown(self) -> None:
+        """Stop the engine's other processes (tensor-parallel ranks); the LLM cannot generate after."""
+        self.engine.close()
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix (vLLM's LLM.reset_prefix_cache); False while requests hold blocks."""
         return self.engine.reset_prefix_cache()

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2] / "verispec"
 LAYERS = [
     ["config", "spec_config", "sampling_params", "outputs", "progress", "metrics", "workloads", "plot"],
     ["kernels"],
+    ["distributed"],
     ["layers"],
     ["models"],
     ["loader", "tokenizer", "drafts"],

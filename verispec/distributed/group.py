@@ -34,12 +34,17 @@ _ALLREDUCE_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_
 class TPGroup:
     """Rank `rank` of `size`. Use `init_group` to make one."""
 
-    def __init__(self, rank: int, size: int, shm: ShmComm | None, ops_group=None):
+    def __init__(self, rank: int, size: int, shm: ShmComm | None, pg, ops_pg):
         self.rank, self.size, self.shm = rank, size, shm
-        # gloo: the step broadcasts' group (a long timeout: a worker idles between requests)
-        self._ops = ops_group
+        # gloo: the collectives' group, and the step broadcasts' (a long timeout: a worker idles between requests).
+        # Groups of their own, not torch.distributed's default one: a process may hold several engines in turn
+        self.pg, self._ops = pg, ops_pg
         # gloo: the C layers' all-reduce calls back into Python (kept alive here)
         self._callback = None if shm is not None else _ALLREDUCE_FN(self._allreduce_ptr)
+
+    @property
+    def closed(self) -> bool:
+        return self.pg is None
 
     @property
     def transport(self) -> str:
@@ -49,7 +54,7 @@ class TPGroup:
         """x (float32, contiguous, CPU) summed over the ranks, in place; the same bits on every rank."""
         if self.shm is not None:
             return self.shm.all_reduce(x)
-        dist.all_reduce(x)
+        self.pg.allreduce([x]).wait()
         return x
 
     def _allreduce_ptr(self, _ctx, ptr: int, n: int) -> int:
@@ -68,11 +73,13 @@ class TPGroup:
         x = x.contiguous()
         if self.shm is not None:
             return self.shm.gather_columns(x, widths)
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
         if self.rank != 0:
-            dist.gather(x, None, dst=0)
+            self.pg.gather([], [x], opts).wait()
             return None
         parts = [x.new_empty(x.shape[0], w) for w in widths]
-        dist.gather(x, parts, dst=0)
+        self.pg.gather([parts], [x], opts).wait()
         return torch.cat(parts, dim=1)
 
     def broadcast(self, message: torch.Tensor | None) -> torch.Tensor:
@@ -80,72 +87,103 @@ class TPGroup:
         if self.shm is not None:
             return self.shm.broadcast_tensor(message)
         n = torch.tensor([0 if message is None else message.numel()], dtype=torch.long)
-        dist.broadcast(n, src=0, group=self._ops)
+        _broadcast(self._ops, n)
         if message is None:
             message = torch.empty(int(n), dtype=torch.long)
-        dist.broadcast(message, src=0, group=self._ops)
+        _broadcast(self._ops, message)
         return message
+
+    def agree(self, ok: bool) -> bool:
+        """Every rank says yes or no; True if all said yes (waits for the slowest rank: a load)."""
+        flag = torch.tensor([int(ok)], dtype=torch.long)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self._ops.allreduce([flag], opts).wait()
+        return bool(int(flag))
 
     def barrier(self) -> None:
         if self.shm is not None:
             self.shm.barrier()
         else:
-            dist.barrier()
+            self.pg.barrier().wait()
 
     def close(self) -> None:
         if self.shm is not None:
             self.shm.close()
             self.shm = None
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        self.pg = self._ops = None
 
 
-def init_group(rank: int, size: int, init_method: str, timeout_s: float = STARTUP_TIMEOUT_S) -> TPGroup:
-    """Join the tensor-parallel group at `init_method` (tcp://host:port or env://); ValueError naming
-    distributed_init_method when the rendezvous cannot be reached in `timeout_s`."""
+def init_group(rank: int, size: int, init_method: str, timeout_s: float | None = None) -> TPGroup:
+    """Join the tensor-parallel group at `init_method` (tcp://host:port, or env:// with MASTER_ADDR and
+    MASTER_PORT; rank 0 serves the rendezvous); ValueError naming distributed_init_method when it cannot be reached
+    within `timeout_s` (default STARTUP_TIMEOUT_S)."""
+    timeout = timedelta(seconds=STARTUP_TIMEOUT_S if timeout_s is None else timeout_s)
+    host, port = _address(init_method)
     try:
-        dist.init_process_group(
-            "gloo", init_method=init_method, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
-        )
-        ops = dist.new_group(list(range(size)), timeout=IDLE_TIMEOUT)
+        store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout, wait_for_workers=True)
+        pg = dist.ProcessGroupGloo(dist.PrefixStore("tp", store), rank, size, timeout)
+        ops = dist.ProcessGroupGloo(dist.PrefixStore("ops", store), rank, size, IDLE_TIMEOUT)
     except (RuntimeError, ValueError, OSError) as e:
         raise ValueError(
             f"tensor parallelism: rank {rank} of {size} could not join distributed_init_method={init_method!r} "
-            f"within {timeout_s:g} s ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+            f"within {timeout.total_seconds():g} s ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
         ) from None
-    shm = _shared_memory(rank, size) if _same_machine(size) else None
-    return TPGroup(rank, size, shm, ops)
+    shm = _shared_memory(pg, rank, size) if _same_machine(pg, size) else None
+    return TPGroup(rank, size, shm, pg, ops)
 
 
-def _same_machine(size: int) -> bool:
+def _address(init_method: str) -> tuple[str, int]:
+    if init_method == "env://":
+        host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+        if not host or not port:
+            raise ValueError(
+                "distributed_init_method='env://' needs MASTER_ADDR and MASTER_PORT in the environment"
+            )
+    else:
+        host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    if not port.isdigit() or not host:
+        raise ValueError(f"distributed_init_method must be tcp://host:port or env://, got {init_method!r}")
+    return host.strip("[]"), int(port)
+
+
+def _broadcast(pg, t: torch.Tensor) -> None:
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    pg.broadcast([t], opts).wait()
+
+
+def _same_machine(pg, size: int) -> bool:
     """Whether every rank runs on this host (and shared memory is allowed)."""
     if os.environ.get("VERISPEC_TP_TRANSPORT", "shm") == "gloo":
         return False
     mine = torch.tensor([zlib.crc32(socket.gethostname().encode())], dtype=torch.long)
     hosts = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(hosts, mine)
+    pg.allgather([hosts], [mine]).wait()
     return all(int(h) == int(mine) for h in hosts)
 
 
-def _shared_memory(rank: int, size: int) -> ShmComm | None:
+def _shared_memory(pg, rank: int, size: int) -> ShmComm | None:
     """The shared-memory channel (rank 0 creates it, then the others attach), or None without the kernels."""
     name = torch.tensor([secrets.randbits(62) if rank == 0 else 0], dtype=torch.long)
-    dist.broadcast(name, src=0)
+    _broadcast(pg, name)
     path = f"/dev/shm/verispec-tp-{int(name):x}"
     ok = torch.tensor([1], dtype=torch.long)
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MIN
     shm = None
     try:
         if rank == 0:
             shm = ShmComm(path, rank, size, timeout_s=COLLECTIVE_TIMEOUT_S)
     except RuntimeError:
         ok.zero_()
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    pg.allreduce([ok], opts).wait()
     if rank != 0 and int(ok):
         try:
             shm = ShmComm(path, rank, size, timeout_s=COLLECTIVE_TIMEOUT_S)
         except RuntimeError:
             ok.zero_()
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    pg.allreduce([ok], opts).wait()
     if not int(ok):
         if shm is not None:
             shm.close()

@@ -206,6 +206,12 @@ class LLMEngine:
         return [r.request_id for r in self.running]
 
     # ------------------------------------------------------------------ step
+    def close(self) -> None:
+        """Stop what the engine started (tensor parallelism's other ranks); idempotent."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
     def step(self) -> list[RequestOutput]:
         self._admit()
         if not self.running:

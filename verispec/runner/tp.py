@@ -9,6 +9,8 @@ cache operations of token trees and of the step-cost profile. STOP ends the work
 
 from __future__ import annotations
 
+import atexit
+
 import torch
 
 from verispec.distributed.group import TPGroup
@@ -128,6 +130,8 @@ class TPModelRunner(ModelRunner):
         self.group = cache.group = group
         # tp_worker.Workers: the processes of the other ranks (joined on close)
         self.workers = workers
+        # a script that never calls LLM.shutdown still ends its ranks cleanly
+        atexit.register(self.close)
 
     def run(
         self,
@@ -141,34 +145,37 @@ class TPModelRunner(ModelRunner):
 
     def close(self) -> None:
         """End the workers (they leave their loop) and the group."""
-        if self.group.size == 0:
+        if self.group.closed:
             return
         try:
             self.group.broadcast(torch.tensor([STOP]))
+        except RuntimeError:
+            # a rank already gone (it crashed, or was killed): nothing to tell it
+            pass
         finally:
             self.group.close()
-            self.group.size = 0
             if self.workers is not None:
                 self.workers.join()
 
 
 def serve_steps(runner: ModelRunner, group: TPGroup) -> None:
     """A worker's loop: run what rank 0 announces until STOP."""
-    cache = runner.cache
-    while True:
-        msg = group.broadcast(None).tolist()
-        op = msg[0]
-        if op == STOP:
-            return
-        if op == RUN:
-            rows, aux, aux_all, hidden_all = decode_run(cache, msg)
-            runner.run(rows, aux, aux_all, hidden_all)
-        elif op == MOVE:
-            at = _apply_table_rows(cache, msg, 1)
-            n = msg[at]
-            slot = msg[2]
-            cache.move(slot, msg[at + 1 : at + 1 + n], msg[at + 1 + n : at + 1 + 2 * n])
-        elif op == COPY:
-            at = _apply_table_rows(cache, msg, 1)
-            n_slots = msg[1]
-            copy_blocks(cache, msg[2], msg[3 : 2 + n_slots], msg[at])
+    while apply_message(runner, group.broadcast(None).tolist()):
+        pass
+
+
+def apply_message(runner: ModelRunner, msg: list[int]) -> bool:
+    """Do what one message of rank 0 says on this rank; False for STOP."""
+    cache, op = runner.cache, msg[0]
+    if op == RUN:
+        rows, aux, aux_all, hidden_all = decode_run(cache, msg)
+        runner.run(rows, aux, aux_all, hidden_all)
+    elif op == MOVE:
+        at = _apply_table_rows(cache, msg, 1)
+        n = msg[at]
+        cache.move(msg[2], msg[at + 1 : at + 1 + n], msg[at + 1 + n : at + 1 + 2 * n])
+    elif op == COPY:
+        at = _apply_table_rows(cache, msg, 1)
+        n_slots = msg[1]
+        copy_blocks(cache, msg[2], msg[3 : 2 + n_slots], msg[at])
+    return op != STOP

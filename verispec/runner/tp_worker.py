@@ -13,7 +13,6 @@ import sys
 from dataclasses import asdict, dataclass
 
 import torch
-import torch.distributed as dist
 
 from verispec.distributed.group import TPGroup, init_group
 from verispec.loader.checkpoint import Checkpoint, load_checkpoint
@@ -58,9 +57,7 @@ def check_threads(size: int, threads: int | None) -> int:
 
 def agree_loaded(group: TPGroup, ok: bool) -> bool:
     """Every rank says whether it loaded its shard; True if all did (waits for the slowest rank's load)."""
-    flag = torch.tensor([int(ok)], dtype=torch.long)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group._ops)
-    return bool(int(flag))
+    return group.agree(ok)
 
 
 def _say(errors, text: str) -> None:
@@ -168,4 +165,3 @@ def main(argv: list[str]) -> None:
     spec = RankSpec(**json.loads(argv[0]))
     with os.fdopen(int(argv[1]), "wb") as errors:
         worker_main(spec, errors)
-

@@ -160,6 +160,9 @@ class AsyncEngine:
                 self._loop_done.result(timeout)
             except FutureTimeout:
                 logger.warning("the engine loop did not stop within %.0f s", timeout)
+                return
+        # the loop has stopped: no step runs while the engine's other processes are told to stop
+        self.engine.close()
 
     def end_all(self, message: str) -> int:
         """From the event loop, at once (a second shutdown signal): every request's response gets

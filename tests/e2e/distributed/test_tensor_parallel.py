@@ -1,0 +1,112 @@
+"""Tensor parallelism with real rank processes: the fused C layers (GGUF, float32 and int8) and the gloo transport
+lossless against plain decoding under the same layout, errors that name the setting, shutdown and a dead rank."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPEATED_SPAN_PROMPTS
+from tests.tiny_models import write_tiny_checkpoint, write_tiny_gguf
+from verispec import LLM, SamplingParams
+from verispec.kernels.build import load_qgemm
+
+SAMPLING = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+needs_two_cores = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="tensor_parallel_size=2 needs two usable cores"
+)
+
+
+def _tokens(llm: LLM, sampling: SamplingParams = SAMPLING) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in llm.generate(REPEATED_SPAN_PROMPTS, sampling, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_llama, tmp_path_factory) -> str:
+    return str(write_tiny_gguf(Path(tiny_llama), tmp_path_factory.mktemp("tp") / "tiny.gguf"))
+
+
+@needs_two_cores
+@pytest.mark.skipif(load_qgemm() is None, reason="the fused layers need the native kernels")
+@pytest.mark.parametrize("activation_dtype", ["float32", "int8"])
+def test_fused_layers_speculation_equals_plain_under_tp2(tiny_gguf, activation_dtype):
+    args = dict(max_model_len=256, tensor_parallel_size=2, activation_dtype=activation_dtype)
+    plain = LLM(tiny_gguf, **args)
+    assert plain.engine.runner.model.fused is not None
+    want = _tokens(plain)
+    plain.shutdown()
+    spec = LLM(tiny_gguf, speculative_config=NGRAM, **args)
+    assert _tokens(spec) == want
+    assert spec.engine.counters.spec.num_draft_tokens > 0
+    spec.shutdown()
+
+
+@needs_two_cores
+def test_the_gloo_transport_gives_the_shared_memory_output(tiny_llama, monkeypatch):
+    """Ranks on different machines talk over gloo only (here forced, on one machine): the same tokens."""
+    shm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2, speculative_config=NGRAM)
+    assert shm.engine.runner.group.transport == "shm"
+    want = _tokens(shm)
+    shm.shutdown()
+    monkeypatch.setenv("VERISPEC_TP_TRANSPORT", "gloo")
+    gloo = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2, speculative_config=NGRAM)
+    assert gloo.engine.runner.group.transport == "gloo"
+    assert _tokens(gloo) == want
+    gloo.shutdown()
+
+
+@needs_two_cores
+def test_shutdown_ends_the_ranks_and_a_dead_rank_is_an_error_not_a_hang(tiny_llama):
+    llm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
+    procs = llm.engine.runner.workers.procs
+    _tokens(llm)
+    llm.shutdown()
+    assert [p.returncode for p in procs] == [0]
+    llm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
+    worker = llm.engine.runner.workers.procs[0]
+    worker.kill()
+    worker.wait()
+    with pytest.raises(RuntimeError, match="rank 1"):
+        _tokens(llm)
+    llm.shutdown()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tensor_parallel_size=0), "tensor_parallel_size must be a positive integer"),
+        (dict(tensor_parallel_size=64), "tensor_parallel_size=64 is more ranks than"),
+        (dict(tensor_parallel_size=2, distributed_init_method="udp://x"), "distributed_init_method must be"),
+        (dict(tensor_parallel_size=2, device="cuda"), "device='cuda' is not supported"),
+    ],
+)
+def test_bad_settings_fail_before_any_rank_starts(tiny_llama, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(tiny_llama, max_model_len=256, **kwargs)
+
+
+@needs_two_cores
+def test_a_model_that_does_not_shard_and_drafts_that_would_are_refused(
+    tmp_path, tiny_llama, tiny_draft, tiny_eagle
+):
+    # every rank takes a multiple of 32 MLP columns: 32 do not go round two ranks (both ranks fail their load)
+    narrow = write_tiny_checkpoint(tmp_path / "narrow", "llama", num_layers=1, intermediate_size=32)
+    with pytest.raises(ValueError, match="intermediate_size=32"):
+        LLM(str(narrow), max_model_len=256, tensor_parallel_size=2)
+    draft_tp = {"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="draft_tensor_parallel_size=2"):
+        LLM(
+            tiny_llama,
+            tensor_parallel_size=2,
+            speculative_config={**draft_tp, "draft_tensor_parallel_size": 2},
+        )
+    with pytest.raises(ValueError, match="'eagle' drafts with the target's embedding and LM head"):
+        LLM(
+            tiny_llama,
+            tensor_parallel_size=2,
+            speculative_config={"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 2},
+        )
