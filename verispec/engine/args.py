@@ -40,6 +40,10 @@ class EngineArgs:
     # on 127.0.0.1; tcp://host:port or env:// as torch.distributed takes them)
     tensor_parallel_size: int = 1
     distributed_init_method: str | None = None
+    # machines the ranks run on (tensor_parallel_size / nnodes ranks each) and this one's index: node 0 runs the
+    # engine (rank 0); the others run `verispec serve --headless` (their ranks only)
+    nnodes: int = 1
+    node_rank: int = 0
     # cache: KV slots (concurrent sequences) and the memory they may take (None: a share of free memory)
     max_num_seqs: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -101,6 +105,17 @@ class EngineArgs:
             isinstance(method, str) and (method.startswith("tcp://") or method == "env://")
         ):
             raise ValueError(f"distributed_init_method must be tcp://host:port or env://, got {method!r}")
+        nodes, node = self.nnodes, self.node_rank
+        if not _is_int(nodes) or nodes < 1 or tp % nodes:
+            raise ValueError(
+                f"nnodes must be a positive integer dividing tensor_parallel_size={tp}, got {nodes!r}"
+            )
+        if not _is_int(node) or not 0 <= node < nodes:
+            raise ValueError(f"node_rank must be an integer in 0..{nodes - 1} (nnodes={nodes}), got {node!r}")
+        if nodes > 1 and method is None:
+            raise ValueError(
+                f"nnodes={nodes} needs distributed_init_method=tcp://<node 0's address>:<port>, the same on every node"
+            )
         if tp > 1 and self.device not in ("auto", "cpu"):
             raise ValueError(
                 f"tensor_parallel_size={tp} runs on the CPU in this build (gloo and shared memory); "
@@ -264,6 +279,18 @@ def _add_runtime_args(parser: argparse.ArgumentParser, default) -> None:
         "--distributed-init-method",
         default=None,
         help="rendezvous of the tensor-parallel ranks: tcp://host:port or env:// (default: a free local port)",
+    )
+    parser.add_argument(
+        "--nnodes",
+        type=int,
+        default=default("nnodes"),
+        help="machines the tensor-parallel ranks are spread over (default 1)",
+    )
+    parser.add_argument(
+        "--node-rank",
+        type=int,
+        default=default("node_rank"),
+        help="this machine's index among --nnodes: 0 serves, the others run with --headless",
     )
 
 

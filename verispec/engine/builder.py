@@ -195,17 +195,44 @@ def start_tensor_parallel(args: EngineArgs, device: torch.device) -> tuple[TPGro
         return None, None
     if device.type != "cpu":
         raise ValueError(f"tensor_parallel_size={size} runs on the CPU in this build; device={args.device!r}")
-    threads = check_threads(size, args.threads)
-    torch.set_num_threads(threads)
-    method = args.distributed_init_method or free_init_method()
-    common = (str(args.model), "cpu", args.dtype, args.keep_quantized, args.activation_dtype)
-    workers = launch([RankSpec(*common, rank, size, method, threads) for rank in range(1, size)])
+    if args.node_rank != 0:
+        raise ValueError(
+            f"node_rank={args.node_rank} runs ranks for node 0's engine: start it with `verispec serve --headless`"
+        )
+    specs = rank_specs(args)
+    torch.set_num_threads(specs[0].threads)
+    workers = launch(specs[1:])
+    method = specs[0].init_method
     try:
         return init_group(0, size, method), workers
     except ValueError as e:
         message = workers.failures()
         workers.join(1.0)
         raise ValueError(f"{e}; workers: {message}") from None
+
+
+def rank_specs(args: EngineArgs) -> list[RankSpec]:
+    """The ranks this node runs (node n: tensor_parallel_size / nnodes of them from n times that), its threads
+    shared out among them; ValueError naming the setting when there are more of them than cores."""
+    size, nodes = args.tensor_parallel_size, args.nnodes
+    local = size // nodes
+    threads = check_threads(local, args.threads)
+    method = args.distributed_init_method or free_init_method()
+    common = (str(args.model), "cpu", args.dtype, args.keep_quantized, args.activation_dtype)
+    first = args.node_rank * local
+    return [RankSpec(*common, rank, size, method, threads) for rank in range(first, first + local)]
+
+
+def run_headless(args: EngineArgs) -> int:
+    """`verispec serve --headless` on node_rank > 0: this node's ranks, until node 0's engine stops them; -> 0 if
+    every rank ended cleanly."""
+    if args.nnodes == 1 or args.node_rank == 0:
+        raise ValueError(
+            "--headless runs the ranks of a node other than 0: give --nnodes > 1 and --node-rank > 0"
+        )
+    workers = launch(rank_specs(args))
+    workers.join(None)
+    return max(abs(p.returncode or 0) for p in workers.procs)
 
 
 def stop_tensor_parallel(group: TPGroup, workers: Workers, loaded: bool) -> None:

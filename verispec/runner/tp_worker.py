@@ -135,7 +135,8 @@ class Workers:
                 said.append(f"rank {i + 1} exited with code {p.returncode}")
         return "; ".join(said) or "a worker did not answer"
 
-    def join(self, timeout: float = 30.0) -> None:
+    def join(self, timeout: float | None = 30.0) -> None:
+        """Wait for every rank to end (None: however long), killing those still running after `timeout`."""
         for p in self.procs:
             try:
                 p.wait(timeout)

@@ -20,6 +20,7 @@ from typing import Any
 import uvicorn
 
 from verispec.engine.args import EngineArgs
+from verispec.engine.builder import run_headless
 from verispec.llm import LLM
 from verispec.server.app import build_app
 from verispec.server.async_engine import on_engine_thread
@@ -49,6 +50,8 @@ class ServeConfig:
     # tool_choice "auto": the model's own tool calls, read by the --tool-call-parser (verispec/server/tools.py)
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
+    # a node other than 0 of a multi-node tensor-parallel engine: run its ranks, serve nothing
+    headless: bool = False
     engine: EngineArgs = field(default_factory=EngineArgs)
 
 
@@ -64,6 +67,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     EngineArgs.add_cli_args(p, with_defaults=False)
     p.add_argument(
         "--config", default=None, help="YAML file with any of these options (dashes or underscores)"
+    )
+    p.add_argument(
+        "--headless",
+        action="store_true",
+        default=None,
+        help="run this node's tensor-parallel ranks for node 0's engine (--nnodes, --node-rank > 0), no server",
     )
     p.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=None, help="default 8000")
@@ -256,6 +265,8 @@ def run_server(args: argparse.Namespace) -> int:
     cfg = resolve_config(args)
     level = logging.DEBUG if cfg.uvicorn_log_level in ("debug", "trace") else logging.INFO
     logging.basicConfig(level=level, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    if cfg.headless:
+        return run_headless(cfg.engine)
 
     def load() -> LLM:
         return LLM(**vars(cfg.engine))

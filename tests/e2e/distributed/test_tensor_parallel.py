@@ -4,11 +4,13 @@ lossless against plain decoding under the same layout, errors that name the sett
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPEATED_SPAN_PROMPTS
+from tests.helpers import REPEATED_SPAN_PROMPTS, free_port
 from tests.tiny_models import write_tiny_checkpoint, write_tiny_gguf
 from verispec import LLM, SamplingParams
 from verispec.kernels.build import load_qgemm
@@ -110,3 +112,47 @@ def test_a_model_that_does_not_shard_and_drafts_that_would_are_refused(
             tensor_parallel_size=2,
             speculative_config={"method": "eagle", "model": tiny_eagle, "num_speculative_tokens": 2},
         )
+
+
+@needs_two_cores
+def test_two_nodes_over_loopback(tiny_llama, tmp_path, monkeypatch):
+    """Node 1 runs its rank headless (`verispec serve --headless`), node 0 the engine; gloo between them, as between
+    two machines: plain decoding's output, and node 1 ends when node 0 shuts down."""
+    monkeypatch.setenv("VERISPEC_TP_TRANSPORT", "gloo")
+    method = f"tcp://127.0.0.1:{free_port()}"
+    nodes = ["--tensor-parallel-size", "2", "--nnodes", "2", "--distributed-init-method", method]
+    log = open(tmp_path / "node1.log", "w")  # noqa: SIM115 (closed below)
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "verispec.server.cli", tiny_llama, "--headless", "--node-rank", "1", *nodes],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        llm = LLM(
+            tiny_llama, max_model_len=256, tensor_parallel_size=2, nnodes=2, distributed_init_method=method
+        )
+        assert llm.engine.runner.workers.procs == [] and llm.engine.runner.group.transport == "gloo"
+        want = _tokens(LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2))
+        assert _tokens(llm) == want
+        llm.shutdown()
+        assert node1.wait(30) == 0
+    finally:
+        node1.kill()
+        log.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(tensor_parallel_size=2, nnodes=3), "nnodes must be a positive integer dividing"),
+        (dict(tensor_parallel_size=2, nnodes=2), "nnodes=2 needs distributed_init_method"),
+        (
+            dict(tensor_parallel_size=2, nnodes=2, node_rank=1, distributed_init_method="tcp://127.0.0.1:1"),
+            "start it with `verispec serve --headless`",
+        ),
+        (dict(tensor_parallel_size=2, nnodes=2, node_rank=2), "node_rank must be an integer in 0..1"),
+    ],
+)
+def test_node_settings_are_checked(tiny_llama, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LLM(tiny_llama, max_model_len=256, **kwargs)
