@@ -10,6 +10,7 @@ from typing import Any
 
 from verispec.engine.args import EngineArgs
 from verispec.engine.builder import build_engine
+from verispec.engine.data_parallel import DataParallelEngine
 from verispec.engine.fanout import fan_out, merge
 from verispec.loader.checkpoint import DEFAULT_MODEL
 from verispec.metrics import Metric
@@ -32,7 +33,7 @@ class LLM:
         args = EngineArgs(model=model, **kwargs)
         # see _run: generating on another thread than this one is slow on CPUs
         self._loaded_on, self._warned_thread = threading.get_ident(), False
-        self.engine = build_engine(args)
+        self.engine = DataParallelEngine(args) if args.data_parallel_size > 1 else build_engine(args)
         self.ckpt = self.engine.checkpoint
         self.device = self.engine.device
         self.speculative_config = self.engine.speculative_config
@@ -182,7 +183,8 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def shutdown(self) -> None:
-        """Stop the engine's other processes (tensor-parallel ranks); the LLM cannot generate after."""
+        """Stop the engine's other processes (tensor-parallel ranks, data-parallel replicas); the LLM cannot
+        generate after."""
         self.engine.close()
 
     def reset_prefix_cache(self) -> bool:

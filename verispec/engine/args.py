@@ -44,6 +44,9 @@ class EngineArgs:
     # engine (rank 0); the others run `verispec serve --headless` (their ranks only)
     nnodes: int = 1
     node_rank: int = 0
+    # data parallelism: whole engine replicas (one process each) behind one front end, requests routed by cached
+    # prefix and load (engine/data_parallel.py)
+    data_parallel_size: int = 1
     # cache: KV slots (concurrent sequences) and the memory they may take (None: a share of free memory)
     max_num_seqs: int = 16
     kv_cache_memory_bytes: int | None = None
@@ -105,6 +108,14 @@ class EngineArgs:
             isinstance(method, str) and (method.startswith("tcp://") or method == "env://")
         ):
             raise ValueError(f"distributed_init_method must be tcp://host:port or env://, got {method!r}")
+        dp = self.data_parallel_size
+        if not _is_int(dp) or dp < 1:
+            raise ValueError(f"data_parallel_size must be a positive integer, got {dp!r}")
+        if dp > 1 and self.device not in ("auto", "cpu"):
+            raise ValueError(
+                f"data_parallel_size={dp} runs on the CPU in this build; device={self.device!r} is not supported "
+                "with it: use device='cpu'"
+            )
         nodes, node = self.nnodes, self.node_rank
         if not _is_int(nodes) or nodes < 1 or tp % nodes:
             raise ValueError(
@@ -279,6 +290,13 @@ def _add_runtime_args(parser: argparse.ArgumentParser, default) -> None:
         "--distributed-init-method",
         default=None,
         help="rendezvous of the tensor-parallel ranks: tcp://host:port or env:// (default: a free local port)",
+    )
+    parser.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=default("data_parallel_size"),
+        help="engine replicas (one process each) behind one front end, requests routed by cached prefix and load",
     )
     parser.add_argument(
         "--nnodes",

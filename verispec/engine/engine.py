@@ -36,6 +36,28 @@ from verispec.tokenizer import IncrementalDetokenizer
 logger = logging.getLogger(__name__)
 
 
+def check_request(
+    prompt_token_ids: list[int], params, max_model_len: int, vocab: int, has_tokenizer: bool
+) -> None:
+    """ValueError (HTTP 400) for a request no engine of this model can run."""
+    if not prompt_token_ids:
+        raise ValueError("prompt must contain at least one token")
+    if len(prompt_token_ids) >= max_model_len:
+        raise ValueError(
+            f"The decoder prompt (length {len(prompt_token_ids)}) is longer than the maximum model length "
+            f"of {max_model_len}. Make sure that `max_model_len` is no smaller than the number of "
+            "text tokens."
+        )
+    bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+    params.check_vocab(vocab)
+    if params.stop and not has_tokenizer:
+        raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
+    if params.bad_words and not has_tokenizer:
+        raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True was given)")
+
+
 @dataclass(frozen=True)
 class SchedulerStats:
     """Request and KV-slot counts at one moment (the server's /health and gauges read these)."""
@@ -143,23 +165,8 @@ class LLMEngine:
         the engine; `grammar_for`)."""
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        if not prompt_token_ids:
-            raise ValueError("prompt must contain at least one token")
-        if len(prompt_token_ids) >= self.opts.max_model_len:
-            raise ValueError(
-                f"The decoder prompt (length {len(prompt_token_ids)}) is longer than the maximum model length "
-                f"of {self.opts.max_model_len}. Make sure that `max_model_len` is no smaller than the number of "
-                "text tokens."
-            )
         vocab = self.runner.model.cfg.vocab_size
-        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab}): {bad[:5]}")
-        params.check_vocab(vocab)
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer (skip_tokenizer_init=True was given)")
-        if params.bad_words and self.tokenizer is None:
-            raise ValueError("bad_words need a tokenizer (skip_tokenizer_init=True was given)")
+        check_request(prompt_token_ids, params, self.opts.max_model_len, vocab, self.tokenizer is not None)
         req = Request(request_id, prompt, list(prompt_token_ids), params, eos_token_ids=self.eos_token_ids)
         set_token_constraints(req, self.tokenizer, vocab, self.device, bad_words_token_ids)
         req.grammar = grammar if grammar is not None else self.grammar_for(params)

@@ -132,7 +132,9 @@ def test_two_nodes_over_loopback(tiny_llama, tmp_path, monkeypatch):
             tiny_llama, max_model_len=256, tensor_parallel_size=2, nnodes=2, distributed_init_method=method
         )
         assert llm.engine.runner.workers.procs == [] and llm.engine.runner.group.transport == "gloo"
-        want = _tokens(LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2))
+        local = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
+        want = _tokens(local)
+        local.shutdown()
         assert _tokens(llm) == want
         llm.shutdown()
         assert node1.wait(30) == 0

@@ -212,3 +212,17 @@ def test_tensor_parallel_speculation_equals_plain_under_the_same_layout(request,
     if not SETUPS[method].kv_transfer:
         assert llm.engine.counters.spec.num_draft_tokens > 0, method
     llm.shutdown()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="data_parallel_size=2 needs two usable cores")
+@pytest.mark.parametrize("method", SUPPORTED_METHODS)
+def test_data_parallel_speculation_equals_plain_decoding(request, tmp_path, plain_outputs, method):
+    """DP=2 (two replica processes, requests routed between them): every method's greedy output is plain
+    decoding's, as each replica is a whole engine."""
+    target, llm = _spec_llm(request, tmp_path, method, data_parallel_size=2)
+    outs = llm.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain_outputs(target), method
+    assert all(n > 0 for n in llm.engine.router.given), method
+    if not SETUPS[method].kv_transfer:
+        assert llm.engine.counters.spec.num_draft_tokens > 0, method
+    llm.shutdown()

@@ -1,0 +1,68 @@
+"""Data parallelism with real replica processes: a replica that dies fails only its own requests, the others
+finish with plain decoding's output and new requests go to the live replica; errors name the setting."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import REPEATED_SPAN_PROMPTS
+from verispec import LLM, SamplingParams
+from verispec.engine.args import EngineArgs
+from verispec.engine.data_parallel import DataParallelEngine, ReplicaFailed
+
+SAMPLING = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+pytestmark = pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="data_parallel_size=2 needs two usable cores"
+)
+
+
+def test_a_dead_replica_fails_only_its_requests(tiny_llama):
+    plain = LLM(tiny_llama, max_model_len=256)
+    want = [o.outputs[0].token_ids for o in plain.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)]
+    engine = DataParallelEngine(EngineArgs(model=tiny_llama, max_model_len=256, data_parallel_size=2))
+    try:
+        for i, p in enumerate(REPEATED_SPAN_PROMPTS):
+            engine.add_request(f"r{i}", None, p["prompt_token_ids"], SAMPLING)
+        lost = engine.replicas[0]
+        mine = set(lost.requests)
+        assert 0 < len(mine) < len(REPEATED_SPAN_PROMPTS)
+        lost.proc.kill()
+        done, failed = {}, set()
+        while engine.has_unfinished():
+            try:
+                outs = engine.step()
+            except ReplicaFailed as e:
+                failed |= set(e.request_ids)
+                assert engine.running_request_ids() == e.request_ids
+                continue
+            done |= {o.request_id: o.outputs[0].token_ids for o in outs if o.finished}
+        assert failed == mine
+        assert done == {f"r{i}": want[i] for i in range(len(want)) if f"r{i}" not in mine}
+        # the survivor takes what comes next
+        engine.add_request("again", None, REPEATED_SPAN_PROMPTS[0]["prompt_token_ids"], SAMPLING)
+        outs = []
+        while engine.has_unfinished():
+            outs += [o for o in engine.step() if o.finished]
+        assert outs[0].outputs[0].token_ids == want[0]
+        assert engine.stats().num_kv_slots == engine.info.num_kv_slots
+    finally:
+        engine.close()
+
+
+def test_invalid_requests_are_refused_at_once_and_settings_are_checked(tiny_llama):
+    llm = LLM(tiny_llama, max_model_len=64, data_parallel_size=2)
+    with pytest.raises(ValueError, match="longer than the maximum model length of 64"):
+        llm.generate([{"prompt_token_ids": [5] * 80}], SAMPLING, use_tqdm=False)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([{"prompt_token_ids": [10**6]}], SAMPLING, use_tqdm=False)
+    assert llm.reset_prefix_cache()
+    llm.shutdown()
+    with pytest.raises(ValueError, match="data_parallel_size=64 x tensor_parallel_size=1 is more processes"):
+        LLM(tiny_llama, data_parallel_size=64)
+    with pytest.raises(ValueError, match="data_parallel_size must be a positive integer"):
+        LLM(tiny_llama, data_parallel_size=0)
+    with pytest.raises(ValueError, match="no-such-model"):
+        LLM("/no-such-model", data_parallel_size=2)
