@@ -89,7 +89,9 @@ def main() -> None:
         for method in methods:
             r = run(args.model, size, method, args)
             rows.append({"size": size, "method": method, **r})
-    base = {r["method"]: r for r in rows if r["size"] == sizes[0]}
+    # ratios against TP=1 whatever order the sizes ran in (--sizes 2,1 runs TP=2 first)
+    base_size = 1 if 1 in sizes else sizes[0]
+    base = {r["method"]: r for r in rows if r["size"] == base_size}
     plain = {r["size"]: r for r in rows if r["method"] == methods[0]}
     print(f"{args.model}, {args.activation_dtype}, {args.threads} threads in all, {cpu_model()}")
     print("| TP | method | decode tok/s | vs TP=1 | vs plain | same as plain | same as TP=1 |")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
 import sys
 from dataclasses import asdict, dataclass
@@ -98,6 +99,8 @@ def handle(engine: LLMEngine, conn: Connection, msg: tuple) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """The replica process: argv = [EngineArgs as JSON, the socket's file descriptor]."""
+    # Ctrl-C reaches the whole process group: the front end decides when replicas stop ("stop", or its exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     argv = sys.argv[1:] if argv is None else argv
     conn = Connection(socket.socket(fileno=int(argv[1])).detach())
     try:

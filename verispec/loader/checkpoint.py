@@ -7,19 +7,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from verispec.config import ModelConfig, model_config_from_hf
 from verispec.distributed.group import TPGroup
 from verispec.distributed.shard import Shard, check_divisible
 from verispec.kernels import build
 from verispec.kernels.arena import move_weights_to_huge_pages
-from verispec.kernels.qweight import kernels_available
+from verispec.kernels.qweight import QuantWeight, kernels_available
 from verispec.layers.linear import keeps_quantized
 from verispec.layers.linear import use_int8_activations as convert
 from verispec.layers.rotary import rope_inv_freq
 from verispec.loader.aliases import ALIASES, resolve_alias
-from verispec.loader.gguf import load_gguf
-from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json
+from verispec.loader.gguf import load_gguf, load_gguf_tensor
+from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json, safetensors_files
 from verispec.loader.weights import load_decoder_weights
 from verispec.models.decoder import DecoderLM
 from verispec.tokenizer import Tokenizer
@@ -133,6 +134,24 @@ def load_checkpoint(
     fuse_if_enabled(net)
     net.eval()
     return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))
+
+
+def read_lm_head(source: str, tied: bool, keep_quantized: bool = True) -> torch.Tensor | QuantWeight:
+    """The whole LM head's weight read again from the target checkpoint at `source` (the embedding's, when tied):
+    for a tensor-parallel rank 0 whose drafter uses the target's head, which the ranks hold in shards."""
+    names = ("embed_tokens.weight",) if tied else ("lm_head.weight",)
+    path = Path(source)
+    if path.is_file():
+        keep = keep_quantized and kernels_available()
+        return load_gguf_tensor(
+            path, tuple(f"model.{n}" if n.startswith("embed") else n for n in names), keep
+        )
+    for f in safetensors_files(path):
+        with safe_open(str(f), "pt") as st:
+            for key in st.keys():  # noqa: SIM118 (safe_open has no __contains__)
+                if key.removeprefix("model.language_model.").removeprefix("model.") in names:
+                    return st.get_tensor(key)
+    raise ValueError(f"{source}: no tensor {names[0]}")
 
 
 def fuse_if_enabled(net: DecoderLM) -> None:

@@ -442,9 +442,27 @@ def hf_tensor_name(arch: str, gguf_name: str) -> str | None:
     return f"model.layers.{layer}.{table[part]}.{suffix}"
 
 
+def load_gguf_tensor(
+    path: str | Path, names: tuple[str, ...], keep_quantized: bool
+) -> torch.Tensor | QuantWeight:
+    """The first of `names` (HF names, e.g. "lm_head.weight") the GGUF file holds, read alone (as load_gguf reads
+    it); ValueError if it holds none."""
+    header = read_gguf_header(path)
+    _check_tensor_types(header)
+    _check_tensor_bounds(header)
+    arch = header.metadata.get("general.architecture")
+    config = build_hf_config(arch, header.metadata, [i.name for i in header.tensors], path=header.path)
+    for name in names:
+        tensors = _load_tensors(header, arch, config, keep_quantized, only=name)
+        if tensors:
+            return tensors[name]
+    raise ValueError(f"{header.path}: no tensor {' or '.join(names)}")
+
+
 def _load_tensors(
-    header: GGUFHeader, arch: str, config: dict, keep_quantized: bool = False
+    header: GGUFHeader, arch: str, config: dict, keep_quantized: bool = False, only: str | None = None
 ) -> dict[str, torch.Tensor | QuantWeight]:
+    """Every tensor under its HF name (only: that one, if the file holds it)."""
     jobs = []
     for info in header.tensors:
         if info.name in _SKIPPED_TENSORS:
@@ -453,7 +471,8 @@ def _load_tensors(
         name = hf_tensor_name(arch, info.name)
         if name is None:
             raise ValueError(f"{header.path}: unexpected tensor {info.name!r} for architecture {arch}")
-        jobs.append((name, info))
+        if only is None or name == only:
+            jobs.append((name, info))
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     tensors = {}
     # a transient bar, drawn only when loading takes more than a second (a large model, or dequantising to float32)

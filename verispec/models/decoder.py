@@ -230,3 +230,22 @@ class DecoderLM(nn.Module):
             logits = logits.view(*shape[:-1], logits.shape[-1])
         cap = self.cfg.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
+
+
+class WholeHead:
+    """A tensor-parallel rank's own LM head over the whole vocabulary, for the drafters that share the target's
+    embedding and head (EAGLE, MTP, DFlash): the target's embedding (whole on every rank) and logits computed on
+    this rank alone, with no collective, from the head's weight read again from the checkpoint."""
+
+    def __init__(self, target: DecoderLM, weight):
+        cfg = target.cfg
+        self.cfg, self.embed, self.embed_tokens = cfg, target.embed, target.embed_tokens
+        self.lm_head = Dense(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head.weight_loader(self.lm_head.weight, weight)
+        self.lm_head.finish_loading()
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> logits [..., V] (float32)."""
+        logits = self.lm_head.forward(hidden).float()
+        cap = self.cfg.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits

@@ -12,7 +12,7 @@ import torch
 from verispec.drafts import shipped_draft
 from verispec.layers.linear import keeps_quantized, quantize_dense_layers, use_int8_activations
 from verispec.loader.aliases import ALIASES
-from verispec.loader.checkpoint import fuse_if_enabled, load_checkpoint, resolve_model_path
+from verispec.loader.checkpoint import fuse_if_enabled, load_checkpoint, read_lm_head, resolve_model_path
 from verispec.loader.drafts import (
     load_dflash,
     load_eagle,
@@ -22,6 +22,7 @@ from verispec.loader.drafts import (
     load_mtp,
 )
 from verispec.loader.hf import read_hf_config
+from verispec.models.decoder import WholeHead
 from verispec.models.eagle3 import aux_layer_ids
 from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerNeeds
 from verispec.proposers.custom import build_custom_proposer
@@ -214,7 +215,7 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             raise ValueError(
                 f"speculative_config.model {cfg.model!r}: EAGLE {key}={mine} but the target's is {theirs}"
             )
-    draft.bind_target(_shared_target(ctx, "eagle"))
+    draft.bind_target(_shared_target(ctx))
     _follow_target_weights(draft, ctx)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return EagleProposer(
@@ -241,7 +242,7 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         raise ValueError(
             f"{cfg.model}: eagle_aux_hidden_state_layer_ids {list(layers)} must be 3 layer ids in 0..{target.num_layers}"
         )
-    draft.bind_target(_shared_target(ctx, "eagle3"))
+    draft.bind_target(ctx.target.model)
     _follow_target_weights(draft, ctx)
     cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     tree = token_tree(cfg, draft.lm_head.out_features)
@@ -271,23 +272,19 @@ def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             f"(the newest token and {block - 1} mask tokens): use at most {block - 1}"
         )
     mask = parallel_drafting_token(read_hf_config(Path(cfg.model)), target.vocab_size)
-    draft.bind_target(_shared_target(ctx, "dflash"), mask)
+    draft.bind_target(_shared_target(ctx), mask)
     _follow_target_weights(draft, ctx)
     cache = KVCache(c, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return DFlashProposer(draft, ModelRunner(draft, cache, ctx.device), mask)
 
 
-def _shared_target(ctx: DraftContext, method: str):
-    """The target whose embedding and LM head a draft head uses; ValueError under tensor parallelism, where the
-    LM head is sharded over the ranks and every call of it is a collective."""
+def _shared_target(ctx: DraftContext):
+    """The target whose embedding and LM head a draft head uses. Under tensor parallelism the ranks hold the head in
+    shards and each call of it is a collective: rank 0 then gets a head of its own over the whole vocabulary."""
     model = ctx.target.model
-    if model.tp is not None:
-        raise ValueError(
-            f"speculative method {method!r} drafts with the target's embedding and LM head, which "
-            f"tensor_parallel_size={model.tp.size} shards over the ranks; this build runs it with "
-            "tensor_parallel_size=1 only"
-        )
-    return model
+    if model.tp is None:
+        return model
+    return WholeHead(model, read_lm_head(ctx.target.source, ctx.target.config.tie_word_embeddings))
 
 
 def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
@@ -303,7 +300,7 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             "speculative_config.model: method 'mtp' uses the target checkpoint's MTP layers; omit model"
         )
     layer = load_mtp(target.source, target.config, ctx.device, ctx.dtype)
-    layer.bind_target(_shared_target(ctx, "mtp"))
+    layer.bind_target(_shared_target(ctx))
     cache = KVCache(replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     return EagleProposer(
         layer,

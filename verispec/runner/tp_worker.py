@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -163,6 +164,8 @@ def launch(specs: list[RankSpec]) -> Workers:
 
 
 def main(argv: list[str]) -> None:
+    # Ctrl-C reaches the whole process group: rank 0 decides when the ranks stop (STOP, or its exit)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     spec = RankSpec(**json.loads(argv[0]))
     with os.fdopen(int(argv[1]), "wb") as errors:
         worker_main(spec, errors)
