@@ -1,6 +1,6 @@
 """Decode speed alone and beside one busy process (a Python busy loop on another core), per OpenMP wait policy.
 
-    python benchmarks/busy_neighbour.py --model qwen2.5-coder-1.5b-instruct --policies default,PASSIVE
+    python benchmarks/busy_neighbour.py --model qwen2.5-coder-1.5b-instruct --policies default,PASSIVE,spin=10000
 
 Each policy runs in a fresh process (libgomp reads OMP_WAIT_POLICY when it loads): the same greedy request is timed
 alone (median of --repeats), then --repeats times while the busy loop runs. Prints a table, writes JSON.
@@ -47,7 +47,11 @@ print(json.dumps({"alone": statistics.median(alone), "shared": statistics.median
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--policies", default="default,PASSIVE", help="OMP_WAIT_POLICY values; default: unset")
+    ap.add_argument(
+        "--policies",
+        default="default,PASSIVE",
+        help="OMP_WAIT_POLICY values, or spin=N for GOMP_SPINCOUNT=N; default: both unset",
+    )
     ap.add_argument("--activation-dtype", default="int8", choices=["float32", "int8"])
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
@@ -61,8 +65,11 @@ def main() -> None:
     }
     rows = []
     for policy in args.policies.split(","):
-        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-        if policy != "default":
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        if policy.startswith("spin="):
+            # libgomp's spin count before a waiting thread sleeps (unset: 300,000 with free cores)
+            env["GOMP_SPINCOUNT"] = policy.removeprefix("spin=")
+        elif policy != "default":
             env["OMP_WAIT_POLICY"] = policy
         out = subprocess.run(
             [sys.executable, "-c", _CHILD, json.dumps(spec)],

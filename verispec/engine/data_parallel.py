@@ -219,16 +219,16 @@ class DataParallelEngine:
     # ------------------------------------------------------------------ steps
     def step(self) -> list[RequestOutput]:
         """The outputs the replicas sent since the last call (waiting up to POLL_S for some). Raises
-        ReplicaFailed for a replica that died or failed a step: only its requests are lost."""
-        outs, self._pending = self._pending, []
+        ReplicaFailed for a replica that died or failed a step: only its requests are lost, and what the others
+        sent is kept for the next call."""
         live = {r.conn: r for r in self.replicas if r.alive}
-        ready = wait(list(live), timeout=0 if outs else POLL_S)
-        for conn in ready:
-            outs += self._receive(live[conn])
+        for conn in wait(list(live), timeout=0 if self._pending else POLL_S):
+            self._receive(live[conn])
+        outs, self._pending = self._pending, []
         return outs
 
-    def _receive(self, r: Replica) -> list[RequestOutput]:
-        outs: list[RequestOutput] = []
+    def _receive(self, r: Replica) -> None:
+        """Everything replica r has sent, into _pending (raises ReplicaFailed on its failure)."""
         while r.alive and r.conn.poll(0):
             try:
                 msg = r.conn.recv()
@@ -237,8 +237,7 @@ class DataParallelEngine:
                     r, f"data-parallel replica {r.index} exited with code {r.proc.poll()}", list(r.requests)
                 )
             else:
-                outs += self._take(r, msg)
-        return outs
+                self._pending += self._take(r, msg)
 
     def _take(self, r: Replica, msg: tuple) -> list[RequestOutput]:
         if msg[0] == "out":

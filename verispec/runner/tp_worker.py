@@ -92,10 +92,16 @@ def worker_main(spec: RankSpec, errors) -> None:
     if not agree_loaded(group, True):
         group.close()
         return
-    cache = worker_cache(ckpt, group)
-    if cache is not None:
-        serve_steps(ModelRunner(ckpt.model, cache, torch.device(spec.device)), group)
-    group.close()
+    try:
+        cache = worker_cache(ckpt, group)
+        if cache is not None:
+            serve_steps(ModelRunner(ckpt.model, cache, torch.device(spec.device)), group)
+    except RuntimeError as e:
+        # rank 0 went away (it crashed or was killed): one line, not a traceback
+        print(f"verispec: tensor-parallel rank {spec.rank} stops: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        group.close()
 
 
 def worker_cache(ckpt: Checkpoint, group: TPGroup) -> KVCache | None:
