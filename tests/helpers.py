@@ -18,6 +18,7 @@ import torch
 
 from verispec import LLM, SamplingParams
 from verispec.audit import chi2_pvalue, second_token_law
+from verispec.config import ModelConfig
 
 if TYPE_CHECKING:
     import openai
@@ -206,3 +207,24 @@ class Server:
 
     def metric(self, name: str, **labels) -> float:
         return self.metrics().get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def model_config(
+    heads: int = 2, kv_heads: int = 1, hidden: int = 16, inter: int = 32, vocab: int = 50
+) -> ModelConfig:
+    """A small Llama ModelConfig for tests that need shapes, not weights."""
+    return ModelConfig(
+        architecture="LlamaForCausalLM",
+        model_type="llama",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=2,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=hidden // heads,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )

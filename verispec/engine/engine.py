@@ -25,6 +25,7 @@ from verispec.proposers.base import Proposer, ProposerNeeds
 from verispec.request import Request, Status
 from verispec.runner.kv_cache import KVCache
 from verispec.runner.model_runner import ModelRunner, RowInput
+from verispec.runner.state_pool import StatePool
 from verispec.sample import logits as S
 from verispec.sample.constraints import set_token_constraints
 from verispec.sample.grammar import GrammarCompiler, GrammarState
@@ -106,9 +107,11 @@ class LLMEngine:
         self.scheduler = Scheduler(self.cache, self.counters, opts.enable_prefix_caching)
         # a decode step writes its newest token and drafts: up to this many positions past the last
         self.scheduler.lookahead = max(0, self.cache.t_alloc - 1 - opts.max_model_len)
-        # cached prefixes skip positions whose target states a drafter of every position's states would miss
+        # a drafter of every position's states gets a cached prefix's states from the pool beside the KV blocks
         needs = proposer.needs if proposer is not None else ProposerNeeds()
-        self.can_hit = needs.target_hidden != "all" and not needs.observes_states
+        every = needs.target_hidden == "all" and opts.enable_prefix_caching and not needs.observes_states
+        self.state_pool = StatePool(self.cache) if every else None
+        self.can_hit = (needs.target_hidden != "all" or every) and not needs.observes_states
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
         # structured outputs: built on the first request that asks (the tokenizer's vocabulary is read once)
         self._grammars: GrammarCompiler | None = None
@@ -242,6 +245,14 @@ class LLMEngine:
         for req in self.scheduler.admit(self.can_hit):
             if self.proposer is not None:
                 self.proposer.add_request(req)
+            # a cached prefix: the drafter reads its positions' states as if the target had just computed them
+            states = (
+                self.state_pool.read(req.slot, req.num_computed)
+                if self.state_pool and req.num_computed
+                else None
+            )
+            if states is not None:
+                self.proposer.observe_hidden([req], [states])
 
     def _preempt(self, reqs: list[Request]) -> None:
         """Preempted requests start over in the proposer when readmitted (their tokens are recomputed)."""
@@ -333,22 +344,17 @@ class LLMEngine:
         or that last row alone ("last": Medusa, MLP speculator). A range of rows is handed over as a view (no copy,
         no index tensor); a list (a tree's path) is gathered."""
         p = self.proposer
+        if self.state_pool is not None:
+            # every committed position's state beside its K/V, finished requests' too (their blocks stay cached)
+            for r, idx in zip(reqs, rows):
+                self.state_pool.write(r.slot, r.num_computed - len(idx), _rows_of(hidden, idx))
         live = [
             (r, idx[-1:] if p.needs.target_hidden == "last" else idx)
             for r, idx in zip(reqs, rows)
             if not r.finished
         ]
         if live:
-            dev, n = hidden.device, hidden.shape[0]
-            # a range over every row (batch 1 without drafts) is the tensor itself: even a view costs tens of
-            # microseconds right after a forward, whose weights have streamed through the caches
-            picked = [
-                (hidden if i.start == 0 and i.stop == n else hidden[i.start : i.stop])
-                if isinstance(i, range)
-                else hidden[torch.tensor(i, device=dev)]
-                for _, i in live
-            ]
-            p.observe_hidden([r for r, _ in live], picked)
+            p.observe_hidden([r for r, _ in live], [_rows_of(hidden, i) for _, i in live])
 
     def _add_prompt_logprobs(self, r: Request, logits: torch.Tensor) -> None:
         """logits [n, V] of the chunk r.num_computed.. (not yet advanced): row i scores prompt token
@@ -566,6 +572,14 @@ def _proposer_part(
     drafts = [d[:p] for d, p in zip(spec.draft_token_ids, proposed)]
     accepted = [min(n, p) for n, p in zip(step.num_accepted, proposed)]
     return SpecDecodeMetadata(drafts, spec.draft_probs), replace(step, num_accepted=accepted)
+
+
+def _rows_of(hidden: torch.Tensor, idx: range | list[int]) -> torch.Tensor:
+    """The rows idx of hidden: a range as a view (over every row: the tensor itself, since even a view costs tens of
+    microseconds right after a forward, whose weights have streamed through the caches), a list gathered."""
+    if isinstance(idx, range):
+        return hidden if idx.start == 0 and idx.stop == hidden.shape[0] else hidden[idx.start : idx.stop]
+    return hidden[torch.tensor(idx, device=hidden.device)]
 
 
 def _hidden_rows(spec: SpecDecodeMetadata, step: StepTokens) -> list[range] | list[list[int]]:

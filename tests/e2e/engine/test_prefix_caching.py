@@ -120,3 +120,32 @@ def test_the_cache_reports_vllms_metrics(tiny_llama):
     assert metrics["vllm:prefix_cache_hits"].value == 48
     assert isinstance(metrics["vllm:kv_cache_usage_perc"], Gauge)
     assert "vllm:num_preemptions" in metrics
+
+
+def test_a_drafter_of_every_state_drafts_the_same_from_a_cached_prefix(tiny_llama, tiny_eagle):
+    """EAGLE's drafts on turn 2 read the target's states of the cached positions from the pool beside the KV
+    blocks: with a fixed K they are the very drafts (the same accepted count) an engine without the cache makes
+    after computing those states itself."""
+    spec = {
+        "method": "eagle",
+        "model": tiny_eagle,
+        "num_speculative_tokens": 3,
+        "enable_adaptive_verification": False,
+    }
+    prompts = helpers.prompts(3, seed=5)
+    cached = LLM(tiny_llama, max_model_len=256, speculative_config=spec)
+    first = cached.generate(prompts, GREEDY, use_tqdm=False)
+    follow = [
+        {"prompt_token_ids": p["prompt_token_ids"] + o.outputs[0].token_ids + [7, 8, 9, 10]}
+        for p, o in zip(prompts, first)
+    ]
+    c = cached.engine.counters
+    before = (c.spec.num_draft_tokens, c.spec.num_accepted_tokens, c.prefix_cache_hits)
+    want = _ids(cached.generate(follow, GREEDY, use_tqdm=False))
+    drafted, accepted = c.spec.num_draft_tokens - before[0], c.spec.num_accepted_tokens - before[1]
+    assert c.prefix_cache_hits > before[2]
+    fresh = LLM(tiny_llama, max_model_len=256, speculative_config=spec, enable_prefix_caching=False)
+    assert _ids(fresh.generate(follow, GREEDY, use_tqdm=False)) == want
+    f = fresh.engine.counters.spec
+    assert (f.num_draft_tokens, f.num_accepted_tokens) == (drafted, accepted)
+    assert accepted > 0

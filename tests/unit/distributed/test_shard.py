@@ -7,27 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import model_config
 from verispec.config import ModelConfig
 from verispec.distributed.shard import Shard, check_divisible, slice_tensor, split_sizes
 from verispec.kernels.qweight import QuantWeight
 
 
 def _cfg(heads=8, kv=2, inter=256, vocab=1000, hidden=64) -> ModelConfig:
-    return ModelConfig(
-        architecture="LlamaForCausalLM",
-        model_type="llama",
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_layers=2,
-        num_heads=heads,
-        num_kv_heads=kv,
-        head_dim=hidden // heads,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
+    return model_config(heads, kv, hidden, inter, vocab)
 
 
 def test_split_sizes_are_aligned_and_add_up():

@@ -5,28 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from verispec.config import ModelConfig
+from tests.helpers import model_config
 from verispec.runner.kv_cache import KVCache
 from verispec.runner.model_runner import RowInput
 from verispec.runner.tp import MirroredKVCache, apply_message, decode_run, encode_run
-
-
-def _cfg() -> ModelConfig:
-    return ModelConfig(
-        architecture="LlamaForCausalLM",
-        model_type="llama",
-        vocab_size=50,
-        hidden_size=16,
-        intermediate_size=32,
-        num_layers=2,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=8,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
 
 
 class Recorder:
@@ -51,7 +33,7 @@ class Runner:
 
 
 def _pair() -> tuple[MirroredKVCache, KVCache, Recorder]:
-    cfg = _cfg()
+    cfg = model_config()
     rank0 = MirroredKVCache(cfg, 3, 64, torch.device("cpu"), torch.float32, num_blocks=20, block_size=8)
     rank0.group = Recorder()
     worker = KVCache(cfg, 3, 64, torch.device("cpu"), torch.float32, num_blocks=20, block_size=8)
