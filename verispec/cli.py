@@ -59,7 +59,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def _summary(tokens: int, seconds: float, engine) -> str:
     """One line: tokens, tok/s (prefill included), and what speculation drafted and accepted."""
     line = f"{tokens} tokens in {seconds:.2f} s, {tokens / max(seconds, 1e-9):.1f} tok/s"
-    if engine.proposer is None:
+    if engine.speculative_config is None:
         return line + ", speculation off"
     s = engine.counters.spec
     return (

@@ -294,6 +294,10 @@ class LLMEngine:
                 finals.append(r)
                 last_rows.append(at + n_rows - 1)
             at += n_rows
+        # every prompt position of every chunk: its rows of the states
+        sizes = [len(row.token_ids) for row in rows]
+        chunks = [range(s, s + n) for s, n in zip(accumulate(sizes, initial=0), sizes)]
+        self._keep_states(chosen, states, chunks)
         self.scheduler.cache_committed(chosen)
         # a preempted request's recompute ends where it left off: its next token is known
         sampled = [(r, i) for r, i in zip(finals, last_rows) if not r.resuming]
@@ -304,13 +308,10 @@ class LLMEngine:
             self._commit(done, step.tokens, step)
         for r in finals:
             r.recompute_to = 0
-        # every prompt position of every chunk
         if not self.wants_hidden:
             return finals
         if states is not None:
-            sizes = [len(row.token_ids) for row in rows]
-            starts = accumulate(sizes, initial=0)
-            self._observe_hidden(chosen, states, [range(s, s + n) for s, n in zip(starts, sizes)])
+            self._observe_hidden(chosen, states, chunks)
         elif finals:
             self._observe_hidden(finals, out.hidden, [range(i, i + 1) for i in last_rows])
         return finals
@@ -336,6 +337,14 @@ class LLMEngine:
             return out, None
         return out, (out.aux_hidden if aux else out.hidden_all)
 
+    def _keep_states(self, reqs: list[Request], states: torch.Tensor | None, rows) -> None:
+        """The committed positions' states (rows of `states`, per request, the last behind its newest committed
+        position) into the state pool beside their K/V, before the commit may end a request and free its slot."""
+        if self.state_pool is None or states is None:
+            return
+        for r, idx in zip(reqs, rows):
+            self.state_pool.write(r.slot, r.num_computed - len(idx), _rows_of(states, idx))
+
     def _observe_hidden(
         self, reqs: list[Request], hidden: torch.Tensor, rows: list[range] | list[list[int]]
     ) -> None:
@@ -344,10 +353,6 @@ class LLMEngine:
         or that last row alone ("last": Medusa, MLP speculator). A range of rows is handed over as a view (no copy,
         no index tensor); a list (a tree's path) is gathered."""
         p = self.proposer
-        if self.state_pool is not None:
-            # every committed position's state beside its K/V, finished requests' too (their blocks stay cached)
-            for r, idx in zip(reqs, rows):
-                self.state_pool.write(r.slot, r.num_computed - len(idx), _rows_of(hidden, idx))
         live = [
             (r, idx[-1:] if p.needs.target_hidden == "last" else idx)
             for r, idx in zip(reqs, rows)
@@ -403,10 +408,12 @@ class LLMEngine:
         )
         self.planner.report(self.counters)
         self._accept(reqs, spec, step)
+        hidden_rows = _hidden_rows(spec, step) if self.wants_hidden else None
+        self._keep_states(reqs, states, hidden_rows)
         self._commit(reqs, step.tokens, step)
         self.scheduler.cache_committed(reqs)
         if self.wants_hidden:
-            self._observe_hidden(reqs, out.hidden if states is None else states, _hidden_rows(spec, step))
+            self._observe_hidden(reqs, out.hidden if states is None else states, hidden_rows)
         return reqs
 
     def _accept(self, reqs: list[Request], spec: SpecDecodeMetadata, step: StepTokens) -> None:
