@@ -5,7 +5,8 @@
 - turn 2 of a chat behind a --history-token history (MT-bench's two turns after a long system prompt): time to
   first token of the second turn, the first turn's answer and the history cached or not;
 - an agent loop: one source file resent with 8 successive edit instructions (each call carries the file and the
-  previous answer), end to end, cache off / on / on with suffix decoding;
+  previous answer), end to end, cache off / on / on with suffix decoding (and, with --drafter, a drafter of the
+  target's states with the cache off and on);
 - 16 chats sharing a 1,000-token system prompt, submitted together after one warm-up chat, end to end;
 - capacity: how many requests of mixed lengths run at once in one KV budget, paged, against what the slot-major
   cache (one max_model_len slot a sequence) held in the same bytes.
@@ -176,6 +177,12 @@ def main() -> None:
     ap.add_argument(
         "--no-capacity", action="store_true", help="skip the capacity run (64 prompts: long on a 1.5B)"
     )
+    ap.add_argument(
+        "--drafter",
+        help="a speculative_config (JSON) also run on the agent loop with the cache off and on, e.g. "
+        '\'{"method": "eagle3", "num_speculative_tokens": 3}\' (the shipped SmolLM2 draft), whose drafts read '
+        "the cached positions' states",
+    )
     ap.add_argument("--output", help="JSON file for the results")
     args = ap.parse_args()
     kw = dict(max_model_len=4096, max_num_seqs=16, threads=args.threads)
@@ -184,7 +191,12 @@ def main() -> None:
     suffix = LLM(args.model, speculative_config={"method": "suffix"}, **kw)
     res = {"model": args.model, "cpu": cpu_model()}
     res["turn2"] = turn_two({"off": off, "on": on}, args.history)
-    res["agent"] = agent_loop({"off": off, "on": on, "on+suffix": suffix}, args.max_tokens)
+    loops = {"off": off, "on": on, "on+suffix": suffix}
+    if args.drafter:
+        spec = json.loads(args.drafter)
+        loops["off+drafter"] = LLM(args.model, enable_prefix_caching=False, speculative_config=spec, **kw)
+        loops["on+drafter"] = LLM(args.model, speculative_config=spec, **kw)
+    res["agent"] = agent_loop(loops, args.max_tokens)
     peer = agent_loop_llama_cpp(on, args.model, args.threads, args.max_tokens)
     res["shared"] = shared_system({"off": off, "on": on}, args.chats, args.max_tokens // 2)
     res["capacity"] = None if args.no_capacity else capacity(args.model, 16 * 1024, 1024)
@@ -203,6 +215,10 @@ def main() -> None:
         f"{'agent loop with suffix decoding, s':<44}{'':>11}{ag['on+suffix']['seconds']:>11.2f}"
         f"{ag['off']['seconds'] / ag['on+suffix']['seconds']:>7.2f}x"
     )
+    if args.drafter:
+        d_off, d_on = ag["off+drafter"]["seconds"], ag["on+drafter"]["seconds"]
+        name = json.loads(args.drafter)["method"]
+        print(f"{'agent loop with ' + name + ', s':<44}{d_off:>11.2f}{d_on:>11.2f}{d_off / d_on:>7.2f}x")
     print(
         f"{f'{args.chats - 1} chats behind a shared system prompt, s':<44}{sh['off']['seconds']:>11.2f}"
         f"{sh['on']['seconds']:>11.2f}{sh['off']['seconds'] / sh['on']['seconds']:>7.2f}x"
@@ -220,8 +236,7 @@ def main() -> None:
             f"once, the slot-major cache held {cap['slot_major_slots']}"
         )
     same = {
-        "agent": ag["on"]["outputs"] == ag["off"]["outputs"]
-        and ag["on+suffix"]["outputs"] == ag["off"]["outputs"],
+        "agent": all(a["outputs"] == ag["off"]["outputs"] for a in ag.values()),
         "shared": sh["on"]["outputs"] == sh["off"]["outputs"],
     }
     print(f"identical outputs with the cache (and with suffix decoding): {same}")
