@@ -125,6 +125,10 @@ class SpeculativeConfig:
     # on by default in verispec (false: every step drafts the fixed K, as vLLM)
     enable_adaptive_verification: bool = True
     disable_padded_drafter_batch: bool = False
+    # vLLM drops the last cached block of an EAGLE-family prefix hit (its drafter would lack the states there);
+    # verispec keeps every cached position's state beside its K/V (runner/state_pool.py) and never drops it, so true
+    # and false run alike here
+    disable_eagle_block_drop: bool = False
     disable_logprobs: bool = True
     # resolved: 0 for non-ngram methods, as in vLLM
     prompt_lookup_min: int | None = None

@@ -44,6 +44,7 @@ def test_every_reference_key_is_accepted():
         "code_revision",
         "disable_by_batch_size",
         "disable_padded_drafter_batch",
+        "disable_eagle_block_drop",
         "disable_logprobs",
         "prompt_lookup_min",
         "prompt_lookup_max",
@@ -78,6 +79,7 @@ def test_defaults():
     assert cfg.method == "ngram" and cfg.model == "ngram"
     assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (5, 5)
     assert cfg.disable_logprobs is True and cfg.disable_padded_drafter_batch is False
+    assert cfg.disable_eagle_block_drop is False
     assert cfg.parallel_drafting is False and cfg.enforce_eager is None
     assert cfg.rejection_sample_method == "strict" and cfg.synthetic_acceptance_rate is None
     assert cfg.suffix_decoding_max_tree_depth == 24 and cfg.suffix_decoding_max_cached_requests == 10000
