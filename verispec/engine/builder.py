@@ -23,6 +23,7 @@ from verispec.proposers.factory import (
     build_proposer,
     check_kv_transfer,
     draft_kv_share,
+    draft_pages_with_target,
     resolve_speculative_config,
 )
 from verispec.runner.kv_cache import KVCache, plan_cache
@@ -135,7 +136,8 @@ def assemble(args: EngineArgs, device: torch.device, ckpt, group: TPGroup | None
     check_kv_transfer(spec, kv_transfer)
     lookahead = spec.num_lookahead_slots if spec else 0
     # a drafter with its own KV cache (a draft model) takes its share of the budget
-    budget = int((args.kv_cache_memory_bytes or default_kv_budget(device)) * (1 - draft_kv_share(spec)))
+    share = draft_kv_share(spec, cfg)
+    budget = int((args.kv_cache_memory_bytes or default_kv_budget(device)) * (1 - share))
     # K and V are kept in the model's dtype: 2 bytes each on CUDA (bfloat16), 4 on the CPU
     dtype = ckpt.model.embed_tokens.weight.dtype
     plan = plan_cache(
@@ -146,7 +148,7 @@ def assemble(args: EngineArgs, device: torch.device, ckpt, group: TPGroup | None
         lookahead=lookahead,
         dtype_bytes=dtype.itemsize,
         block_size=args.block_size,
-        full_length_slots=draft_kv_share(spec) > 0,
+        full_length_slots=share > 0 and not draft_pages_with_target(spec),
     )
     t_alloc = plan.max_model_len + lookahead + 1
     # this rank's KV heads (all of them without tensor parallelism)
@@ -162,7 +164,7 @@ def assemble(args: EngineArgs, device: torch.device, ckpt, group: TPGroup | None
         send_plan(group, cache)
     proposer = None
     if spec is not None:
-        ctx = DraftContext(ckpt, plan.num_slots, t_alloc, device, dtype, args.seed, kv_transfer)
+        ctx = DraftContext(ckpt, plan.num_slots, t_alloc, device, dtype, args.seed, kv_transfer, cache)
         proposer = build_proposer(spec, ctx)
     opts = EngineOptions(
         max_model_len=plan.max_model_len,

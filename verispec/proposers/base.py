@@ -51,6 +51,9 @@ class DraftContext:
     seed: int
     # extract_hidden_states' connector settings
     kv_transfer_config: dict | None = None
+    # the target's paged KV cache (verispec.runner.kv_cache.KVCache): a draft model pages its own cache through the
+    # target's block table (None: a drafter holds full-length slots)
+    target_cache: object = None
 
 
 @dataclass

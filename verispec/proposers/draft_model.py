@@ -1,6 +1,7 @@
 """`draft_model`: a smaller model (the same vocabulary, or its own with `use_heterogeneous_vocab`) drafts K tokens.
 
-It owns a KV cache laid out like the target's (one slot per request, O(1) rollback). Before drafting, it
+It owns a KV cache laid out like the target's, paged through the target's own block table (a request's draft K/V
+sit in the blocks its target K/V do; O(1) rollback). Before drafting, it
 catches up on the tokens the target committed since its last step (prompt on the first step), then runs K
 batched single-token forwards, keeping the draft distribution q for `probabilistic` verification.
 
@@ -42,11 +43,13 @@ class DraftModelProposer:
         mask_token: int | None = None,
         sample_drafts: bool = True,
         vocab_map: VocabMap | None = None,
+        shared_slots: bool = False,
     ):
         """mask_token: parallel drafting's filler token (None: K sequential draft forwards). sample_drafts
         (draft_sample_method 'probabilistic'): random requests draft samples of q; False ('greedy'): every request
         drafts the argmax, and q is not kept (it is one-hot at the draft). vocab_map: the draft has its own
-        vocabulary (None: the target's)."""
+        vocabulary (None: the target's). shared_slots: the draft cache is paged through the target's block table,
+        so a request's draft slot is its target slot (its blocks the target's block ids)."""
         self.runner, self.k, self.mask_token = runner, num_speculative_tokens, mask_token
         self.map = vocab_map.to(runner.device) if vocab_map is not None else None
         # with a vocab_map: each request's context in draft ids, and how many of its target tokens that covers
@@ -59,15 +62,17 @@ class DraftModelProposer:
         # tokens of the request whose K/V the draft cache holds
         self.computed: dict[str, int] = {}
         self.generator = S.make_generator(seed + 1, runner.device)
+        self.shared_slots = shared_slots
 
     def add_request(self, req: Request) -> None:
-        slot = self.cache.allocate()
+        # a cached prefix's draft K/V may be another request's or stale: the draft computes every position itself
+        slot = req.slot if self.shared_slots else self.cache.allocate()
         assert slot is not None, "draft cache has as many slots as the target's"
         self.slot[req.request_id], self.computed[req.request_id] = slot, 0
 
     def remove_request(self, req: Request, aborted: bool) -> None:
         slot = self.slot.pop(req.request_id, None)
-        if slot is not None:
+        if slot is not None and not self.shared_slots:
             self.cache.free(slot)
         self.computed.pop(req.request_id, None)
         self.draft_ids.pop(req.request_id, None)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from verispec.config import ModelConfig, model_config_from_hf
 from verispec.drafts import shipped_draft
 from verispec.layers.linear import keeps_quantized, quantize_dense_layers, use_int8_activations
 from verispec.loader.aliases import ALIASES
@@ -21,6 +22,7 @@ from verispec.loader.drafts import (
     load_mlp_speculator,
     load_mtp,
 )
+from verispec.loader.gguf import build_hf_config, read_gguf_header
 from verispec.loader.hf import read_hf_config
 from verispec.models.decoder import WholeHead
 from verispec.models.eagle3 import aux_layer_ids
@@ -79,13 +81,36 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     _follow_target_weights(draft.model, ctx)
     fuse_if_enabled(draft.model)
     vocab_map = heterogeneous_vocab_map(ctx.target, draft, cfg.model) if hetero else None
-    cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    target = ctx.target_cache
+    if vocab_map is None and target is not None:
+        # paged like the target's, through its block table: a request's draft K/V sit in the same block ids (the
+        # positions are the same tokens), so the draft holds only the blocks its requests hold
+        cache = KVCache(
+            draft.config,
+            ctx.num_slots,
+            ctx.t_alloc,
+            ctx.device,
+            ctx.dtype,
+            target.pool.num_blocks,
+            target.block_size,
+        )
+        cache.block_table = target.block_table
+    else:
+        # across vocabularies a draft position counts draft tokens: full-length slots of its own
+        cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
     runner = ModelRunner(draft.model, cache, ctx.device)
     keep = cfg.rejection_sample_method == "probabilistic"
     mask_token = parallel_drafting_token(draft.hf_config, dv) if cfg.parallel_drafting else None
     sample = cfg.draft_sample_method != "greedy"
     return DraftModelProposer(
-        runner, cfg.num_speculative_tokens, keep, ctx.seed, mask_token, sample, vocab_map
+        runner,
+        cfg.num_speculative_tokens,
+        keep,
+        ctx.seed,
+        mask_token,
+        sample,
+        vocab_map,
+        shared_slots=cache.block_table is getattr(target, "block_table", None),
     )
 
 
@@ -412,9 +437,34 @@ def build_proposer(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     return _METHODS[cfg.method].build(cfg, ctx)
 
 
-def draft_kv_share(cfg: SpeculativeConfig | None) -> float:
-    """The share of the KV memory budget the drafter's own cache takes (0 without one)."""
-    return 0.0 if cfg is None else _METHODS[cfg.method].kv_cache_share
+def draft_kv_share(cfg: SpeculativeConfig | None, target: ModelConfig | None = None) -> float:
+    """The share of the KV memory budget the drafter's own cache takes (0 without one). A draft model paged through
+    the target's block table holds as many blocks as the target: its share is its bytes per token over both models'
+    (`target`: the target's config; without it, or across vocabularies, full-length slots take half)."""
+    if cfg is None:
+        return 0.0
+    share = _METHODS[cfg.method].kv_cache_share
+    if share == 0 or target is None or not draft_pages_with_target(cfg):
+        return share
+    draft = _header_config(cfg.model).kv_bytes_per_token
+    return draft / (draft + target.kv_bytes_per_token)
+
+
+def _header_config(model: str) -> ModelConfig:
+    """A checkpoint's ModelConfig from its config.json or its GGUF header alone (no weights read)."""
+    path = resolve_model_path(model)
+    if path.is_dir():
+        return model_config_from_hf(read_hf_config(path), str(path))
+    header = read_gguf_header(path)
+    names = [t.name for t in header.tensors]
+    arch = header.metadata.get("general.architecture")
+    return model_config_from_hf(build_hf_config(arch, header.metadata, names, path=header.path), str(path))
+
+
+def draft_pages_with_target(cfg: SpeculativeConfig | None) -> bool:
+    """Whether the drafter's own cache is paged through the target's block table (False: it holds full-length
+    slots, so the engine keeps no more slots than fit whole)."""
+    return cfg is not None and _METHODS[cfg.method].kv_cache_share > 0 and not cfg.use_heterogeneous_vocab
 
 
 def check_kv_transfer(cfg: SpeculativeConfig | None, kv_transfer_config: Mapping[str, Any] | None) -> None:
