@@ -135,7 +135,9 @@ def test_cached_prefixes_and_preemption_change_nothing(request, tmp_path, plain_
     expected = [o.outputs[0].token_ids for o in plain.generate(follow, longer, use_tqdm=False)]
     cfg = plain.engine.runner.model.cfg
     # the target's share of the budget: a draft model's cache (paged through the target's block table) the rest
-    budget = int(cfg.kv_bytes_per_token * 16 * 14.5 / (1 - draft_kv_share(llm.engine.speculative_config, cfg)))
+    budget = int(
+        cfg.kv_bytes_per_token * 16 * 14.5 / (1 - draft_kv_share(llm.engine.speculative_config, cfg))
+    )
     _, small = _spec_llm(request, tmp_path, method, max_model_len=128, kv_cache_memory_bytes=budget)
     assert small.engine.cache.pool.num_blocks == 15, method
     outs = small.generate(follow, longer, use_tqdm=False)
