@@ -54,8 +54,19 @@ class TPGroup:
         """x (float32, contiguous, CPU) summed over the ranks, in place; the same bits on every rank."""
         if self.shm is not None:
             return self.shm.all_reduce(x)
-        self.pg.allreduce([x]).wait()
+        self._wait(self.pg.allreduce, [x])
         return x
+
+    def _wait(self, collective, *args) -> None:
+        """A gloo collective, its failure (a peer gone: gloo reports a closed connection) named like shared
+        memory's."""
+        try:
+            collective(*args).wait()
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"tensor-parallel rank {self.rank} of {self.size}: a peer process stopped responding "
+                f"({str(e).splitlines()[0][:200]})"
+            ) from None
 
     def _allreduce_ptr(self, _ctx, ptr: int, n: int) -> int:
         buf = (ctypes.c_float * n).from_address(ptr)
@@ -76,21 +87,23 @@ class TPGroup:
         opts = dist.GatherOptions()
         opts.rootRank = 0
         if self.rank != 0:
-            self.pg.gather([], [x], opts).wait()
+            self._wait(self.pg.gather, [], [x], opts)
             return None
         parts = [x.new_empty(x.shape[0], w) for w in widths]
-        self.pg.gather([parts], [x], opts).wait()
+        self._wait(self.pg.gather, [parts], [x], opts)
         return torch.cat(parts, dim=1)
 
     def broadcast(self, message: torch.Tensor | None) -> torch.Tensor:
         """Rank 0's 1-D int64 `message` on every rank (others pass None). Workers wait here between steps."""
         if self.shm is not None:
             return self.shm.broadcast_tensor(message)
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
         n = torch.tensor([0 if message is None else message.numel()], dtype=torch.long)
-        _broadcast(self._ops, n)
+        self._wait(self._ops.broadcast, [n], opts)
         if message is None:
             message = torch.empty(int(n), dtype=torch.long)
-        _broadcast(self._ops, message)
+        self._wait(self._ops.broadcast, [message], opts)
         return message
 
     def agree(self, ok: bool) -> bool:

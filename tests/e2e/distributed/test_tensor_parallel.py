@@ -63,6 +63,7 @@ def test_eagle_on_a_gguf_target_drafts_with_rank_0s_whole_head(tiny_gguf, tiny_e
 
 
 @needs_two_cores
+@pytest.mark.skipif(load_qgemm() is None, reason="the shared-memory channel is in the native kernels")
 def test_the_gloo_transport_gives_the_shared_memory_output(tiny_llama, monkeypatch):
     """Ranks on different machines talk over gloo only (here forced, on one machine): the same tokens."""
     shm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2, speculative_config=NGRAM)
@@ -87,7 +88,7 @@ def test_shutdown_ends_the_ranks_and_a_dead_rank_is_an_error_not_a_hang(tiny_lla
     worker = llm.engine.runner.workers.procs[0]
     worker.kill()
     worker.wait()
-    with pytest.raises(RuntimeError, match="rank 1"):
+    with pytest.raises(RuntimeError, match="a peer process stopped responding"):
         _tokens(llm)
     llm.shutdown()
 
