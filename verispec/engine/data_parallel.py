@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field, fields
@@ -26,7 +25,7 @@ from verispec.engine.options import EngineOptions
 from verispec.engine.replica import ReplicaInfo, replica_args
 from verispec.metrics import EngineCounters, SpecDecodingStats
 from verispec.outputs import RequestOutput
-from verispec.sample.grammar import GrammarCompiler, GrammarState
+from verispec.sample.grammar import GrammarState, LazyGrammars
 
 # a replica waits this long for its engine to load
 READY_TIMEOUT_S = 600.0
@@ -154,21 +153,12 @@ class DataParallelEngine:
         self._where: dict[str, Replica] = {}
         self._failed: list[str] = []
         self._pending: list[RequestOutput] = []
-        self._grammars: GrammarCompiler | None = None
-        self._grammars_lock = threading.Lock()
+        self._grammars = LazyGrammars(info.tokenizer, info.vocab_size, info.eos_token_ids)
 
     # ------------------------------------------------------------------ requests
     def grammar_for(self, params) -> GrammarState | None:
         """Compiled here to refuse a bad constraint at once (HTTP 400); the replica compiles its own matcher."""
-        so = params.structured_outputs
-        if so is None:
-            return None
-        if self.tokenizer is None:
-            raise ValueError("structured_outputs need a tokenizer (skip_tokenizer_init=True was given)")
-        with self._grammars_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(self.tokenizer, self.info.vocab_size, self.eos_token_ids)
-            return self._grammars.matcher(so)
+        return self._grammars.matcher_for(params)
 
     def add_request(
         self,

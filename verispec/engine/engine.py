@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from verispec.runner.model_runner import ModelRunner, RowInput
 from verispec.runner.state_pool import StatePool
 from verispec.sample import logits as S
 from verispec.sample.constraints import set_token_constraints
-from verispec.sample.grammar import GrammarCompiler, GrammarState
+from verispec.sample.grammar import GrammarState, LazyGrammars
 from verispec.sample.logits import make_generator, sample_key
 from verispec.sample.metadata import SpecDecodeMetadata, StepTokens, VerifyRule
 from verispec.sample.step import sample_step
@@ -114,8 +113,7 @@ class LLMEngine:
         self.can_hit = (needs.target_hidden != "all" or every) and not needs.observes_states
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
         # structured outputs: built on the first request that asks (the tokenizer's vocabulary is read once)
-        self._grammars: GrammarCompiler | None = None
-        self._grammars_lock = threading.Lock()
+        self._grammars = LazyGrammars(tokenizer, self.runner.model.cfg.vocab_size, self.eos_token_ids)
         if self.spec_log is not None:
             self.spec_log.extra = self._log_line
 
@@ -141,17 +139,7 @@ class LLMEngine:
     def grammar_for(self, params) -> GrammarState | None:
         """The matcher of params.structured_outputs (None without one), compiled or from the cache; ValueError
         naming the field for a bad constraint. Safe to call from any thread (the server compiles off the engine's)."""
-        so = params.structured_outputs
-        if so is None:
-            return None
-        if self.tokenizer is None:
-            raise ValueError("structured_outputs need a tokenizer (skip_tokenizer_init=True was given)")
-        with self._grammars_lock:
-            if self._grammars is None:
-                self._grammars = GrammarCompiler(
-                    self.tokenizer, self.runner.model.cfg.vocab_size, self.eos_token_ids
-                )
-            return self._grammars.matcher(so)
+        return self._grammars.matcher_for(params)
 
     def add_request(
         self,

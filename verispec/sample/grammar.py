@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -211,3 +212,26 @@ def refused(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     words' bits (little-endian: bit t of word t // 32 is byte t // 8's bit t % 8) without an [R, W, 32] temporary."""
     bits = np.unpackbits((~bitmask).numpy().view(np.uint8), axis=1, count=vocab, bitorder="little")
     return torch.from_numpy(bits.view(np.bool_))
+
+
+class LazyGrammars:
+    """An engine's grammars: the GrammarCompiler built on the first constrained request (the tokenizer's vocabulary
+    is read once), safe to call from any thread (the server compiles off the engine's)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids):
+        self.tokenizer, self.vocab_size, self.eos_ids = tokenizer, vocab_size, eos_ids
+        self._compiler: GrammarCompiler | None = None
+        self._lock = threading.Lock()
+
+    def matcher_for(self, params) -> GrammarState | None:
+        """The matcher of params.structured_outputs (None without one), compiled or from the cache; ValueError
+        naming the field for a bad constraint."""
+        so = params.structured_outputs
+        if so is None:
+            return None
+        if self.tokenizer is None:
+            raise ValueError("structured_outputs need a tokenizer (skip_tokenizer_init=True was given)")
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = GrammarCompiler(self.tokenizer, self.vocab_size, self.eos_ids)
+            return self._compiler.matcher(so)
