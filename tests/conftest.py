@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -168,6 +169,28 @@ def tiny_eagle3(tiny_llama, tmp_path_factory) -> str:
     from tests.tiny_models import write_tiny_eagle3
 
     return str(write_tiny_eagle3(tmp_path_factory.mktemp("eagle3") / "e", Path(tiny_llama), draft_vocab=200))
+
+
+@pytest.fixture(scope="session")
+def tiny_peagle(tiny_eagle, tmp_path_factory) -> str:
+    """tiny_eagle as a P-EAGLE draft: a learned `mask_hidden` state and `mask_token_id` 3."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_parallel_eagle
+
+    width = json.loads((Path(tiny_eagle) / "config.json").read_text())["hidden_size"]
+    return str(write_parallel_eagle(Path(tiny_eagle), tmp_path_factory.mktemp("peagle") / "e", width))
+
+
+@pytest.fixture(scope="session")
+def tiny_peagle3(tiny_eagle3, tmp_path_factory) -> str:
+    """tiny_eagle3 as a P-EAGLE draft: `mask_hidden` over the three target streams, `mask_token_id` 3."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_parallel_eagle
+
+    width = 3 * json.loads((Path(tiny_eagle3) / "config.json").read_text())["hidden_size"]
+    return str(write_parallel_eagle(Path(tiny_eagle3), tmp_path_factory.mktemp("peagle3") / "e", width))
 
 
 @pytest.fixture(scope="session")

@@ -679,3 +679,19 @@ def write_sentencepiece_transplant(src: Path, folder: Path, vocab: int = 512, se
     (folder / "config.json").write_text(json.dumps({**cfg, "vocab_size": vocab, "eos_token_id": eos}))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
     return folder
+
+
+def write_parallel_eagle(source: Path, folder: Path, width: int, mask_token: int = 3, seed: int = 0) -> Path:
+    """A P-EAGLE draft from an EAGLE / EAGLE-3 one at `source`: its weights, a random seeded `mask_hidden` of
+    `width` floats in a second safetensors file ([1, 1, width], the speculators layout), and `mask_token_id` in its
+    config.json."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    shutil.copytree(source, folder)
+    g = torch.Generator().manual_seed(seed)
+    save_file({"mask_hidden": torch.randn(1, 1, width, generator=g)}, str(folder / "mask.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "mask_token_id": mask_token}))
+    return folder

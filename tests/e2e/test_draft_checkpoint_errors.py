@@ -186,7 +186,7 @@ def test_dflash_settings(tiny_llama, tmp_path):
     _fails(
         tiny_llama,
         {**spec, "model": str(no_mask)},
-        r"`dflash_config.mask_token_id` specified in its config.json",
+        r"`dflash_config.mask_token_id`, `mask_token_id`, `dspark_noise_token_id`, `pard_token`, or `ptd_token_id`",
     )
     _fails(
         tiny_llama,

@@ -601,27 +601,16 @@ def test_parallel_self_draft_first_draft_is_always_right(tiny_llama, tmp_path):
     assert out.num_accepted_tokens >= stats.num_drafts > 0
 
 
-def test_parallel_drafting_errors(tiny_llama, tiny_draft, tiny_eagle):
+def test_parallel_drafting_errors(tiny_llama, tiny_draft):
     with pytest.raises(
-        ValueError, match="For parallel drafting, the draft model config must have `pard_token`"
+        ValueError,
+        match="For parallel drafting, the draft model config must have `dflash_config.mask_token_id`",
     ):
         LLM(
             tiny_llama,
             speculative_config={
                 "method": "draft_model",
                 "model": tiny_draft,
-                "num_speculative_tokens": 2,
-                "parallel_drafting": True,
-            },
-        )
-    with pytest.raises(
-        ValueError, match="parallel_drafting with method 'eagle' .* is not supported by this build"
-    ):
-        LLM(
-            tiny_llama,
-            speculative_config={
-                "method": "eagle",
-                "model": tiny_eagle,
                 "num_speculative_tokens": 2,
                 "parallel_drafting": True,
             },

@@ -3,6 +3,7 @@ modules of verispec/models: config checks, tensors, one `load_draft` each."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -23,8 +24,13 @@ from verispec.models.medusa import MedusaConfig, MedusaHeads
 from verispec.models.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig
 from verispec.models.mtp import MTPLayer
 
+logger = logging.getLogger(__name__)
 
-def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> EagleDraft:
+
+def load_eagle(
+    folder: str | Path, device: torch.device, dtype: torch.dtype, parallel: bool = False
+) -> EagleDraft:
+    """parallel: a P-EAGLE draft (parallel drafting), whose `mask_hidden` state is loaded."""
     folder = Path(folder)
     hf = read_hf_config(folder)
     # EAGLE checkpoints name their own architectures (LlamaForCausalLMEagle, ...): the blocks are Llama blocks
@@ -36,12 +42,14 @@ def load_eagle(folder: str | Path, device: torch.device, dtype: torch.dtype) -> 
     last = f"layers.{cfg.num_layers - 1}.mlp.down_proj.weight"
     require_weights(tensors, [last], folder, "EAGLE", f"says {cfg.num_layers} layers")
     draft = EagleDraft(cfg, fc_bias="fc.bias" in tensors, para_norm=bool(hf.get("add_para_norm", False)))
+    draft.mask_hidden = _mask_hidden(tensors, parallel, cfg.hidden_size, folder)
     return load_draft(draft, tensors, folder, "EAGLE", device, dtype)
 
 
 def load_eagle3(
-    folder: str | Path, device: torch.device, dtype: torch.dtype, target_hidden: int
+    folder: str | Path, device: torch.device, dtype: torch.dtype, target_hidden: int, parallel: bool = False
 ) -> Eagle3Draft:
+    """parallel: a P-EAGLE draft (parallel drafting), whose `mask_hidden` (three target streams) is loaded."""
     folder = Path(folder)
     hf = read_hf_config(folder)
     cfg = model_config_from_hf({**hf, "architectures": ["LlamaForCausalLM"]}, str(folder / "config.json"))
@@ -61,7 +69,33 @@ def load_eagle3(
     d2t = _vocab_map(tensors, "d2t", "draft_vocab_size", draft_vocab, cfg.vocab_size, folder, offsets=True)
     if d2t is not None:
         draft.d2t = d2t
+    draft.mask_hidden = _mask_hidden(tensors, parallel, 3 * th, folder)
     return load_draft(draft, tensors, folder, "EAGLE-3", device, dtype)
+
+
+def _mask_hidden(tensors: dict, parallel: bool, width: int, folder: Path) -> torch.Tensor | None:
+    """P-EAGLE's learned state of the masked rows, taken out of `tensors`: [1, width] (the state an EAGLE draft
+    reads per position; any shape of that many floats on disk), or None when not drafting in parallel (vLLM's
+    checks and messages)."""
+    t = tensors.pop("mask_hidden", None)
+    if not parallel:
+        if t is not None:
+            logger.warning(
+                "mask_hidden found in weights but model is not configured for parallel drafting. "
+                "Skipping loading mask_hidden."
+            )
+        return None
+    if t is None:
+        raise ValueError(
+            "mask_hidden not found in weights but model is configured for parallel drafting. "
+            f"Please provide mask_hidden in the weights ({folder})."
+        )
+    if t.numel() != width or not t.is_floating_point():
+        raise ValueError(
+            f"{folder}: 'mask_hidden' must hold {width} floats (the state the draft reads per position), got "
+            f"{t.dtype} {tuple(t.shape)}"
+        )
+    return t.reshape(1, width).float()
 
 
 def _vocab_map(

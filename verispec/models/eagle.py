@@ -9,7 +9,7 @@ the LM head are the target's.
 Checkpoint: an HF folder with a Llama-style config.json (`num_hidden_layers`, usually 1; `add_para_norm` for HASS)
 and safetensors `fc.weight` [H, 2H] (`fc.bias` if present), `layers.{i}.self_attn.{q,k,v,o}_proj.weight`,
 `layers.{i}.mlp.{gate,up,down}_proj.weight`, `layers.{i}.post_attention_layernorm.weight`,
-`layers.{i}.input_layernorm.weight` for i > 0; an optional `model.` prefix and the speculators names
+`layers.{i}.input_layernorm.weight` for i > 0; P-EAGLE checkpoints add `mask_hidden` [H] (read only with parallel_drafting); an optional `model.` prefix and the speculators names
 `fusion_fc.*` / `pre_lm_head_layernorm.weight` are accepted; `embed_tokens.weight` and `lm_head.weight` are ignored
 (shared with the target, as vLLM does).
 """
@@ -70,6 +70,8 @@ class EagleDraft(TargetHeadDraft):
         if para_norm:
             self.embedding_layernorm = RMSNorm(h, cfg.rms_norm_eps)
             self.hidden_states_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        # [1, state width] P-EAGLE: the state its masked rows read (loaded only for parallel drafting)
+        self.register_buffer("mask_hidden", None)
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None
         self.register_buffer(
             "inv_freq", rope_inv_freq(cfg.head_dim, cfg.rope_theta, scaling), persistent=False

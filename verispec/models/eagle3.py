@@ -13,7 +13,7 @@ Checkpoint: an HF folder with a Llama-style config.json (`draft_vocab_size`, `ta
 `fc.weight`, `midlayer.{input_layernorm,hidden_norm,post_attention_layernorm}.weight`,
 `midlayer.self_attn.{q,k,v,o}_proj.weight` (q/k/v read 2 H), `midlayer.mlp.{gate,up,down}_proj.weight`,
 `norm.weight`, `lm_head.weight` [draft_vocab, H], `d2t` (when the vocabularies differ), optionally
-`embed_tokens.weight` (else the target's embedding); `layers.0.` for `midlayer.` and a `model.` prefix are accepted.
+`embed_tokens.weight` (else the target's embedding) and P-EAGLE's `mask_hidden` [3 H_target] (parallel drafting); `layers.0.` for `midlayer.` and a `model.` prefix are accepted.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens: nn.Embedding | None = None
         if own_embed:
             self.embed_tokens = nn.Embedding(cfg.vocab_size, h, _weight=torch.empty(cfg.vocab_size, h))
+        # [1, state width] P-EAGLE: the state its masked rows read (loaded only for parallel drafting)
+        self.register_buffer("mask_hidden", None)
         # [draft_vocab] target id - draft id
         self.register_buffer("d2t", None)
         scaling = dict(cfg.rope_scaling) if cfg.rope_scaling else None

@@ -9,6 +9,10 @@ further draft feeds back the previous draft token and the draft's own features. 
 per request; the positions written while drafting are speculative and are simply overwritten by the next catch-up
 (O(1) rollback). Drafts are argmax picks (q one-hot for `probabilistic`, as in vLLM).
 
+P-EAGLE (`parallel_drafting`, a checkpoint with a learned `mask_hidden`): the catch-up forward carries k - 1 more
+rows at the positions after the newest token, each fed the mask token and `mask_hidden` as its state, under causal
+attention; the k drafts are the argmax at the newest token's row and at those k - 1 rows. One draft forward a step.
+
 Token trees: a static tree's children are the drafter's top-ranked tokens; under `probabilistic` a random request's
 children are instead drawn without replacement from the drafter's distribution (at the request's temperature), which
 the proposal carries for recursive rejection sampling (sample/tree_verify.py). A dynamic tree (EAGLE-2) is grown
@@ -36,13 +40,15 @@ class EagleProposer(StateSlots):
         aux_layers: tuple[int, ...] = (),
         tree: TokenTree | DynamicTree | None = None,
         sample_children: bool = False,
+        mask_token: int | None = None,
     ):
         """draft: models/eagle.py's EagleDraft, models/eagle3.py's Eagle3Draft or models/mtp.py's MTPLayer, bound to
         the target (embed, draft_ids, draft_topk, draft_logits); runner: the draft's cache and contexts; aux_layers:
         the target layers EAGLE-3 reads; tree: a token tree to draft (None: a chain); sample_children: a static
-        tree's children of random requests are sampled (the `probabilistic` rule)."""
+        tree's children of random requests are sampled (the `probabilistic` rule); mask_token: P-EAGLE's (a chain
+        drafted in one forward, the draft's `mask_hidden` loaded), None: drafts one forward each."""
         self.draft, self.runner, self.tree = draft, runner, tree
-        self.sample_children = sample_children
+        self.sample_children, self.mask_token = sample_children, mask_token
         self.needs = ProposerNeeds(target_hidden="all", aux_layers=aux_layers, runs_forward=True)
         self._init_slots(runner.cache)
 
@@ -59,22 +65,24 @@ class EagleProposer(StateSlots):
 
     def _draft(self, reqs: list[Request], k_max: list[int], k: int) -> Proposal:
         """Catch up on each request's unread states, then draft up to k tokens (a tree: the whole tree)."""
+        # P-EAGLE: k - 1 masked rows after the catch-up give drafts 2..k in the same forward
+        masks = k_max if self.mask_token is not None else [1] * len(reqs)
         rows, states = [], []
-        for r in reqs:
+        for r, m in zip(reqs, masks):
             # the newest committed token sits at position `end`
             rid, end = r.request_id, r.num_computed
             start = self.computed[rid]
-            rows.append(
-                RowInput(self.slot[rid], start, r.tokens_from(start + 1), logits_from=end - start - 1)
-            )
+            tokens = r.tokens_from(start + 1) + [self.mask_token] * (m - 1)
+            rows.append(RowInput(self.slot[rid], start, tokens, logits_from=end - start - 1))
             states.extend(self.pending[rid])
+            if m > 1:
+                states.append(self.draft.mask_hidden.expand(m - 1, -1))
             # drafting writes past `end`: overwritten next time
-            self.pending[rid], self.computed[rid] = (
-                [],
-                end,
-            )
+            self.pending[rid], self.computed[rid] = [], end
         ids, positions, ctx, last = self.runner.build_context(rows)
         head_in, state = self.draft(self.draft.embed(ids), torch.cat(states), positions, ctx, self.cache.kv)
+        if self.mask_token is not None:
+            return self._parallel_drafts(head_in, last, k_max)
         # [B, H] at each request's newest token
         state = state[last]
         if isinstance(self.tree, DynamicTree):
@@ -94,6 +102,17 @@ class EagleProposer(StateSlots):
         # [B, K]: the step's one host sync
         ids = torch.stack(drafts, dim=1).tolist()
         return Proposal([d[:c] for d, c in zip(ids, k_max)])
+
+    def _parallel_drafts(self, head_in: torch.Tensor, rows: list[int], k_max: list[int]) -> Proposal:
+        """P-EAGLE: draft i of a request is the argmax at its i-th logits row (its newest token's, then its masks')."""
+        idx = torch.tensor(rows, dtype=torch.long, device=head_in.device)
+        # [sum k]: the step's one host sync
+        flat = self.draft.draft_ids(head_in.index_select(0, idx)).tolist()
+        out, at = [], 0
+        for c in k_max:
+            out.append(flat[at : at + c])
+            at += c
+        return Proposal(out)
 
     def _propose_tree(
         self, reqs: list[Request], root_head: torch.Tensor, root_state: torch.Tensor

@@ -128,14 +128,16 @@ def heterogeneous_vocab_map(target, draft, name: str):
 
 
 def parallel_drafting_token(hf: dict, vocab: int) -> int:
-    """The mask token a parallel draft model (PARD) fills the future slots with, from its config.json (vLLM's keys)."""
+    """The mask token a parallel draft (PARD, P-EAGLE, DFlash) fills the future slots with, from its config.json:
+    vLLM's keys in vLLM's order."""
     dflash = hf.get("dflash_config") if isinstance(hf.get("dflash_config"), dict) else {}
-    candidates = (dflash.get("mask_token_id"), hf.get("pard_token"), hf.get("ptd_token_id"))
+    keys = (dflash.get("mask_token_id"), hf.get("mask_token_id"), hf.get("dspark_noise_token_id"))
+    candidates = (*keys, hf.get("pard_token"), hf.get("ptd_token_id"))
     token = next((t for t in candidates if t is not None), None)
     if token is None:
         raise ValueError(
-            "For parallel drafting, the draft model config must have `pard_token`, `ptd_token_id`, or "
-            "`dflash_config.mask_token_id` specified in its config.json."
+            "For parallel drafting, the draft model config must have `dflash_config.mask_token_id`, "
+            "`mask_token_id`, `dspark_noise_token_id`, `pard_token`, or `ptd_token_id` specified in its config.json."
         )
     if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < vocab:
         raise ValueError(f"parallel drafting mask token {token!r} must be a token id in [0, {vocab})")
@@ -207,12 +209,17 @@ def _extract_hidden_states(cfg: SpeculativeConfig, ctx: DraftContext) -> Propose
     return HiddenStatesExtractor(tuple(ids), hidden_states_folder(ctx.kv_transfer_config))
 
 
-def _no_parallel_eagle(cfg: SpeculativeConfig) -> None:
-    if cfg.parallel_drafting:
+def _parallel_eagle(cfg: SpeculativeConfig, vocab: int, tree) -> int | None:
+    """P-EAGLE (`parallel_drafting` with eagle / eagle3): the mask token its K - 1 extra rows are fed as; None when
+    drafting autoregressively. A tree is grown level by level from the drafter's own states: chains only."""
+    if not cfg.parallel_drafting:
+        return None
+    if tree is not None:
         raise ValueError(
-            f"parallel_drafting with method '{cfg.method}' (P-EAGLE checkpoints: a learned hidden state for the masked "
-            "slots) is not supported by this build yet; it is supported with method 'draft_model' (PARD)"
+            f"parallel_drafting with method '{cfg.method}' drafts a chain of num_speculative_tokens in one forward; "
+            "it cannot grow a speculative_token_tree: omit one of the two keys"
         )
+    return parallel_drafting_token(read_hf_config(Path(cfg.model)), vocab)
 
 
 def _follow_target_weights(draft: torch.nn.Module, ctx: DraftContext) -> None:
@@ -229,9 +236,10 @@ def _follow_target_weights(draft: torch.nn.Module, ctx: DraftContext) -> None:
 
 def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
-    _no_parallel_eagle(cfg)
-    draft = load_eagle(cfg.model, ctx.device, ctx.dtype)
     target = ctx.target.config
+    tree = token_tree(cfg, target.vocab_size)
+    mask = _parallel_eagle(cfg, target.vocab_size, tree)
+    draft = load_eagle(cfg.model, ctx.device, ctx.dtype, parallel=mask is not None)
     for key, mine, theirs in (
         ("hidden_size", draft.cfg.hidden_size, target.hidden_size),
         ("vocab_size", draft.cfg.vocab_size, target.vocab_size),
@@ -243,19 +251,14 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     draft.bind_target(_shared_target(ctx))
     _follow_target_weights(draft, ctx)
     cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return EagleProposer(
-        draft,
-        ModelRunner(draft, cache, ctx.device),
-        tree=token_tree(cfg, target.vocab_size),
-        sample_children=_samples_trees(cfg),
-    )
+    runner = ModelRunner(draft, cache, ctx.device)
+    return EagleProposer(draft, runner, tree=tree, sample_children=_samples_trees(cfg), mask_token=mask)
 
 
 def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
-    _no_parallel_eagle(cfg)
     target = ctx.target.config
-    draft = load_eagle3(cfg.model, ctx.device, ctx.dtype, target.hidden_size)
+    draft = load_eagle3(cfg.model, ctx.device, ctx.dtype, target.hidden_size, parallel=cfg.parallel_drafting)
     if draft.cfg.vocab_size != target.vocab_size:
         raise ValueError(
             f"speculative_config.model {cfg.model!r}: EAGLE-3 vocab_size={draft.cfg.vocab_size} but the target's is "
@@ -267,13 +270,13 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         raise ValueError(
             f"{cfg.model}: eagle_aux_hidden_state_layer_ids {list(layers)} must be 3 layer ids in 0..{target.num_layers}"
         )
+    tree = token_tree(cfg, draft.lm_head.out_features)
+    mask = _parallel_eagle(cfg, target.vocab_size, tree)
     draft.bind_target(ctx.target.model)
     _follow_target_weights(draft, ctx)
     cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    tree = token_tree(cfg, draft.lm_head.out_features)
-    return EagleProposer(
-        draft, ModelRunner(draft, cache, ctx.device), tuple(layers), tree, _samples_trees(cfg)
-    )
+    runner = ModelRunner(draft, cache, ctx.device)
+    return EagleProposer(draft, runner, tuple(layers), tree, _samples_trees(cfg), mask)
 
 
 def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
