@@ -204,6 +204,16 @@ def tiny_dflash(tiny_llama, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_dspark(tiny_llama, tmp_path_factory) -> str:
+    """A random seeded DSpark draft for tiny_llama: block_size 6, a rank-8 Markov head, a confidence head."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_dspark
+
+    return str(write_tiny_dspark(tmp_path_factory.mktemp("dspark") / "d", Path(tiny_llama)))
+
+
+@pytest.fixture(scope="session")
 def tiny_mimo(tmp_path_factory) -> str:
     """A random seeded MiMo target with one MTP layer (method 'mtp' drafts with it)."""
     from tests.tiny_models import write_tiny_mimo

@@ -695,3 +695,48 @@ def write_parallel_eagle(source: Path, folder: Path, width: int, mask_token: int
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "mask_token_id": mask_token}))
     return folder
+
+
+def write_tiny_dspark(
+    folder: Path,
+    target: Path,
+    seed: int = 0,
+    markov_rank: int = 8,
+    confidence: bool = True,
+    with_markov: bool = True,
+    block_size: int = 6,
+    markov_scale: float = 3.0,
+    **config,
+) -> Path:
+    """A DSpark draft (vLLM's Qwen3DSparkModel format) for the target at `target`: a tiny DFlash backbone, its
+    settings at the top level of config.json (`block_size`, `mask_token_id`, `target_layer_ids`, `markov_rank`,
+    `enable_confidence_head`, `confidence_head_with_markov`), and random seeded `markov_head.*` / `confidence_head.*`
+    tensors in a second safetensors file (markov_scale: the bias strong enough to move argmaxes)."""
+    from safetensors.torch import save_file
+
+    write_tiny_dflash(folder, target, seed=seed, block_size=block_size)
+    cfg = json.loads((folder / "config.json").read_text())
+    inner = cfg.pop("dflash_config")
+    h, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    g = torch.Generator().manual_seed(seed + 1)
+    tensors = {}
+    if markov_rank:
+        tensors["markov_head.markov_w1.weight"] = torch.randn(vocab, markov_rank, generator=g)
+        tensors["markov_head.markov_w2.weight"] = torch.randn(vocab, markov_rank, generator=g) * markov_scale
+    if confidence:
+        width = h + (markov_rank if with_markov else 0)
+        tensors["confidence_head.proj.weight"] = torch.randn(1, width, generator=g) * 0.2
+        tensors["confidence_head.proj.bias"] = torch.tensor([1.5])
+    if tensors:
+        save_file(tensors, str(folder / "heads.safetensors"))
+    cfg |= {
+        "architectures": ["Qwen3DSparkModel"],
+        **inner,
+        "markov_rank": markov_rank,
+        "markov_head_type": "vanilla",
+        "enable_confidence_head": confidence,
+        "confidence_head_with_markov": with_markov,
+        **config,
+    }
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return folder

@@ -27,13 +27,15 @@ NGRAM_METHODS = ("ngram", "ngram_gpu")
 # Methods without draft weights; `model` defaults to the method name, as in vLLM.
 MODEL_FREE_METHODS = ("ngram", "ngram_gpu", "suffix", "extract_hidden_states")
 # Methods that need `model`: a draft model, EAGLE head or extra weights.
-MODEL_METHODS = ("draft_model", "eagle", "eagle3", "dflash", "medusa", "mlp_speculator")
+MODEL_METHODS = ("draft_model", "eagle", "eagle3", "dflash", "dspark", "medusa", "mlp_speculator")
 # Methods with draft weights; "mtp" without `model` uses the target checkpoint's own MTP layers.
 DRAFT_WEIGHT_METHODS = (*MODEL_METHODS, "mtp")
 # vLLM's plugin method: `model` is the import path of a user's proposer class (proposers/base.py's protocol)
 CUSTOM_CLASS = "custom_class"
 SPECULATIVE_METHODS = (*MODEL_FREE_METHODS, *DRAFT_WEIGHT_METHODS, CUSTOM_CLASS)
-PARALLEL_DRAFTING_METHODS = ("eagle", "eagle3", "dflash", "draft_model")
+PARALLEL_DRAFTING_METHODS = ("eagle", "eagle3", "dflash", "dspark", "draft_model")
+# draft architectures vLLM resolves to method "dspark" (DeepSeek-V4's own DSpark layers are its MTP-style drafts)
+DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3OmniDSparkModel", "Gemma4DSparkModel")
 REJECTION_SAMPLE_METHODS = ("strict", "probabilistic", "synthetic")
 # Current vLLM's spellings: "standard" is Leviathan / Chen speculative sampling (this build's "probabilistic"),
 # "block" is Block Verification (Sun et al.): "probabilistic" with enable_block_verify.
@@ -79,6 +81,7 @@ _BOUNDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix_decoding_min_token_prob": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "posterior_threshold": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "posterior_alpha": (lambda v: v >= 0, "must be >= 0"),
+    "dspark_confidence_threshold": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
 }
 
 
@@ -158,6 +161,9 @@ class SpeculativeConfig:
     enable_entropy_verify: bool = False
     posterior_threshold: float = 0.95
     posterior_alpha: float = 0.4
+    # DSpark: a block's drafts are cut where the product of its confidence head's estimates falls below this
+    # (0: every draft; the goodput planner reads the estimates either way)
+    dspark_confidence_threshold: float = 0.0
     # Given as draft_model_config.hf_config.eagle_aux_hidden_state_layer_ids (extract_hidden_states only).
     eagle_aux_hidden_state_layer_ids: tuple[int, ...] | None = None
 
@@ -251,6 +257,7 @@ class _DraftInfo:
     model_type: str | None = None
     n_predict: int | None = None
     max_model_len: int | None = None
+    architecture: str | None = None
 
     @classmethod
     def parse(cls, hf: Mapping[str, Any] | None) -> _DraftInfo:
@@ -270,7 +277,7 @@ class _DraftInfo:
         if n_predict is not None and not (_is_int(n_predict) and n_predict > 0):
             raise ValueError(f"draft_hf_config n_predict={n_predict!r} must be a positive int")
         lengths = [hf[k] for k in _MAX_LEN_KEYS if _is_int(hf.get(k)) and hf[k] > 0]
-        return cls(model_type, n_predict, min(lengths) if lengths else None)
+        return cls(model_type, n_predict, min(lengths) if lengths else None, arch)
 
 
 def _check_target(max_model_len: int | None, tensor_parallel_size: int) -> None:
@@ -333,7 +340,7 @@ def _normalize_method(method: str | None, model: str | None, n: int | None, draf
         if model is None:
             detail = "" if n is None else f" ({_NO_MODEL})"
             raise ValueError(f"speculative_config must set `method` or `model`{detail}")
-        return _infer_method(model, draft.model_type)
+        return _infer_method(model, draft)
     if method == "[ngram]":
         return "ngram"
     if method in MTP_MODEL_TYPES:
@@ -366,14 +373,22 @@ def custom_proposer_path(model: str | None) -> tuple[str, str] | None:
     return module, name
 
 
-def _infer_method(model: str, draft_model_type: str | None) -> str:
-    """vLLM's detection from the model name and the draft's (overridden) model_type."""
+def _infer_method(model: str, draft: _DraftInfo) -> str:
+    """vLLM's detection from the model name and the draft's (overridden) model_type and architecture."""
+    draft_model_type = draft.model_type
     if custom_proposer_path(model) is not None:
         return CUSTOM_CLASS
     if model in ("ngram", "[ngram]"):
         return "ngram"
-    for marker, method in (("eagle-", "eagle"), ("eagle3", "eagle3"), ("dflash", "dflash")):
-        if marker in model.lower():
+    dspark = draft.architecture in DSPARK_ARCHITECTURES
+    dspark |= draft.architecture == "DSparkDraftModel" and draft.model_type == "qwen3"
+    for marker, method in (
+        ("eagle-", "eagle"),
+        ("eagle3", "eagle3"),
+        ("dspark", "dspark"),
+        ("dflash", "dflash"),
+    ):
+        if marker in model.lower() or (method == "dspark" and dspark):
             return method
     if draft_model_type in ("medusa", "mlp_speculator"):
         return draft_model_type
@@ -383,9 +398,11 @@ def _infer_method(model: str, draft_model_type: str | None) -> str:
 def _resolve_method_keys(values: dict[str, Any], draft: _DraftInfo) -> None:
     """Resolve model, ngram bounds, num_speculative_tokens and the token tree for the resolved method."""
     method = values["method"]
-    if method == "dflash":
-        # as in vLLM: a DFlash draft always drafts its block in parallel
+    if method in ("dflash", "dspark"):
+        # as in vLLM: a DFlash / DSpark draft always drafts its block in parallel
         values["parallel_drafting"] = True
+    if values["dspark_confidence_threshold"] and method != "dspark":
+        raise ValueError("dspark_confidence_threshold is only supported by DSpark (method 'dspark')")
     values[_AUX_LAYERS_KEY] = _aux_layer_ids(values.pop("draft_model_config", None), method)
     values["model"] = _resolve_model(method, values["model"], values["num_speculative_tokens"])
     lookup = _resolve_prompt_lookup(method, values["prompt_lookup_min"], values["prompt_lookup_max"])

@@ -68,6 +68,7 @@ def test_every_reference_key_is_accepted():
         "use_heterogeneous_vocab",
         "eagle_topk",
         "num_draft_tokens",
+        "dspark_confidence_threshold",
     }
     assert ALLOWED_KEYS == expected
     fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}

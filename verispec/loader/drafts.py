@@ -4,6 +4,7 @@ modules of verispec/models: config checks, tensors, one `load_draft` each."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from verispec.loader.hf import (
 )
 from verispec.loader.weights import load_draft
 from verispec.models.dflash import _RENAMES, DFlashDraft, dflash_config
+from verispec.models.dspark import DSparkConfig, DSparkDraft, dspark_config, merged_config
 from verispec.models.eagle import SPECULATORS_NAMES, EagleDraft
 from verispec.models.eagle3 import Eagle3Draft
 from verispec.models.medusa import MedusaConfig, MedusaHeads
@@ -159,13 +161,59 @@ def load_dflash(
     folder: str | Path, device: torch.device, dtype: torch.dtype, target: ModelConfig
 ) -> DFlashDraft:
     """A DFlash draft for `target` (its layer count and hidden size size the fusion layer)."""
-    folder = Path(folder)
+    return _load_block_draft(Path(folder), device, dtype, target, spark=False)
+
+
+def load_dspark(
+    folder: str | Path, device: torch.device, dtype: torch.dtype, target: ModelConfig
+) -> DSparkDraft:
+    """A DSpark draft for `target`: DFlash's backbone with a Markov head and a confidence head."""
+    return _load_block_draft(Path(folder), device, dtype, target, spark=True)
+
+
+def _load_block_draft(
+    folder: Path, device: torch.device, dtype: torch.dtype, target: ModelConfig, spark: bool
+) -> DFlashDraft:
     where = str(folder / "config.json")
     hf = read_hf_config(folder)
+    what = "DSpark" if spark else "DFlash"
+    if spark:
+        hf = merged_config(hf)
     spec = dflash_config(hf, target.num_layers, where)
+    if spark:
+        # vLLM runs DSpark blocks non-causal whatever the config says
+        spec = replace(spec, causal=False)
     # vLLM's default RoPE base for DFlash (Qwen3) drafts
     rope = {} if "rope_theta" in hf or "rope_parameters" in hf else {"rope_theta": 1_000_000.0}
     cfg = model_config_from_hf({**hf, **rope, "architectures": ["Qwen3ForCausalLM"]}, where)
+    tensors = _block_draft_tensors(folder, cfg, what)
+    fc_in = len(spec.aux_layers) * target.hidden_size
+    fc = tensors.get("fc.weight")
+    if fc is not None and tuple(fc.shape) != (cfg.hidden_size, fc_in):
+        raise ValueError(
+            f"{folder}: 'fc.weight' has shape {tuple(fc.shape)} but {len(spec.aux_layers)} target layers "
+            f"({[i - 1 for i in spec.aux_layers]}) of hidden size {target.hidden_size} need "
+            f"({cfg.hidden_size}, {fc_in}): an incompatible draft / target pair"
+        )
+    draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
+    if draft_vocab > cfg.vocab_size:
+        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
+    own = ("embed_tokens.weight" in tensors, "lm_head.weight" in tensors)
+    if spark:
+        sc = dspark_config(hf, draft_vocab, where)
+        sc = _spark_heads(tensors, sc, folder)
+        draft = DSparkDraft(cfg, spec, sc, fc_in, draft_vocab, *own)
+        # vLLM's DSpark masks through the embedding's row: a mask_embedding is a placeholder
+        tensors.pop("mask_embedding", None)
+    else:
+        draft = DFlashDraft(cfg, spec, fc_in, draft_vocab, *own)
+    _mask_embedding(draft, tensors, folder)
+    _block_draft_vocab(draft, tensors, draft_vocab, folder)
+    return load_draft(draft, tensors, folder, what, device, dtype)
+
+
+def _block_draft_tensors(folder: Path, cfg: ModelConfig, what: str) -> dict[str, torch.Tensor]:
+    """A DFlash / DSpark checkpoint's tensors under this build's names, checked for the layers it promises."""
     tensors = {}
     for name, value in load_hf_tensors(folder).items():
         name = name.removeprefix("model.")
@@ -180,20 +228,29 @@ def load_dflash(
             "this build does not run; it runs DFlash drafts"
         )
     last = f"layers.{cfg.num_layers - 1}.input_layernorm.weight"
-    require_weights(tensors, [last], folder, "DFlash", f"says {cfg.num_layers} layers")
-    fc_in = len(spec.aux_layers) * target.hidden_size
-    fc = tensors.get("fc.weight")
-    if fc is not None and tuple(fc.shape) != (cfg.hidden_size, fc_in):
-        raise ValueError(
-            f"{folder}: 'fc.weight' has shape {tuple(fc.shape)} but {len(spec.aux_layers)} target layers "
-            f"({[i - 1 for i in spec.aux_layers]}) of hidden size {target.hidden_size} need "
-            f"({cfg.hidden_size}, {fc_in}): an incompatible draft / target pair"
+    require_weights(tensors, [last], folder, what, f"says {cfg.num_layers} layers")
+    return tensors
+
+
+def _spark_heads(tensors: dict, sc: DSparkConfig, folder: Path) -> DSparkConfig:
+    """The Markov head's weights must be there when markov_rank > 0; a confidence head the config enables but the
+    weights lack is left out (vLLM's rule), with a warning."""
+    if sc.markov_rank:
+        names = ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+        require_weights(tensors, names, folder, "DSpark", f"says markov_rank={sc.markov_rank}")
+    if sc.confidence and "confidence_head.proj.weight" not in tensors:
+        logger.warning(
+            "%s: enable_confidence_head is set but the weights have no confidence head; none used", folder
         )
-    draft_vocab = config_int(hf.get("draft_vocab_size") or cfg.vocab_size, "draft_vocab_size", where)
-    if draft_vocab > cfg.vocab_size:
-        raise ValueError(f"{where}: draft_vocab_size={draft_vocab} exceeds vocab_size={cfg.vocab_size}")
-    own_embed, own_head = "embed_tokens.weight" in tensors, "lm_head.weight" in tensors
-    draft = DFlashDraft(cfg, spec, fc_in, draft_vocab, own_embed, own_head)
+        return replace(sc, confidence=False)
+    if not sc.confidence:
+        for name in [n for n in tensors if n.startswith("confidence_head.")]:
+            tensors.pop(name)
+    return sc
+
+
+def _mask_embedding(draft: DFlashDraft, tensors: dict, folder: Path) -> None:
+    cfg = draft.cfg
     if (folder / "mask_embedding.pt").is_file():
         raise ValueError(
             f"{folder}: mask_embedding.pt is a pickle, which this build does not load; store the embedding as a "
@@ -207,13 +264,17 @@ def load_dflash(
                 f"{mask_embedding.dtype} {tuple(mask_embedding.shape)}"
             )
         draft.mask_embedding = mask_embedding.reshape(-1).float()
+
+
+def _block_draft_vocab(draft: DFlashDraft, tensors: dict, draft_vocab: int, folder: Path) -> None:
+    """A reduced draft vocabulary needs the checkpoint's own LM head and its d2t offsets."""
+    cfg = draft.cfg
     d2t = tensors.pop("d2t", None)
     if draft_vocab != cfg.vocab_size:
-        if not own_head or d2t is None:
+        if draft.lm_head is None or d2t is None:
             raise ValueError(
                 f"{folder}: draft_vocab_size={draft_vocab} < vocab_size={cfg.vocab_size} needs its own "
                 f"'lm_head.weight' and a 'd2t' tensor of {draft_vocab} offsets"
             )
         check_token_ids(d2t, "d2t", draft_vocab, cfg.vocab_size, folder, offsets=True)
         draft.d2t = d2t.long()
-    return load_draft(draft, tensors, folder, "DFlash", device, dtype)

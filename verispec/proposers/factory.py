@@ -16,6 +16,7 @@ from verispec.loader.aliases import ALIASES
 from verispec.loader.checkpoint import fuse_if_enabled, load_checkpoint, read_lm_head, resolve_model_path
 from verispec.loader.drafts import (
     load_dflash,
+    load_dspark,
     load_eagle,
     load_eagle3,
     load_medusa,
@@ -25,11 +26,13 @@ from verispec.loader.drafts import (
 from verispec.loader.gguf import build_hf_config, read_gguf_header
 from verispec.loader.hf import read_hf_config
 from verispec.models.decoder import WholeHead
+from verispec.models.dspark import merged_config
 from verispec.models.eagle3 import aux_layer_ids
 from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerNeeds
 from verispec.proposers.custom import build_custom_proposer
 from verispec.proposers.dflash import DFlashProposer
 from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.dspark import DSparkProposer
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.extract_hidden_states import HiddenStatesExtractor, hidden_states_folder
 from verispec.proposers.heads import HeadProposer
@@ -281,8 +284,32 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
 def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
+    draft, mask = _block_draft(cfg, ctx, load_dflash, read_hf_config(Path(cfg.model)), "DFlash", 1)
+    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    return DFlashProposer(draft, ModelRunner(draft, cache, ctx.device), mask)
+
+
+def _dspark(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
+
+    hf = merged_config(read_hf_config(Path(cfg.model)))
+    arch = (hf.get("architectures") or [None])[0]
+    if arch in ("Qwen3OmniDSparkModel", "Gemma4DSparkModel"):
+        raise ValueError(
+            f"speculative_config.model {cfg.model!r} is a {arch} draft; this build runs Qwen3 DSpark drafts "
+            "(Qwen3DSparkModel)"
+        )
+    # the bonus-anchor layout spends a block row on the anchor, as DFlash does
+    anchor_rows = 1 if hf["dflash_config"].get("dspark_bonus_anchor") else 0
+    draft, mask = _block_draft(cfg, ctx, load_dspark, hf, "DSpark", anchor_rows)
+    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    runner = ModelRunner(draft, cache, ctx.device)
+    return DSparkProposer(draft, runner, mask, cfg.dspark_confidence_threshold)
+
+
+def _block_draft(cfg: SpeculativeConfig, ctx: DraftContext, load, hf: dict, what: str, anchor_rows: int):
+    """A DFlash / DSpark draft loaded and bound to the target, checked against it -> (draft, mask token)."""
     target = ctx.target.config
-    draft = load_dflash(cfg.model, ctx.device, ctx.dtype, target)
+    draft = load(cfg.model, ctx.device, ctx.dtype, target)
     c, block = draft.cfg, draft.dflash.block_size
     # the hidden size must match where the draft uses the target's embedding or LM head
     shared = draft.embed_tokens is None or draft.lm_head is None
@@ -292,18 +319,19 @@ def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     ):
         if mine != theirs and (key == "vocab_size" or shared):
             raise ValueError(
-                f"speculative_config.model {cfg.model!r}: DFlash {key}={mine} but the target's is {theirs}"
+                f"speculative_config.model {cfg.model!r}: {what} {key}={mine} but the target's is {theirs}"
             )
-    if cfg.num_speculative_tokens > block - 1:
+    most = block - anchor_rows
+    if cfg.num_speculative_tokens > most:
+        layout = f"the newest token and {block - 1} mask tokens" if anchor_rows else "the newest token first"
         raise ValueError(
             f"num_speculative_tokens={cfg.num_speculative_tokens} but {cfg.model!r} drafts blocks of block_size={block} "
-            f"(the newest token and {block - 1} mask tokens): use at most {block - 1}"
+            f"({layout}): use at most {most}"
         )
-    mask = parallel_drafting_token(read_hf_config(Path(cfg.model)), target.vocab_size)
+    mask = parallel_drafting_token(hf, target.vocab_size)
     draft.bind_target(_shared_target(ctx), mask)
     _follow_target_weights(draft, ctx)
-    cache = KVCache(c, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
-    return DFlashProposer(draft, ModelRunner(draft, cache, ctx.device), mask)
+    return draft, mask
 
 
 def _shared_target(ctx: DraftContext):
@@ -368,6 +396,7 @@ _METHODS: dict[str, _Method] = {
     "eagle3": _Method(_eagle3),
     "mtp": _Method(_mtp),
     "dflash": _Method(_dflash),
+    "dspark": _Method(_dspark),
     CUSTOM_CLASS: _Method(_custom_class),
 }
 SUPPORTED_METHODS = tuple(_METHODS)

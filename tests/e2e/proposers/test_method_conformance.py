@@ -36,6 +36,7 @@ SETUPS = {
     "eagle3": Setup(draft="tiny_eagle3"),
     "mtp": Setup(target="tiny_mimo"),
     "dflash": Setup(draft="tiny_dflash"),
+    "dspark": Setup(draft="tiny_dspark"),
     "custom_class": Setup(
         keys={"num_speculative_tokens": 3, "model": "tests.custom_proposer.RepeatLastToken"}
     ),
