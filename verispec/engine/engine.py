@@ -101,6 +101,8 @@ class LLMEngine:
         self.early_ends = 0
         self.early_exposure = 0
         self.requests: dict[str, Request] = {}
+        # the last step was a prefill chunk (the next one decodes, if requests are decoding)
+        self._prefilled = False
         k = opts.num_speculative_tokens if proposer is not None else 0
         self.counters = EngineCounters(num_spec_tokens=k, spec=SpecDecodingStats(k) if proposer else None)
         self.scheduler = Scheduler(self.cache, self.counters, opts.enable_prefix_caching)
@@ -216,14 +218,20 @@ class LLMEngine:
             return []
         prefill = [r for r in self.running if r.in_prefill]
         c, t0, n0 = self.counters, time.perf_counter(), self.counters.generation_tokens
-        if prefill:
+        # chunked prefill interleaved with decoding: while prompts are prefilled in chunks, every chunk is followed
+        # by a decode step of the running requests, so their streams stall one chunk at most
+        decoding = len(prefill) < len(self.running)
+        if prefill and not (decoding and self._prefilled):
             touched = self._prefill(prefill)
             c.prefill_seconds += time.perf_counter() - t0
+            self._prefilled = True
         else:
             self._preempt(self.scheduler.make_room())
-            touched = self._decode(list(self.running))
+            live = [r for r in self.running if not r.in_prefill]
+            touched = self._decode(live) if live else []
             c.decode_seconds += time.perf_counter() - t0
             c.decode_tokens += c.generation_tokens - n0
+            self._prefilled = False
         c.kv_cache_usage = self.cache.usage
         if self.spec_log is not None:
             self.spec_log.maybe_log()

@@ -49,6 +49,38 @@ def test_chunked_prefill_matches_one_pass(tiny_llama, llm):
     )
 
 
+@pytest.mark.parametrize(
+    "spec", [None, {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}]
+)
+def test_a_long_prompt_does_not_stall_running_requests(tiny_llama, llm, spec):
+    """A prompt prefilled in chunks while another request decodes: every chunk is followed by a decode step, so the
+    running request keeps streaming; both outputs equal their runs alone."""
+    engine = LLM(
+        tiny_llama, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=16, speculative_config=spec
+    ).engine
+    sp = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    short, long = helpers.random_prompts(1, seed=8)[0]["prompt_token_ids"], list(range(5, 105))
+    engine.add_request("a", None, short, sp)
+    while engine.requests["a"].in_prefill or not engine.requests["a"].output_token_ids:
+        engine.step()
+    engine.add_request("b", None, long, sp)
+    # per step: (tokens a has, b still in prefill)
+    trace = []
+    while engine.requests["b"].in_prefill:
+        engine.step()
+        trace.append((len(engine.requests["a"].output_token_ids), engine.requests["b"].in_prefill))
+    grew = [n for (n, _), (m, _) in zip(trace, trace[1:]) if m > n]
+    # 100 prompt tokens in chunks of 16: 7 chunks, a decode step after each of the first 6
+    assert len(trace) >= 12 and len(grew) >= 6
+    outs = {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            if o.finished:
+                outs[o.request_id] = o.outputs[0].token_ids
+    alone = _ids(llm.generate([{"prompt_token_ids": short}, {"prompt_token_ids": long}], sp, use_tqdm=False))
+    assert [outs["a"], outs["b"]] == alone
+
+
 def test_more_requests_than_slots_are_queued(tiny_llama):
     small = LLM(tiny_llama, max_model_len=128, max_num_seqs=3)
     outs = small.generate(
