@@ -43,13 +43,14 @@ class DraftModelProposer:
         mask_token: int | None = None,
         sample_drafts: bool = True,
         vocab_map: VocabMap | None = None,
-        shared_slots: bool = False,
+        target_cache: KVCache | None = None,
     ):
         """mask_token: parallel drafting's filler token (None: K sequential draft forwards). sample_drafts
         (draft_sample_method 'probabilistic'): random requests draft samples of q; False ('greedy'): every request
         drafts the argmax, and q is not kept (it is one-hot at the draft). vocab_map: the draft has its own
-        vocabulary (None: the target's). shared_slots: the draft cache is paged through the target's block table,
-        so a request's draft slot is its target slot (its blocks the target's block ids)."""
+        vocabulary (None: the target's). target_cache: the target's cache when the draft's is paged through its block
+        table (a request's draft slot is then its target slot, its blocks the target's block ids, and a cached
+        prefix's draft K/V are reused where the pool says they are the committed tokens')."""
         self.runner, self.k, self.mask_token = runner, num_speculative_tokens, mask_token
         self.map = vocab_map.to(runner.device) if vocab_map is not None else None
         # with a vocab_map: each request's context in draft ids, and how many of its target tokens that covers
@@ -62,19 +63,31 @@ class DraftModelProposer:
         # tokens of the request whose K/V the draft cache holds
         self.computed: dict[str, int] = {}
         self.generator = S.make_generator(seed + 1, runner.device)
-        self.shared_slots = shared_slots
+        self.target = target_cache
+        # per request: its leading blocks marked as drafted in the target's pool
+        self.marked: dict[str, int] = {}
 
     def add_request(self, req: Request) -> None:
-        # a cached prefix's draft K/V may be another request's or stale: the draft computes every position itself
-        slot = req.slot if self.shared_slots else self.cache.allocate()
+        slot = req.slot if self.target is not None else self.cache.allocate()
         assert slot is not None, "draft cache has as many slots as the target's"
         self.slot[req.request_id], self.computed[req.request_id] = slot, 0
+        self.marked[req.request_id] = 0
+        if self.target is None:
+            return
+        # a cached prefix: its leading blocks whose draft K/V some request finished writing for these very tokens
+        pool, blocks = self.target.pool, self.target.blocks[slot]
+        n = next(
+            (i for i in range(req.num_cached_blocks) if not pool.drafted(blocks[i])), req.num_cached_blocks
+        )
+        self.computed[req.request_id] = self.marked[req.request_id] = n
+        self.computed[req.request_id] *= self.target.block_size
 
     def remove_request(self, req: Request, aborted: bool) -> None:
         slot = self.slot.pop(req.request_id, None)
-        if slot is not None and not self.shared_slots:
+        if slot is not None and self.target is None:
             self.cache.free(slot)
         self.computed.pop(req.request_id, None)
+        self.marked.pop(req.request_id, None)
         self.draft_ids.pop(req.request_id, None)
         self.translated.pop(req.request_id, None)
 
@@ -103,6 +116,19 @@ class DraftModelProposer:
             )
             self.computed[r.request_id] = n
         return rows
+
+    def _mark_drafted(self, reqs: list[Request]) -> None:
+        """After a catch-up: each request's cached blocks below its caught-up length hold the draft K/V of their
+        committed tokens; say so in the target's pool (a later request with this prefix reuses them)."""
+        if self.target is None:
+            return
+        bs, pool = self.target.block_size, self.target.pool
+        for r in reqs:
+            rid, blocks = r.request_id, self.target.blocks[r.slot]
+            i = self.marked[rid]
+            while i < min(self.computed[rid] // bs, len(blocks)) and pool.mark_drafted(blocks[i]):
+                i += 1
+            self.marked[rid] = i
 
     def _translate(self, r: Request) -> list[int]:
         """The request's committed tokens in draft ids, extended by the tokens committed since the last call."""
@@ -147,6 +173,7 @@ class DraftModelProposer:
             return self._propose_parallel(reqs, k_max, k)
         # logits [B, V] at each request's newest token
         out = self.runner.run(self._catch_up_rows(reqs))
+        self._mark_drafted(reqs)
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab)
         tokens, probs, confidence = [], [], []
@@ -182,6 +209,7 @@ class DraftModelProposer:
         ]
         # [B * k, V]: the newest token's position, then each mask's
         logits = self._restrict(self.runner.run(rows).logits)
+        self._mark_drafted(reqs)
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab).repeat_interleave(
             [k] * len(reqs)

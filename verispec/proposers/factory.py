@@ -113,7 +113,7 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         mask_token,
         sample,
         vocab_map,
-        shared_slots=cache.block_table is getattr(target, "block_table", None),
+        target if cache.block_table is getattr(target, "block_table", None) else None,
     )
 
 

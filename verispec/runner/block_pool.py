@@ -37,6 +37,9 @@ class BlockPool:
         # block -> hash of the committed tokens it holds (full blocks only)
         self.hash_of: dict[int, bytes] = {}
         self.by_hash: dict[bytes, int] = {}
+        # block -> the hash its contents had when a drafter with its own K/V in the same block ids (a draft model
+        # paged through this table) finished writing them: valid while the block keeps that hash
+        self.draft_marks: dict[int, bytes] = {}
         # free blocks, the next one handed out first; the values are unused
         self.free_queue: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
 
@@ -59,6 +62,7 @@ class BlockPool:
             h = self.hash_of.pop(b, None)
             if h is not None and self.by_hash.get(h) == b:
                 del self.by_hash[h]
+            self.draft_marks.pop(b, None)
             self.ref[b] = 1
             out.append(b)
         return out
@@ -104,4 +108,19 @@ class BlockPool:
             return False
         self.hash_of.clear()
         self.by_hash.clear()
+        self.draft_marks.clear()
         return True
+
+    def mark_drafted(self, block: int) -> bool:
+        """A drafter wrote its K/V of `block`'s committed tokens: valid for as long as the block holds them. False
+        (nothing marked) while the block holds no cached hash yet."""
+        h = self.hash_of.get(block)
+        if h is None:
+            return False
+        self.draft_marks[block] = h
+        return True
+
+    def drafted(self, block: int) -> bool:
+        """Whether the drafter's K/V of `block` are those of the committed tokens it holds now."""
+        h = self.hash_of.get(block)
+        return h is not None and self.draft_marks.get(block) == h

@@ -149,3 +149,44 @@ def test_a_drafter_of_every_state_drafts_the_same_from_a_cached_prefix(tiny_llam
     f = fresh.engine.counters.spec
     assert (f.num_draft_tokens, f.num_accepted_tokens) == (drafted, accepted)
     assert accepted > 0
+
+
+def test_a_draft_model_reuses_a_cached_prefixs_draft_kv(tiny_llama, tiny_draft):
+    """A draft model paged through the target's block table reuses the draft K/V a finished request wrote for the
+    cached prefix (its first catch-up on turn 2 starts past the reused blocks, not at 0), and drafts exactly what a
+    draft computing that prefix itself drafts."""
+    spec = {
+        "method": "draft_model",
+        "model": tiny_draft,
+        "num_speculative_tokens": 3,
+        "enable_adaptive_verification": False,
+    }
+    prompt = {"prompt_token_ids": helpers.random_prompts(1, seed=4)[0]["prompt_token_ids"] * 4}
+    cached = LLM(tiny_llama, max_model_len=256, speculative_config=spec)
+    first = cached.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
+    follow = {"prompt_token_ids": prompt["prompt_token_ids"] + first + [7, 8, 9, 10]}
+
+    def turn_two(llm: LLM) -> tuple[list[int], list[int], list[list[int]]]:
+        proposer, starts, drafts = llm.engine.proposer, [], []
+        run, propose = proposer.runner.run, proposer.propose
+
+        def recorded_run(rows, *a, **kw):
+            starts.append(rows[0].start)
+            return run(rows, *a, **kw)
+
+        def recorded_propose(reqs, k_max):
+            out = propose(reqs, k_max)
+            drafts.append(out.token_ids[0])
+            return out
+
+        proposer.runner.run, proposer.propose = recorded_run, recorded_propose
+        return _ids(llm.generate([follow], GREEDY, use_tqdm=False))[0], starts, drafts
+
+    out, starts, drafts = turn_two(cached)
+    bs = cached.engine.cache.block_size
+    # turn 1's prompt and answer: at least its prompt's full blocks were drafted
+    assert starts[0] >= len(prompt["prompt_token_ids"]) // bs * bs > 0
+    fresh = LLM(tiny_llama, max_model_len=256, speculative_config=spec, enable_prefix_caching=False)
+    fresh_out, fresh_starts, fresh_drafts = turn_two(fresh)
+    assert fresh_starts[0] == 0
+    assert (out, drafts) == (fresh_out, fresh_drafts)

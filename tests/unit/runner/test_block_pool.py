@@ -69,3 +69,21 @@ def test_reset_forgets_cached_prefixes_only_when_no_block_is_in_use():
     pool.free([b])
     assert pool.reset()
     assert pool.lookup([b"A"]) == []
+
+
+def test_a_draft_mark_holds_while_the_block_keeps_its_hash():
+    pool = BlockPool(4)
+    (b,) = pool.allocate(1)
+    # no hash yet: nothing to vouch for
+    assert not pool.mark_drafted(b) and not pool.drafted(b)
+    h = block_hash(ROOT_HASH, [1, 2])
+    pool.cache(b, h)
+    assert pool.mark_drafted(b) and pool.drafted(b)
+    pool.free([b])
+    assert pool.lookup([h]) == [b] and pool.drafted(b)
+    pool.free([b])
+    # evicted and handed out again (it is the only free block left after these two): the mark goes with the hash
+    pool.allocate(3)
+    assert not pool.drafted(b) and b not in pool.draft_marks
+    pool.cache(b, h)
+    assert not pool.drafted(b)
