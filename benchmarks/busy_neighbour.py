@@ -1,6 +1,10 @@
-"""Decode speed alone and beside one busy process (a Python busy loop on another core), per OpenMP wait policy.
+"""Decode speed alone and beside one busy process (a Python busy loop on another core), per thread policy.
 
-    python benchmarks/busy_neighbour.py --model qwen2.5-coder-1.5b-instruct --policies default,PASSIVE,spin=10000
+    python benchmarks/busy_neighbour.py --model qwen2.5-coder-1.5b-instruct --policies default,fixed,PASSIVE
+
+default: the engine's (its thread governor, verispec/engine/threads.py, drops to one thread while the cores are
+shared); fixed: every thread throughout (VERISPEC_ADAPTIVE_THREADS=0); PASSIVE: OpenMP's passive wait policy;
+spin=N: GOMP_SPINCOUNT=N.
 
 Each policy runs in a fresh process (libgomp reads OMP_WAIT_POLICY when it loads): the same greedy request is timed
 alone (median of --repeats), then --repeats times while the busy loop runs. Prints a table, writes JSON.
@@ -49,8 +53,8 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument(
         "--policies",
-        default="default,PASSIVE",
-        help="OMP_WAIT_POLICY values, or spin=N for GOMP_SPINCOUNT=N; default: both unset",
+        default="default,fixed",
+        help="default (the thread governor), fixed (governor off), OMP_WAIT_POLICY values, spin=N (GOMP_SPINCOUNT)",
     )
     ap.add_argument("--activation-dtype", default="int8", choices=["float32", "int8"])
     ap.add_argument("--tokens", type=int, default=48)
@@ -66,7 +70,9 @@ def main() -> None:
     rows = []
     for policy in args.policies.split(","):
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-        if policy.startswith("spin="):
+        if policy == "fixed":
+            env["VERISPEC_ADAPTIVE_THREADS"] = "0"
+        elif policy.startswith("spin="):
             # libgomp's spin count before a waiting thread sleeps (unset: 300,000 with free cores)
             env["GOMP_SPINCOUNT"] = policy.removeprefix("spin=")
         elif policy != "default":
@@ -85,7 +91,7 @@ def main() -> None:
     print(
         f"\n{args.model}, {args.activation_dtype}, {args.tokens} tokens, median of {args.repeats}; CPU: {cpu_model()}"
     )
-    print("| OMP_WAIT_POLICY | alone tok/s | beside a busy process | slowdown |\n| --- | --- | --- | --- |")
+    print("| thread policy | alone tok/s | beside a busy process | slowdown |\n| --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['policy']} | {r['alone']:.1f} | {r['shared']:.1f} | {r['slowdown']:.1f}x |")
     if args.output:

@@ -67,7 +67,10 @@ def build(build_dir: Path) -> Path:
 
 def run_llama(binary: Path, target: Path, draft: Path, text: str, args, draft_max: int) -> dict:
     cmd = [str(binary), "-m", str(target), "-md", str(draft), "-p", text, "-n", str(args.max_tokens)]
-    cmd += ["--draft-max", str(draft_max), "-t", str(args.threads), "-td", str(args.threads), "--temp", "0"]
+    cmd += ["--spec-type", "draft-simple", "--spec-draft-n-max", str(draft_max)]
+    cmd += ["-t", str(args.threads), "-td", str(args.threads), "--temp", "0"]
+    # --no-repack: the AMX repacked buffers of this build die with SIGILL on this model (as the peer's
+    # llama-cpp-python does without use_extra_bufts, benchmarks/llama_cpp_peer.py)
     cmd += ["-c", "4096", "-s", "1", "--no-repack"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     log = out.stdout + out.stderr
@@ -115,7 +118,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--k", type=int, default=4, help="verispec's num_speculative_tokens (the planner's cap)")
-    ap.add_argument("--draft-max", default="4,16", help="llama.cpp's --draft-max values (16: its default)")
+    ap.add_argument(
+        "--draft-n-max", default="3,4,8", help="llama.cpp's --spec-draft-n-max values (3: its default)"
+    )
     ap.add_argument("--activation-dtype", default="int8", choices=("float32", "int8"))
     ap.add_argument("--build-dir", default=str(ROOT / "bench_results" / "llama.cpp"))
     ap.add_argument("--output", default=None)
@@ -136,10 +141,10 @@ def main() -> None:
         LLM(args.model, speculative_config=spec, **kw), prompts, args.max_tokens
     )
     identical = sum(a == b for a, b in zip(outs, ref))
-    for dm in [int(x) for x in args.draft_max.split(",")]:
+    for dm in [int(x) for x in args.draft_n_max.split(",")]:
         runs = [run_llama(binary, target, draft, t, args, dm) for t in texts]
         n, s = sum(r["tokens"] for r in runs), sum(r["prompt_s"] + r["decode_s"] for r in runs)
-        rows[f"llama.cpp draft-max {dm}"] = {
+        rows[f"llama.cpp draft-n-max {dm}"] = {
             "tokens": n,
             "seconds": s,
             "tok_s": n / s,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -16,6 +17,7 @@ from verispec.engine.drafting import Drafter
 from verispec.engine.options import EngineOptions
 from verispec.engine.scheduler import Scheduler
 from verispec.engine.stop import commit_tokens, length_left, logprob_entry, may_end_early
+from verispec.engine.threads import ThreadGovernor
 from verispec.metrics import EngineCounters, SpecDecodingLogging, SpecDecodingStats
 from verispec.outputs import CompletionOutput, RequestOutput, SpecDecodeMetrics
 from verispec.planner.fixed import FixedPlanner
@@ -114,6 +116,11 @@ class LLMEngine:
         self.state_pool = StatePool(self.cache) if every else None
         self.can_hit = (needs.target_hidden != "all" or every) and not needs.observes_states
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
+        # one thread while another busy process shares the cores (engine/threads.py); one process on the CPU only
+        local = self.device.type == "cpu" and getattr(runner, "close", None) is None
+        adaptive = os.environ.get("VERISPEC_ADAPTIVE_THREADS", "1") != "0"
+        gov = ThreadGovernor(torch.get_num_threads())
+        self.thread_governor = gov if local and adaptive and gov.active else None
         # structured outputs: built on the first request that asks (the tokenizer's vocabulary is read once)
         self._grammars = LazyGrammars(tokenizer, self.runner.model.cfg.vocab_size, self.eos_token_ids)
         if self.spec_log is not None:
@@ -216,6 +223,16 @@ class LLMEngine:
         self._admit()
         if not self.running:
             return []
+        gov = self.thread_governor
+        if gov is None:
+            return self._step()
+        gov.start()
+        try:
+            return self._step()
+        finally:
+            gov.stop()
+
+    def _step(self) -> list[RequestOutput]:
         prefill = [r for r in self.running if r.in_prefill]
         c, t0, n0 = self.counters, time.perf_counter(), self.counters.generation_tokens
         # chunked prefill interleaved with decoding: while prompts are prefilled in chunks, every chunk is followed
