@@ -183,9 +183,26 @@ def main() -> None:
         '\'{"method": "eagle3", "num_speculative_tokens": 3}\' (the shipped SmolLM2 draft), whose drafts read '
         "the cached positions' states",
     )
+    ap.add_argument(
+        "--drafter-only",
+        action="store_true",
+        help="run only the agent loop with --drafter and the cache on (e.g. to compare two builds)",
+    )
     ap.add_argument("--output", help="JSON file for the results")
     args = ap.parse_args()
     kw = dict(max_model_len=4096, max_num_seqs=16, threads=args.threads)
+    if args.drafter_only:
+        llm = LLM(args.model, speculative_config=json.loads(args.drafter), **kw)
+        run = agent_loop({"on+drafter": llm}, args.max_tokens)["on+drafter"]
+        stats = llm.engine.counters.spec
+        print(f"model={args.model} cpu={cpu_model()} drafter={args.drafter}")
+        print(f"agent loop, 8 calls, cache on, with the drafter: {run['seconds']:.2f} s")
+        print(f"drafts accepted / drafted: {stats.num_accepted_tokens} / {stats.num_draft_tokens}")
+        if args.output:
+            Path(args.output).write_text(
+                json.dumps({"cpu": cpu_model(), "args": vars(args), **run}, indent=2)
+            )
+        return
     off = LLM(args.model, enable_prefix_caching=False, **kw)
     on = LLM(args.model, **kw)
     suffix = LLM(args.model, speculative_config={"method": "suffix"}, **kw)

@@ -50,13 +50,18 @@ class ThreadGovernor:
         self._other: float | None = None
         self._probe_at = self._calm_until = 0.0
         self.switches = 0
+        self._applied = threads
 
     @property
     def active(self) -> bool:
         return self.threads > 1
 
     def start(self) -> None:
-        """Before a step."""
+        """Before a step: its thread count (torch's setting is the process's: it is put back after the step, so
+        nothing else in the process, another engine included, runs with the governor's choice)."""
+        self._applied = self.current
+        if self._applied != self.threads:
+            self._set(self._applied)
         self._t0, self._c0 = self._clock(), self._cpu()
 
     def stop(self) -> None:
@@ -65,6 +70,8 @@ class ThreadGovernor:
         self._wall += now - self._t0
         self._used += self._cpu() - self._c0
         self._steps += 1
+        if self._applied != self.threads:
+            self._set(self.threads)
         if self._wall < self.window or self._steps < 2:
             return
         share = self._used / (self._wall * self.current)
@@ -106,6 +113,6 @@ class ThreadGovernor:
             self.pause = min(2 * self.pause, self.max_pause)
 
     def _switch(self, n: int) -> None:
+        """From the next step on."""
         self.current = n
         self.switches += 1
-        self._set(n)
