@@ -496,3 +496,38 @@ def test_per_request_spec_decode_metrics_summary_and_none(tiny_llama):
         assert o.num_draft_tokens > 0
     with pytest.raises(ValueError, match="requires speculative decoding"):
         LLM(tiny_llama, max_model_len=64, per_request_spec_decode_metrics="summary")
+
+
+@pytest.mark.parametrize("activation_dtype", ["float32", "int8"])
+def test_outputs_do_not_depend_on_the_thread_count(smollm2_gguf_file, activation_dtype, monkeypatch):
+    """The thread governor (engine/threads.py) may run any step on one thread: every kernel gives the same bits
+    with one thread as with two (prefill and decode, logprobs compared exactly)."""
+    import torch
+
+    from verispec.kernels.qweight import kernels_available
+
+    if activation_dtype == "int8" and not kernels_available():
+        pytest.skip("int8 activations need the native kernels")
+    # the thread counts this test sets, not the governor's
+    monkeypatch.setenv("VERISPEC_ADAPTIVE_THREADS", "0")
+    llm = LLM(str(smollm2_gguf_file), max_model_len=512, activation_dtype=activation_dtype)
+    sp = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=3)
+    prompts = ["def quicksort(arr):", "Write a haiku about the sea. " * 12]
+    before = torch.get_num_threads()
+    runs = []
+    try:
+        for n in (2, 1):
+            torch.set_num_threads(n)
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            runs.append(
+                [
+                    (
+                        o.outputs[0].token_ids,
+                        [sorted((k, v.logprob) for k, v in lp.items()) for lp in o.outputs[0].logprobs],
+                    )
+                    for o in outs
+                ]
+            )
+    finally:
+        torch.set_num_threads(before)
+    assert runs[0] == runs[1]
