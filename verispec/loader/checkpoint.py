@@ -123,7 +123,7 @@ def load_checkpoint(
         shard = Shard(cfg, tp.rank, tp.size)
     with torch.device("meta"):
         net = DecoderLM(cfg) if shard is None else DecoderLM(shard.local_config(), tp, shard.vocab_sizes)
-    net = net.to_empty(device=device).to(dt)
+    materialize(net, device, dt)
     _init_rope(net, cfg)
     load_decoder_weights(net, tensors, str(path), shard)
     # the layers hold what they keep: the checkpoint's copies go before the huge-page copy
@@ -134,6 +134,22 @@ def load_checkpoint(
     fuse_if_enabled(net)
     net.eval()
     return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))
+
+
+def materialize(net: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give a module built on the meta device uninitialized storage on `device`: floating tensors in `dtype`, the
+    others in their own (torch's to_empty does the same, but its meta path imports torch.fx's symbolic shapes: half
+    a second of every start-up)."""
+    for m in net.modules():
+        for store in (m._parameters, m._buffers):
+            for name, t in store.items():
+                if t is None or not t.is_meta:
+                    continue
+                dt = dtype if t.is_floating_point() else t.dtype
+                new = torch.empty(t.shape, dtype=dt, device=device)
+                store[name] = (
+                    torch.nn.Parameter(new, t.requires_grad) if isinstance(t, torch.nn.Parameter) else new
+                )
 
 
 def read_lm_head(source: str, tied: bool, keep_quantized: bool = True) -> torch.Tensor | QuantWeight:
