@@ -42,7 +42,6 @@ if spec["engine"] == "verispec":
 else:
     sys.path.insert(0, spec["bench_dir"])
     import llama_cpp_peer
-from adaptive_k import cpu_model
     t = time.perf_counter()
     llm = llama_cpp_peer.load(spec["path"], spec["threads"], n_ctx=spec["ctx"])
     ready = time.perf_counter() - t
