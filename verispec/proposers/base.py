@@ -122,3 +122,16 @@ def scatter(sub: Proposal, rows: list[int], n: int) -> Proposal:
         probs = sub.draft_probs.new_zeros(n, *sub.draft_probs.shape[1:])
         probs[rows] = sub.draft_probs
     return Proposal(drafts, probs, confidence=None if sub.confidence is None else confidence)
+
+
+def argmax_drafts(draft, head_in: torch.Tensor, rows: list[int], counts: list[int]) -> Proposal:
+    """A drafter whose drafts are the argmax at given rows of one forward (DFlash's masks, P-EAGLE's rows): head_in
+    [N, H], rows the packed indices of every request's logits rows in order, counts[b] of them request b's."""
+    idx = torch.tensor(rows, dtype=torch.long, device=head_in.device)
+    # [sum counts]: the step's one host sync
+    flat = draft.draft_ids(head_in.index_select(0, idx)).tolist()
+    out, at = [], 0
+    for c in counts:
+        out.append(flat[at : at + c])
+        at += c
+    return Proposal(out)

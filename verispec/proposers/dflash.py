@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from verispec.models.dflash import DFlashDraft
-from verispec.proposers.base import Proposal, ProposerNeeds
+from verispec.proposers.base import Proposal, ProposerNeeds, argmax_drafts
 from verispec.proposers.state_slots import StateSlots
 from verispec.request import Request
 from verispec.runner.model_runner import ModelRunner, RowInput
@@ -65,11 +65,4 @@ class DFlashProposer(StateSlots):
             )
         ids, positions, ctx, flat = self.runner.build_context(rows)
         head_in = self.draft(self.draft.embed(ids), positions, ctx, self.cache.kv)
-        idx = torch.tensor(flat, dtype=torch.long, device=head_in.device)
-        # [sum k]: the step's one host sync
-        drafts = self.draft.draft_ids(head_in.index_select(0, idx)).tolist()
-        out, at = [], 0
-        for k in k_max:
-            out.append(drafts[at : at + k])
-            at += k
-        return Proposal(out)
+        return argmax_drafts(self.draft, head_in, flat, k_max)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from verispec.proposers.base import Proposal, ProposerNeeds, asked, scatter
+from verispec.proposers.base import Proposal, ProposerNeeds, argmax_drafts, asked, scatter
 from verispec.proposers.state_slots import StateSlots
 from verispec.request import Request
 from verispec.runner.model_runner import ModelRunner, RowInput
@@ -82,7 +82,8 @@ class EagleProposer(StateSlots):
         ids, positions, ctx, last = self.runner.build_context(rows)
         head_in, state = self.draft(self.draft.embed(ids), torch.cat(states), positions, ctx, self.cache.kv)
         if self.mask_token is not None:
-            return self._parallel_drafts(head_in, last, k_max)
+            # P-EAGLE: draft i is the argmax at the i-th logits row (the newest token's, then its masks')
+            return argmax_drafts(self.draft, head_in, last, k_max)
         # [B, H] at each request's newest token
         state = state[last]
         if isinstance(self.tree, DynamicTree):
@@ -102,17 +103,6 @@ class EagleProposer(StateSlots):
         # [B, K]: the step's one host sync
         ids = torch.stack(drafts, dim=1).tolist()
         return Proposal([d[:c] for d, c in zip(ids, k_max)])
-
-    def _parallel_drafts(self, head_in: torch.Tensor, rows: list[int], k_max: list[int]) -> Proposal:
-        """P-EAGLE: draft i of a request is the argmax at its i-th logits row (its newest token's, then its masks')."""
-        idx = torch.tensor(rows, dtype=torch.long, device=head_in.device)
-        # [sum k]: the step's one host sync
-        flat = self.draft.draft_ids(head_in.index_select(0, idx)).tolist()
-        out, at = [], 0
-        for c in k_max:
-            out.append(flat[at : at + c])
-            at += c
-        return Proposal(out)
 
     def _propose_tree(
         self, reqs: list[Request], root_head: torch.Tensor, root_state: torch.Tensor
