@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -12,6 +15,12 @@ import torch
 # switch is read when Triton is imported, so it comes before verispec
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# GGUF loads cache their repacked layout (verispec/loader/layout_cache.py): in a folder of this run's own, never the
+# user's cache; test_layout_cache.py points it elsewhere where it needs to
+if "VERISPEC_LAYOUT_CACHE" not in os.environ:
+    os.environ["VERISPEC_LAYOUT_CACHE"] = tempfile.mkdtemp(prefix="verispec-layouts-")
+    atexit.register(shutil.rmtree, os.environ["VERISPEC_LAYOUT_CACHE"], True)
 
 from tests.helpers import ARCHS
 from tests.tiny_models import write_tiny_checkpoint

@@ -43,41 +43,59 @@ def anonymous_buffer(nbytes: int, huge_pages: bool) -> np.ndarray:
     return whole[start : start + nbytes]
 
 
-def move_weights_to_huge_pages(module: nn.Module) -> int:
-    """Copy the quantized blocks of every layer of `module` that keeps them (Dense.qweight / qparts, Embedding.qweight) into one huge-page
-    buffer, in module order (the order a forward reads them), and point the layers at it. Call it once the layouts
-    are final (after int8 conversion) and before anything records the weights' addresses (FusedLayers).
-    VERISPEC_HUGE_PAGES=0 turns it off. -> bytes moved."""
-    if os.environ.get("VERISPEC_HUGE_PAGES", "1") == "0":
-        return 0
-    # (module, index in its qparts or None for its qweight); no reference to the weights themselves, so that each
-    # copy frees its source at once and the peak stays near one copy of the weights
+def weight_slots(module: nn.Module) -> list[tuple[str, nn.Module, int | None]]:
+    """Every kept-quantized weight of `module` in module order (the order a forward reads them): (module name,
+    module, index in its qparts or None for its qweight)."""
     slots = []
-    for m in module.modules():
+    for name, m in module.named_modules():
         if getattr(m, "qweight", None) is not None:
-            slots.append((m, None))
-        slots += [(m, i) for i in range(len(getattr(m, "qparts", None) or []))]
+            slots.append((name, m, None))
+        slots += [(name, m, i) for i in range(len(getattr(m, "qparts", None) or []))]
+    return slots
 
-    def weight(m: nn.Module, i: int | None) -> QuantWeight:
-        return m.qweight if i is None else m.qparts[i]
 
-    sizes = [weight(m, i).blocks.nbytes for m, i in slots]
-    # each weight starts on a cache line
+def slot_weight(m: nn.Module, i: int | None) -> QuantWeight:
+    return m.qweight if i is None else m.qparts[i]
+
+
+def set_slot_weight(m: nn.Module, i: int | None, w: QuantWeight) -> None:
+    if i is None:
+        m.qweight = w
+    else:
+        m.qparts[i] = w
+
+
+def arena_layout(sizes: list[int]) -> tuple[list[int], int]:
+    """Offsets of weights of `sizes` bytes laid out one after another, each on a cache line; -> (offsets, total)."""
     offsets = list(accumulate((-(-n // _ALIGN) * _ALIGN for n in sizes), initial=0))
-    total = offsets.pop()
+    return offsets[:-1], offsets[-1]
+
+
+def huge_pages_enabled() -> bool:
+    """VERISPEC_HUGE_PAGES=0 keeps every weight in its own (small-page) array."""
+    return os.environ.get("VERISPEC_HUGE_PAGES", "1") != "0"
+
+
+def move_weights_to_huge_pages(module: nn.Module) -> int:
+    """Copy the quantized blocks of every layer of `module` that keeps them (Dense.qweight / qparts,
+    Embedding.qweight) into one huge-page buffer laid out by `arena_layout`, in `weight_slots` order, and point the
+    layers at it. Call it once the layouts are final (after int8 conversion) and before anything records the
+    weights' addresses (FusedLayers). -> bytes moved (0 when huge pages are off)."""
+    if not huge_pages_enabled():
+        return 0
+    # no reference to the weights themselves, so that each copy frees its source at once and the peak stays near
+    # one copy of the weights
+    slots = [(m, i) for _, m, i in weight_slots(module)]
+    offsets, total = arena_layout([slot_weight(m, i).blocks.nbytes for m, i in slots])
     if not total:
         return 0
     arena = anonymous_buffer(total, huge_pages=True)
     for (m, i), off in zip(slots, offsets):
-        q = weight(m, i)
+        q = slot_weight(m, i)
         dst = arena[off : off + q.blocks.nbytes].view(q.blocks.dtype).reshape(q.blocks.shape)
         dst[...] = q.blocks
-        moved = QuantWeight(q.fmt, dst, q.shape)
+        set_slot_weight(m, i, QuantWeight(q.fmt, dst, q.shape))
         del q
-        if i is None:
-            m.qweight = moved
-        else:
-            m.qparts[i] = moved
     _release_freed_memory()
     return total
 

@@ -18,6 +18,7 @@ from verispec.kernels.qweight import QuantWeight, kernels_available
 from verispec.layers.linear import keeps_quantized
 from verispec.layers.linear import use_int8_activations as convert
 from verispec.layers.rotary import rope_inv_freq
+from verispec.loader import layout_cache
 from verispec.loader.aliases import ALIASES, resolve_alias
 from verispec.loader.gguf import load_gguf, load_gguf_tensor
 from verispec.loader.hf import load_hf_tensors, read_hf_config, read_json, safetensors_files
@@ -90,7 +91,7 @@ def load_checkpoint(
         allowed = ", ".join(ACTIVATION_DTYPES)
         raise ValueError(f"activation_dtype={activation_dtype!r} is not supported; allowed: {allowed}")
     path = resolve_model_path(model)
-    tok = None
+    tok, cached, cache_key = None, None, None
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"{path}: not a .gguf file or HF folder (pickle checkpoints are never loaded)")
@@ -98,7 +99,11 @@ def load_checkpoint(
         # On the CPU in float32, quantized projections stay in their blocks for the native kernels.
         keep = keep_quantized and device.type == "cpu" and dtype in ("auto", "float32", torch.float32)
         keep = keep and kernels_available()
-        gguf = load_gguf(path, keep_quantized=keep)
+        if keep:
+            shard_id = None if tp is None else (tp.rank, tp.size)
+            cache_key = layout_cache.entry_key(path, activation_dtype, shard_id)
+            cached = layout_cache.find(layout_cache.cache_root(), cache_key)
+        gguf = load_gguf(path, keep_quantized=keep, with_tensors=cached is None)
         hf_config, tensors, tok, eos = gguf.hf_config, gguf.tensors, gguf.tokenizer, list(gguf.eos_token_ids)
         del gguf
     else:
@@ -121,19 +126,33 @@ def load_checkpoint(
     if tp is not None:
         check_divisible(cfg, tp.size)
         shard = Shard(cfg, tp.rank, tp.size)
-    with torch.device("meta"):
-        net = DecoderLM(cfg) if shard is None else DecoderLM(shard.local_config(), tp, shard.vocab_sizes)
-    materialize(net, device, dt)
-    _init_rope(net, cfg)
-    load_decoder_weights(net, tensors, str(path), shard)
-    # the layers hold what they keep: the checkpoint's copies go before the huge-page copy
-    del tensors
-    if activation_dtype == "int8":
-        use_int8_activations(net, str(path))
-    move_weights_to_huge_pages(net)
+    net = _build(cfg, shard, tp, device, dt)
+    if cached is not None and not layout_cache.restore(cached, net):
+        # a damaged entry (now deleted): load from the GGUF after all
+        net, cached = _build(cfg, shard, tp, device, dt), None
+        tensors = load_gguf(path, keep_quantized=True).tensors
+    if cached is None:
+        load_decoder_weights(net, tensors, str(path), shard)
+        # the layers hold what they keep: the checkpoint's copies go before the huge-page copy
+        del tensors
+        if activation_dtype == "int8":
+            use_int8_activations(net, str(path))
+        move_weights_to_huge_pages(net)
+        layout_cache.save(layout_cache.cache_root(), cache_key, net, path)
     fuse_if_enabled(net)
     net.eval()
     return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))
+
+
+def _build(
+    cfg: ModelConfig, shard: Shard | None, tp: TPGroup | None, device: torch.device, dtype: torch.dtype
+) -> DecoderLM:
+    """The model (this rank's shard of it) with uninitialized tensors on `device`, RoPE tables filled."""
+    with torch.device("meta"):
+        net = DecoderLM(cfg) if shard is None else DecoderLM(shard.local_config(), tp, shard.vocab_sizes)
+    materialize(net, device, dtype)
+    _init_rope(net, cfg)
+    return net
 
 
 def materialize(net: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> None:

@@ -129,12 +129,12 @@ class GGUFCheckpoint:
     eos_token_ids: list[int] = field(default_factory=list)
 
 
-def load_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFCheckpoint:
+def load_gguf(path: str | Path, keep_quantized: bool = False, with_tensors: bool = True) -> GGUFCheckpoint:
     """Read a GGUF file: config, tensors (HF names) and tokenizer.
 
     Tensors are dequantised to float32, except, with keep_quantized, the 2-D Q4_0 / Q4_1 / Q4_K / Q5_0 / Q8_0 / Q6_K
     weights, which come back as QuantWeight (repacked blocks that dequantize to the same float32 values) for the CPU
-    kernels.
+    kernels. with_tensors=False: the header's checks, config and tokenizer only (tensors empty).
     """
     header = read_gguf_header(path)
     meta = header.metadata
@@ -150,7 +150,7 @@ def load_gguf(path: str | Path, keep_quantized: bool = False) -> GGUFCheckpoint:
     if "tokenizer.ggml.tokens" not in meta:
         raise ValueError(f"{header.path}: GGUF file has no tokenizer.ggml.tokens")
     config = build_hf_config(arch, meta, names, path=header.path)
-    tensors = _load_tensors(header, arch, config, keep_quantized)
+    tensors = _load_tensors(header, arch, config, keep_quantized) if with_tensors else {}
     tokenizer = Tokenizer.from_gguf_fields(meta, arch)
     return GGUFCheckpoint(
         hf_config=config,
