@@ -13,7 +13,7 @@ from typing import Any
 
 from verispec.loader.checkpoint import ACTIVATION_DTYPES, DEFAULT_MODEL
 from verispec.outputs import SPEC_METRICS_LEVELS
-from verispec.runner.kv_cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE
+from verispec.runner.kv_cache import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, KV_CACHE_DTYPES, check_kv_cache_dtype
 from verispec.spec_config import parse_json_config
 
 
@@ -53,6 +53,9 @@ class EngineArgs:
     # tokens per KV block, and automatic prefix caching (on by default, as in vLLM's v1 engine)
     block_size: int = DEFAULT_BLOCK_SIZE
     enable_prefix_caching: bool = True
+    # what K and V are stored in (vLLM's kv_cache_dtype): auto | float32 | float16 | bfloat16; auto = the model's
+    # dtype (float32 on the CPU), float16 under int8 activations (runner/kv_cache.py: kv_cache_torch_dtype)
+    kv_cache_dtype: str = "auto"
     # scheduler: prompt tokens per step, and most tokens one decode step may score (None: 32 on a CPU)
     max_num_batched_tokens: int = 1024
     spec_token_budget: int | None = None
@@ -88,6 +91,7 @@ class EngineArgs:
             raise ValueError(
                 f"activation_dtype={self.activation_dtype!r} is not supported; allowed: {allowed}"
             )
+        check_kv_cache_dtype(self.kv_cache_dtype)
         if self.max_model_len is not None and (not _is_int(self.max_model_len) or self.max_model_len < 2):
             raise ValueError(f"max_model_len must be an integer >= 2, got {self.max_model_len!r}")
         if not _is_int(self.block_size) or self.block_size not in BLOCK_SIZES:
@@ -184,6 +188,12 @@ class EngineArgs:
             help="prefill chunk budget, default 1024",
         )
         parser.add_argument("--dtype", default=default("dtype"), help="auto | float32 | float16 | bfloat16")
+        parser.add_argument(
+            "--kv-cache-dtype",
+            default=default("kv_cache_dtype"),
+            help=f"what K and V are stored in: {' | '.join(KV_CACHE_DTYPES)}; auto = the model's dtype (float32 on "
+            "the CPU), float16 with --activation-dtype int8",
+        )
         parser.add_argument(
             "--activation-dtype",
             default=default("activation_dtype"),

@@ -26,7 +26,7 @@ from verispec.proposers.factory import (
     draft_pages_with_target,
     resolve_speculative_config,
 )
-from verispec.runner.kv_cache import KVCache, plan_cache
+from verispec.runner.kv_cache import KVCache, kv_cache_torch_dtype, plan_cache
 from verispec.runner.model_runner import ModelRunner
 from verispec.runner.tp import STOP, MirroredKVCache, TPModelRunner
 from verispec.runner.tp_worker import (
@@ -138,15 +138,16 @@ def assemble(args: EngineArgs, device: torch.device, ckpt, group: TPGroup | None
     # a drafter with its own KV cache (a draft model) takes its share of the budget
     share = draft_kv_share(spec, cfg)
     budget = int((args.kv_cache_memory_bytes or default_kv_budget(device)) * (1 - share))
-    # K and V are kept in the model's dtype: 2 bytes each on CUDA (bfloat16), 4 on the CPU
+    # the model's dtype (drafts load in it), and the one K and V are stored in
     dtype = ckpt.model.embed_tokens.weight.dtype
+    kv_dtype = kv_cache_torch_dtype(args.kv_cache_dtype, dtype, args.activation_dtype)
     plan = plan_cache(
         cfg,
         args.max_num_seqs,
         args.max_model_len,
         budget,
         lookahead=lookahead,
-        dtype_bytes=dtype.itemsize,
+        dtype_bytes=kv_dtype.itemsize,
         block_size=args.block_size,
         full_length_slots=share > 0 and not draft_pages_with_target(spec),
     )
@@ -154,17 +155,19 @@ def assemble(args: EngineArgs, device: torch.device, ckpt, group: TPGroup | None
     # this rank's KV heads (all of them without tensor parallelism)
     local = ckpt.model.cfg
     if group is None:
-        cache = KVCache(local, plan.num_slots, t_alloc, device, dtype, plan.num_blocks, args.block_size)
+        cache = KVCache(local, plan.num_slots, t_alloc, device, kv_dtype, plan.num_blocks, args.block_size)
         runner = ModelRunner(ckpt.model, cache, device)
     else:
         cache = MirroredKVCache(
-            local, plan.num_slots, t_alloc, device, dtype, plan.num_blocks, args.block_size
+            local, plan.num_slots, t_alloc, device, kv_dtype, plan.num_blocks, args.block_size
         )
         runner = TPModelRunner(ckpt.model, cache, device, group, workers)
         send_plan(group, cache)
     proposer = None
     if spec is not None:
-        ctx = DraftContext(ckpt, plan.num_slots, t_alloc, device, dtype, args.seed, kv_transfer, cache)
+        ctx = DraftContext(
+            ckpt, plan.num_slots, t_alloc, device, dtype, args.seed, kv_transfer, cache, kv_dtype
+        )
         proposer = build_proposer(spec, ctx)
     opts = EngineOptions(
         max_model_len=plan.max_model_len,

@@ -32,17 +32,17 @@ HEADER = Path(__file__).with_name("kernels.h")
 AMX_SOURCE = Path(__file__).with_name("qgemm_amx.c")
 AMX_ONLY = ("amx_init", "qgemm_q4t", "qgemm_q8t")
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-_AVX512 = ("-mavx2", "-mfma", "-mavx512f", "-mavx512dq")
+_AVX512 = ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512dq")
 ISA_FLAGS = {
-    "avx2": ("-mavx2", "-mfma"),
+    "avx2": ("-mavx2", "-mfma", "-mf16c"),
     "avx512": _AVX512,
     "amx": (*_AVX512, "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
 }
 # /proc/cpuinfo flags each build needs
 ISA_CPU_FLAGS = {
-    "avx2": {"avx2", "fma"},
-    "avx512": {"avx2", "fma", "avx512f", "avx512dq"},
-    "amx": {"avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"},
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512dq"},
+    "amx": {"avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"},
 }
 # The int8-activation variants of qgemm_i8.c (compiled into every build), best first: name -> (code, CPU flags)
 INT8_ISAS = {

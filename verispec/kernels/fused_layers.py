@@ -12,6 +12,7 @@ import ctypes
 
 import torch
 
+from verispec.kernels import ops
 from verispec.kernels.build import INT8_ISAS, int8_isa, load_qgemm
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -55,6 +56,7 @@ class ModelDims(ctypes.Structure):
         ("i8_isa", ctypes.c_int32),
         ("allreduce", _P),
         ("ar_ctx", _P),
+        ("kv_dtype", ctypes.c_int32),
     ]
 
 
@@ -195,6 +197,7 @@ class FusedLayers:
             for desc, t in zip(self.descs, kv):
                 desc.kv = t.data_ptr()
             self.dims.cs, self.dims.ch, self.dims.ct = kv[0].stride()[:3]
+            self.dims.kv_dtype = ops.kv_dtype_code(kv[0])
             self._kv = kv
         cos, ssin = rope
         s, q = ctx.cache_pos.shape

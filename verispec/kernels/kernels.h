@@ -26,19 +26,20 @@ int qgemm_i8_isas(void);
 void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nthreads);
 int i8_amx_init(void);
 
-// ops.c: fused decoder ops (shapes and strides documented there).
+// ops.c: fused decoder ops (shapes and strides documented there). kv_dtype: how the KV cache stores K and V.
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
 void attention_f32(const float *q, int64_t S, int64_t Hq, int64_t Q, int64_t D, int64_t qs, int64_t qh, int64_t qq,
-                   const float *k, const float *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
+                   const void *k, const void *v, int64_t Hkv, int64_t T, int64_t ks, int64_t kh, int64_t kt,
                    const int64_t *blocks, int64_t nbt, int64_t bshift, const uint8_t *mask, int64_t ms, int64_t mq,
-                   float scale, float softcap, float *out, const int64_t *qlen, int nthreads);
+                   float scale, float softcap, float *out, const int64_t *qlen, int nthreads, int32_t kv_dtype);
 void add_rmsnorm_f32(const float *h, const float *a, const float *w, int64_t N, int64_t D, float eps, float *sum,
                      float *out);
 void silu_mul_f32(const float *gate_up, int64_t N, int64_t I, float *out, int nthreads);
 void rope_f32(float *x, int64_t S, int64_t H, int64_t Q, int64_t D, int64_t xs, int64_t xh, int64_t xq,
               const float *cos, const float *ssin, const int64_t *qlen);
-void write_kv_f32(float *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
+void write_kv_f32(void *cache, int64_t cs, int64_t ch, int64_t ct, const float *x, int64_t xs, int64_t xh,
                   int64_t xq, const int64_t *pos, int64_t S, int64_t H, int64_t Q, int64_t D,
-                  const int64_t *qlen, const int64_t *blocks, int64_t nbt, int64_t bshift);
+                  const int64_t *qlen, const int64_t *blocks, int64_t nbt, int64_t bshift, int32_t kv_dtype);
 void argmax_rows_f32(const float *x, int64_t N, int64_t V, int64_t stride, int64_t *out, int nthreads);
 void apply_bitmask_f32(float *x, int64_t V, int64_t stride, const int32_t *mask, int64_t W, const int64_t *rows,
                        int64_t R);

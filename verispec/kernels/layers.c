@@ -29,7 +29,7 @@ typedef struct LayerDesc {
     int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 q4, 1 q8, 2 q4t, 3 q8t, 4 q4v, 5 q8v, 6 q6v, 7 q6
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
-    float *kv;                                         // this layer's paged cache [blocks, 2 Hkv, bs, D]
+    void *kv;                                          // this layer's paged cache [blocks, 2 Hkv, bs, D]
     const uint8_t *w_k, *w_v;  // q, k and v apart (their formats differ): w_qkv holds q's rows; NULL: fused
     int32_t f_k, f_v;
 } LayerDesc;
@@ -44,6 +44,7 @@ typedef struct ModelDims {
     int32_t i8_isa;  // the qgemm_i8 variant for q4v / q8v / q6v weights (int8 activations)
     allreduce_fn allreduce;  // NULL: one rank; else called on the attention and MLP outputs of every layer
     void *ar_ctx;
+    int32_t kv_dtype;  // how the cache stores K and V (KV_F32, KV_F16, KV_BF16)
 } ModelDims;
 
 static void qgemm(const ModelDims *m, int32_t fmt, const float *x, int64_t M, int64_t K, const uint8_t *w,
@@ -132,11 +133,13 @@ void decoder_layers_f32(const LayerDesc *layers, int64_t n_layers, const ModelDi
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(qkv_pad + pack[n] * F, qkv + n * F, sizeof(float) * F);
         rope_f32(qkv_pad, S, hq + hkv, Q, D, Q * F, D, F, cos, ssin, qlen);
-        float *cache = L->kv;
+        char *cache = L->kv;
         write_kv_f32(cache, m->cs, m->ch, m->ct, qkv_pad + hq * D, Q * F, D, F, cache_pos, S, 2 * hkv, Q, D, qlen,
-                     blocks, nbt, bshift);
-        attention_f32(qkv_pad, S, hq, Q, D, Q * F, D, F, cache, cache + hkv * m->ch, hkv, kv_len, m->cs, m->ch,
-                      m->ct, blocks, nbt, bshift, mask, ms, mq, m->scale, m->softcap, attn_pad, qlen, nthreads);
+                     blocks, nbt, bshift, m->kv_dtype);
+        // V heads follow the K heads: hkv head strides of kv_dtype's elements further
+        const char *vcache = cache + hkv * m->ch * (m->kv_dtype == KV_F32 ? 4 : 2);
+        attention_f32(qkv_pad, S, hq, Q, D, Q * F, D, F, cache, vcache, hkv, kv_len, m->cs, m->ch, m->ct, blocks,
+                      nbt, bshift, mask, ms, mq, m->scale, m->softcap, attn_pad, qlen, nthreads, m->kv_dtype);
         if (pack)
             for (int64_t n = 0; n < N; n++) memcpy(attn + n * O, attn_pad + pack[n] * O, sizeof(float) * O);
         qgemm(m, L->f_o, attn, N, O, L->w_o, H, a, nthreads);

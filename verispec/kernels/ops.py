@@ -21,6 +21,19 @@ def _usable(*xs: torch.Tensor) -> bool:
     return all(x.is_cpu and x.dtype is f32 for x in xs) and load_qgemm() is not None
 
 
+# how the KV cache stores K and V: the kernels' KV_F32 / KV_F16 / KV_BF16 (kernels.h)
+KV_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
+
+def kv_dtype_code(cache: torch.Tensor) -> int:
+    return KV_DTYPE_CODES[cache.dtype]
+
+
+def _cache_ok(cache: torch.Tensor) -> bool:
+    """A KV cache (or a view of one) the kernels read and write: on the CPU, in one of KV_DTYPE_CODES' dtypes."""
+    return cache.is_cpu and cache.dtype in KV_DTYPE_CODES
+
+
 def _lengths_ok(qlen: torch.Tensor | None, s: int) -> bool:
     """qlen is None or [S] int64, contiguous, on the CPU."""
     return qlen is None or (
@@ -91,7 +104,9 @@ def attention(
         if not _table_ok(table, s):
             return None
         blocks, nbt = table.data_ptr(), table.stride(0)
-    if d % 8 or q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride() or not _usable(q, k, v):
+    if d % 8 or q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride() or not _usable(q):
+        return None
+    if not (_cache_ok(k) and v.dtype is k.dtype and v.is_cpu):
         return None
     if mask is not None and (mask.dtype != torch.bool or mask.stride(-1) != 1 or mask.shape[1] != 1):
         return None
@@ -131,6 +146,7 @@ def attention(
         out.data_ptr(),
         _ptr(qlen),
         torch.get_num_threads(),
+        kv_dtype_code(k),
     )
     return out
 
@@ -164,7 +180,9 @@ def write_kv(
     size): cache is the paged cache [num_blocks, H, block_size, D] and position p of sequence s lies in its block
     table[s, p >> shift]."""
     s, h, nq, d = x.shape
-    if cache.stride(-1) != 1 or x.stride(-1) != 1 or not _usable(cache, x) or not _lengths_ok(qlen, s):
+    if cache.stride(-1) != 1 or x.stride(-1) != 1 or not _usable(x) or not _cache_ok(cache):
+        return False
+    if not _lengths_ok(qlen, s):
         return False
     blocks, nbt, shift = None, 0, 0
     if paged is not None:
@@ -193,6 +211,7 @@ def write_kv(
         blocks,
         nbt,
         shift,
+        kv_dtype_code(cache),
     )
     return True
 

@@ -79,17 +79,18 @@ def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> None:
     """Write new K|V x [S, 2*Hkv, Q, D] at the rows' positions into the paged cache [blocks, 2*Hkv, bs, D]."""
     if not ops.write_kv(cache, x, ctx.cache_pos, ctx.qlen, (ctx.blocks, ctx.block_shift)):
         blk, row = ctx.where()
-        cache[blk, :, row] = x.transpose(1, 2)
+        cache[blk, :, row] = x.transpose(1, 2).to(cache.dtype)
 
 
-def read_kv(cache: torch.Tensor, ctx: AttnContext) -> torch.Tensor:
-    """The rows' K|V [S, 2*Hkv, kv_len, D], gathered from their blocks (a copy: the PyTorch and CUDA paths)."""
+def read_kv(cache: torch.Tensor, ctx: AttnContext, dtype: torch.dtype) -> torch.Tensor:
+    """The rows' K|V [S, 2*Hkv, kv_len, D] in `dtype` (the queries'; the cache may store a narrower one), gathered
+    from their blocks (a copy: the PyTorch and CUDA paths)."""
     bs = 1 << ctx.block_shift
     n = -(-ctx.kv_len // bs)
     # [S, n, 2Hkv, bs, D]
     g = cache[ctx.blocks[:, :n]]
     s, _, h, _, d = g.shape
-    return g.transpose(1, 2).reshape(s, h, n * bs, d)[:, :, : ctx.kv_len]
+    return g.transpose(1, 2).reshape(s, h, n * bs, d)[:, :, : ctx.kv_len].to(dtype)
 
 
 def attention(

@@ -73,7 +73,7 @@ class Attention(nn.Module):
         o = ops.attention(q, kv_cache[:, :hkv], kv_cache[:, hkv:], mask, self.scale, cap, ctx.qlen, paged)
         if o is None:
             # [S, 2Hkv, T, D]
-            kv = read_kv(kv_cache, ctx)
+            kv = read_kv(kv_cache, ctx, q.dtype)
             k, v = kv[:, :hkv], kv[:, hkv:]
             if cuda_ops.applies(x):
                 o = cuda_ops.attention(q, k, v, self.scale, cap, ctx.visible(self.sliding))

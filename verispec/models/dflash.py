@@ -104,7 +104,7 @@ class DFlashAttention(nn.Module):
             q, kv_cache[:, :hkv], kv_cache[:, hkv:], ctx.mask, self.scale, None, ctx.qlen, paged
         )
         if o is None:
-            kv = read_kv(kv_cache, ctx)
+            kv = read_kv(kv_cache, ctx, q.dtype)
             o = attention(q, kv[:, :hkv], kv[:, hkv:], ctx.mask, self.scale, None)
             o = o.transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))

@@ -54,6 +54,12 @@ class DraftContext:
     # the target's paged KV cache (verispec.runner.kv_cache.KVCache): a draft model pages its own cache through the
     # target's block table (None: a drafter holds full-length slots)
     target_cache: object = None
+    # what the drafters' KV caches store K and V in (the engine's kv_cache_dtype; None: `dtype`)
+    kv_dtype: torch.dtype | None = None
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
 
 @dataclass

@@ -93,14 +93,14 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             ctx.num_slots,
             ctx.t_alloc,
             ctx.device,
-            ctx.dtype,
+            ctx.cache_dtype,
             target.pool.num_blocks,
             target.block_size,
         )
         cache.block_table = target.block_table
     else:
         # across vocabularies a draft position counts draft tokens: full-length slots of its own
-        cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+        cache = KVCache(draft.config, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.cache_dtype)
     runner = ModelRunner(draft.model, cache, ctx.device)
     keep = cfg.rejection_sample_method == "probabilistic"
     mask_token = parallel_drafting_token(draft.hf_config, dv) if cfg.parallel_drafting else None
@@ -253,7 +253,7 @@ def _eagle(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             )
     draft.bind_target(_shared_target(ctx))
     _follow_target_weights(draft, ctx)
-    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.cache_dtype)
     runner = ModelRunner(draft, cache, ctx.device)
     return EagleProposer(draft, runner, tree=tree, sample_children=_samples_trees(cfg), mask_token=mask)
 
@@ -277,7 +277,7 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     mask = _parallel_eagle(cfg, target.vocab_size, tree)
     draft.bind_target(ctx.target.model)
     _follow_target_weights(draft, ctx)
-    cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    cache = KVCache(replace(draft.cfg, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.cache_dtype)
     runner = ModelRunner(draft, cache, ctx.device)
     return EagleProposer(draft, runner, tuple(layers), tree, _samples_trees(cfg), mask)
 
@@ -285,7 +285,7 @@ def _eagle3(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 def _dflash(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
 
     draft, mask = _block_draft(cfg, ctx, load_dflash, read_hf_config(Path(cfg.model)), "DFlash", 1)
-    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.cache_dtype)
     return DFlashProposer(draft, ModelRunner(draft, cache, ctx.device), mask)
 
 
@@ -301,7 +301,7 @@ def _dspark(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
     # the bonus-anchor layout spends a block row on the anchor, as DFlash does
     anchor_rows = 1 if hf["dflash_config"].get("dspark_bonus_anchor") else 0
     draft, mask = _block_draft(cfg, ctx, load_dspark, hf, "DSpark", anchor_rows)
-    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    cache = KVCache(draft.cfg, ctx.num_slots, ctx.t_alloc, ctx.device, ctx.cache_dtype)
     runner = ModelRunner(draft, cache, ctx.device)
     return DSparkProposer(draft, runner, mask, cfg.dspark_confidence_threshold)
 
@@ -357,7 +357,9 @@ def _mtp(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         )
     layer = load_mtp(target.source, target.config, ctx.device, ctx.dtype)
     layer.bind_target(_shared_target(ctx))
-    cache = KVCache(replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.dtype)
+    cache = KVCache(
+        replace(target.config, num_layers=1), ctx.num_slots, ctx.t_alloc, ctx.device, ctx.cache_dtype
+    )
     return EagleProposer(
         layer,
         ModelRunner(layer, cache, ctx.device),

@@ -27,6 +27,30 @@ DEFAULT_MAX_MODEL_LEN = 4096
 # vLLM's default and accepted block sizes (tokens per block)
 DEFAULT_BLOCK_SIZE = 16
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+# vLLM's kv_cache_dtype values this build stores K and V in (its fp8 ones are refused by name)
+KV_CACHE_DTYPES = {
+    "auto": None,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def check_kv_cache_dtype(name: object) -> None:
+    """ValueError naming kv_cache_dtype and the allowed values for one this build cannot store."""
+    if name not in KV_CACHE_DTYPES:
+        allowed = ", ".join(KV_CACHE_DTYPES)
+        extra = " (fp8 caches are not built for the CPU kernels)" if str(name).startswith("fp8") else ""
+        raise ValueError(f"kv_cache_dtype={name!r} is not supported{extra}; allowed: {allowed}")
+
+
+def kv_cache_torch_dtype(name: str, model_dtype: torch.dtype, activation_dtype: str) -> torch.dtype:
+    """The dtype K and V are stored in. "auto": the model's (float32 on the CPU: transformers' numerics), but
+    float16 under int8 activations (llama.cpp's numerics, whose default cache type it is)."""
+    check_kv_cache_dtype(name)
+    if name != "auto":
+        return KV_CACHE_DTYPES[name]
+    return torch.float16 if activation_dtype == "int8" else model_dtype
 
 
 @dataclass(frozen=True)
@@ -83,14 +107,15 @@ def plan_cache(
 
 
 def _zeros(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Zeroed cache memory. On the CPU in float32, a private anonymous mapping: the OS hands out zero pages lazily,
+    """Zeroed cache memory. On the CPU (float32, float16 or bfloat16), a private anonymous mapping: the OS hands out zero pages lazily,
     so a multi-GiB budget costs nothing until a slot's rows are written (torch.zeros would memset it all at
     start-up). Huge pages are refused for it: a slot's K/V rows of one head lie a head's stride apart, so its first
     tokens would touch (and the kernel zero) a 2 MiB page per head and layer (numpy's own allocations ask for huge
     pages; first prompts then spent much of their time zeroing pages)."""
-    if torch.device(device).type == "cpu" and dtype == torch.float32:
-        buf = anonymous_buffer(4 * int(np.prod(shape)), huge_pages=False)
-        return torch.from_numpy(buf.view(np.float32).reshape(shape))
+    if torch.device(device).type == "cpu" and dtype in (torch.float32, torch.float16, torch.bfloat16):
+        buf = anonymous_buffer(dtype.itemsize * int(np.prod(shape)), huge_pages=False)
+        raw = buf.view(np.float32 if dtype.itemsize == 4 else np.int16).reshape(shape)
+        return torch.from_numpy(raw).view(dtype)
     return torch.zeros(shape, device=device, dtype=dtype)
 
 

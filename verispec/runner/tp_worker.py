@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from verispec.distributed.group import TPGroup, init_group
+from verispec.kernels.ops import KV_DTYPE_CODES
 from verispec.loader.checkpoint import Checkpoint, load_checkpoint
 from verispec.runner.kv_cache import KVCache
 from verispec.runner.model_runner import ModelRunner
@@ -110,15 +111,16 @@ def worker_cache(ckpt: Checkpoint, group: TPGroup) -> KVCache | None:
     msg = group.broadcast(None).tolist()
     if msg[0] != PLAN:
         return None
-    num_slots, t_alloc, num_blocks, block_size = msg[1:]
-    dtype = ckpt.model.embed_tokens.weight.dtype
+    num_slots, t_alloc, num_blocks, block_size, kv_code = msg[1:]
+    dtype = next(d for d, c in KV_DTYPE_CODES.items() if c == kv_code)
     device = ckpt.model.embed_tokens.weight.device
     return KVCache(ckpt.model.cfg, num_slots, t_alloc, device, dtype, num_blocks, block_size)
 
 
 def send_plan(group: TPGroup, cache: KVCache) -> None:
     """Rank 0's half of worker_cache."""
-    plan = [PLAN, cache.num_slots, cache.t_alloc, cache.pool.num_blocks, cache.block_size]
+    kv_code = KV_DTYPE_CODES[cache.kv[0].dtype]
+    plan = [PLAN, cache.num_slots, cache.t_alloc, cache.pool.num_blocks, cache.block_size, kv_code]
     group.broadcast(torch.tensor(plan, dtype=torch.long))
 
 

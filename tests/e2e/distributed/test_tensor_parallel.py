@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import REPEATED_SPAN_PROMPTS, free_port
 from tests.tiny_models import write_tiny_checkpoint, write_tiny_gguf
@@ -39,6 +40,9 @@ def test_fused_layers_speculation_equals_plain_under_tp2(tiny_gguf, activation_d
     args = dict(max_model_len=256, tensor_parallel_size=2, activation_dtype=activation_dtype)
     plain = LLM(tiny_gguf, **args)
     assert plain.engine.runner.model.fused is not None
+    # kv_cache_dtype "auto": float16 under int8 activations, on every rank (the plan carries it)
+    kv = {t.dtype for t in plain.engine.runner.cache.kv}
+    assert kv == {torch.float16 if activation_dtype == "int8" else torch.float32}
     want = _tokens(plain)
     plain.shutdown()
     spec = LLM(tiny_gguf, speculative_config=NGRAM, **args)

@@ -81,6 +81,7 @@ def test_cli_bad_flags_exit_2_with_one_line(tmp_path):
         ["m", "--per-request-spec-decode-metrics", "summary"],
         ["m", "-sc", '{"method": "ngram"}', "--per-request-spec-decode-metrics", "full"],
         ["m", "--shutdown-timeout", "-1"],
+        ["m", "--kv-cache-dtype", "fp8"],
     ]
     procs = [_serve(c) for c in cases]
     for c, proc in zip(cases, procs):

@@ -147,6 +147,58 @@ def test_paged_write_kv_lands_in_the_tables_blocks(bs):
     assert torch.equal(back, ref)
 
 
+NARROW = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize("bs", [8, 16])
+def test_write_kv_into_a_narrow_cache_rounds_as_torch(dtype, bs):
+    """kv_cache_dtype float16 / bfloat16: the kernel's write stores what torch's conversion gives (round to
+    nearest even), overflow and subnormals included."""
+    s, h, q, d, t = 3, 4, 5, 16, 64
+    pool, table = _scattered(torch.zeros(s, h, t, d), bs)
+    pool = pool.to(dtype)
+    x = torch.randn(s, q, h, d, generator=torch.Generator().manual_seed(bs)).transpose(1, 2) * 3
+    x[0, 0, 0, :5] = torch.tensor([1e6, -1e6, 1e-8, -3e-41, 65519.0])
+    pos = torch.stack([torch.arange(q) + o for o in (0, bs - 2, t - q)])
+    ref = pool.clone()
+    blk, row = table.gather(1, pos // bs), pos % bs
+    ref[blk, :, row] = x.transpose(1, 2).to(dtype)
+    assert ops.write_kv(pool, x, pos, None, (table, bs.bit_length() - 1))
+    assert torch.equal(pool.view(torch.int16), ref.view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", NARROW)
+@pytest.mark.parametrize(("s", "q", "t", "d"), [(1, 1, 48, 64), (3, 5, 128, 128), (2, 12, 96, 72)])
+def test_attention_over_a_narrow_cache_is_the_float32_attention_of_its_values(dtype, s, q, t, d):
+    """A float16 / bfloat16 cache's attention is bitwise the float32 kernel's over the same keys widened: only the
+    loads differ."""
+    hq, hkv, bs = 6, 2, 16
+    g = torch.Generator().manual_seed(s * q + d)
+    qt = torch.randn(s, hq, q, d, generator=g)
+    cache = torch.randn(s, 2 * hkv, t, d, generator=g).to(dtype)
+    pool, table = _scattered(cache.float(), bs)
+    narrow = pool.to(dtype)
+    kv_len = t - 3
+    mask = torch.ones(q, kv_len, dtype=torch.bool).tril(kv_len - q).expand(s, 1, q, kv_len).clone()
+    paged = (table, bs.bit_length() - 1, kv_len)
+    wide = ops.attention(qt, pool[:, :hkv], pool[:, hkv:], mask, 0.125, None, None, paged)
+    out = ops.attention(
+        qt, narrow[:, :hkv], narrow[:, hkv:], mask, 0.125, 30.0 if d == 72 else None, None, paged
+    )
+    if d != 72:
+        assert torch.equal(out, wide)
+    ref = torch_attention(
+        qt,
+        cache[:, :hkv, :kv_len].float(),
+        cache[:, hkv:, :kv_len].float(),
+        mask,
+        0.125,
+        30.0 if d == 72 else None,
+    )
+    torch.testing.assert_close(out, ref.transpose(1, 2).reshape(s, q, hq * d), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("q", "t", "hq", "hkv"), [(5, 300, 9, 3), (20, 64, 6, 2), (3, 40, 10, 2)])
 def test_attention_row_does_not_depend_on_its_neighbours(q, t, hq, hkv):
     # a thread takes a sequence's consecutive query rows together (up to 8): each row must come out as it does alone,
