@@ -110,11 +110,12 @@ class LLMEngine:
         self.scheduler = Scheduler(self.cache, self.counters, opts.enable_prefix_caching)
         # a decode step writes its newest token and drafts: up to this many positions past the last
         self.scheduler.lookahead = max(0, self.cache.t_alloc - 1 - opts.max_model_len)
-        # a drafter of every position's states gets a cached prefix's states from the pool beside the KV blocks
+        # a drafter of every position's states (or extract_hidden_states, which saves them) gets a cached prefix's
+        # states from the pool beside the KV blocks
         needs = proposer.needs if proposer is not None else ProposerNeeds()
-        every = needs.target_hidden == "all" and opts.enable_prefix_caching and not needs.observes_states
+        every = (needs.target_hidden == "all" or needs.observes_states) and opts.enable_prefix_caching
         self.state_pool = StatePool(self.cache) if every else None
-        self.can_hit = (needs.target_hidden != "all" or every) and not needs.observes_states
+        self.can_hit = needs.target_hidden != "all" and not needs.observes_states or every
         self.spec_log = SpecDecodingLogging(k, opts.log_interval_s) if proposer else None
         # one thread while another busy process shares the cores (engine/threads.py); one process on the CPU only
         local = self.device.type == "cpu" and getattr(runner, "close", None) is None
@@ -264,7 +265,13 @@ class LLMEngine:
                 if self.state_pool and req.num_computed
                 else None
             )
-            if states is not None:
+            if states is None:
+                continue
+            if self.proposer.needs.observes_states:
+                # [n, len(aux_layers), H]: as if the target had just fed the prefix's tokens
+                n, layers = req.num_computed, len(self.proposer.needs.aux_layers)
+                self.proposer.observe_states([req], [req.tokens_from(0)[:n]], [states.view(n, layers, -1)])
+            else:
                 self.proposer.observe_hidden([req], [states])
 
     def _preempt(self, reqs: list[Request]) -> None:
@@ -346,6 +353,10 @@ class LLMEngine:
             stacked = out.aux_hidden.view(out.aux_hidden.shape[0], -1, out.hidden.shape[-1])
             sizes = [len(r.token_ids) for r in rows]
             self.proposer.observe_states(reqs, [r.token_ids for r in rows], list(stacked.split(sizes)))
+            if self.state_pool is not None:
+                # nothing is speculated: every token fed is committed, its states kept beside its K/V
+                for row, part in zip(rows, out.aux_hidden.split(sizes)):
+                    self.state_pool.write(row.slot, row.start, part)
         if not want_all:
             return out, None
         return out, (out.aux_hidden if aux else out.hidden_all)

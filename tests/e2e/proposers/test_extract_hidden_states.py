@@ -128,3 +128,24 @@ def test_kv_transfer_config_needs_the_extract_method(tiny_llama, tmp_path):
         ValueError, match="only supported with speculative_config method 'extract_hidden_states'"
     ):
         LLM(tiny_llama, kv_transfer_config=kv)
+
+
+def test_a_cached_prefix_is_saved_from_the_pool_beside_its_blocks(tiny_llama, tmp_path):
+    """The second request on a prompt hits the prefix cache (its cached positions are not recomputed) and still
+    saves every token's states: those of the cached positions kept beside their K/V blocks by the first."""
+    prompt = {"prompt_token_ids": [(7 * i + 3) % 250 + 3 for i in range(45)]}
+    sp = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    cached = _llm(tiny_llama, tmp_path / "on")
+    first = cached.generate([prompt], sp, use_tqdm=False)[0]
+    second = cached.generate([prompt], sp, use_tqdm=False)[0]
+    # the prompt's two full blocks came from the cache
+    assert cached.engine.counters.prefix_cache_hits == 32
+    fresh = _llm(tiny_llama, tmp_path / "off", enable_prefix_caching=False).generate(
+        [prompt], sp, use_tqdm=False
+    )[0]
+    a, b, c = (load_file(o.kv_transfer_params["hidden_states_path"]) for o in (first, second, fresh))
+    assert a["token_ids"].tolist() == b["token_ids"].tolist() == c["token_ids"].tolist()
+    assert b["hidden_states"].shape == c["hidden_states"].shape
+    # the cached positions' states are the first request's, bitwise
+    assert torch.equal(b["hidden_states"][:32], a["hidden_states"][:32])
+    torch.testing.assert_close(b["hidden_states"], c["hidden_states"], atol=1e-5, rtol=0)
