@@ -102,10 +102,19 @@ def test_the_real_pair_samples_the_targets_law():
         "num_speculative_tokens": 3,
         "enable_adaptive_verification": False,
     }
-    llm = LLM(BIG, activation_dtype="int8", speculative_config=cfg, max_model_len=128, max_num_seqs=64)
+    # every request verifies its drafts in the same step (the CPU default budget of 32 rows would cut them)
+    llm = LLM(
+        BIG,
+        activation_dtype="int8",
+        speculative_config=cfg,
+        max_model_len=128,
+        max_num_seqs=64,
+        spec_token_budget=256,
+    )
     # code to continue, 33 tokens: two full blocks every request after the first finds in the prefix cache
     ids = llm.tokenizer.encode("import os\nimport sys\n\n\ndef read_config(path):\n    " * 4, False)[:33]
-    sp = SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True)
+    # 4 tokens: the first from the prompt, then room for every draft (none is asked past max_tokens)
+    sp = SamplingParams(temperature=1.0, max_tokens=4, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": ids}] * 256, sp, use_tqdm=False)
     pairs = [tuple(o.outputs[0].token_ids[:2]) for o in outs]
     stats = llm.engine.counters.spec
