@@ -24,7 +24,7 @@ ENGINE_ARGV = [
     *"m --tokenizer tok --skip-tokenizer-init --max-model-len 64 --max-num-seqs 3".split(),
     *"--max-num-batched-tokens 77 --dtype float16 --activation-dtype int8 --no-keep-quantized".split(),
     *"--device cpu --seed 5 --threads 1 --kv-cache-memory-bytes 12345 --spec-token-budget 9".split(),
-    *"--block-size 32 --no-enable-prefix-caching".split(),
+    *"--block-size 32 --no-enable-prefix-caching --kv-cache-dtype bfloat16".split(),
     *"-tp 2 --distributed-init-method tcp://h:1 --nnodes 2 --node-rank 1 -dp 2".split(),
     *["-sc", json.dumps(SPEC), "--kv-transfer-config", json.dumps(KV)],
     *["--per-request-spec-decode-metrics", "detailed"],
