@@ -184,13 +184,15 @@ def test_tiled_weights_need_the_amx_build():
 
 
 def test_isa_choice_follows_the_cpu_flags(monkeypatch):
-    """amx where the CPU has AMX-BF16 + AVX512-BF16, else avx512, else avx2; asking for more than it has is an error."""
-    base = {"avx2", "fma"}
+    """amx where the CPU has AMX-BF16 + AVX512-BF16, else avx512, else avx2 (each with F16C: the float16 KV cache's
+    conversions); asking for more than it has is an error."""
+    base = {"avx2", "fma", "f16c"}
     avx512 = base | {"avx512f", "avx512dq"}
     amx = avx512 | {"avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"}
     monkeypatch.delenv("VERISPEC_KERNEL_ISA", raising=False)
     for flags, isa in [
         (set(), None),
+        ({"avx2", "fma"}, None),
         (base, "avx2"),
         (avx512, "avx512"),
         (amx - {"amx_bf16"}, "avx512"),
