@@ -16,7 +16,7 @@ from verispec import LLM
 from verispec.config import model_config_from_hf
 from verispec.engine.args import EngineArgs
 from verispec.kernels import ops
-from verispec.kernels.build import int8_isa
+from verispec.kernels.build import int8_isa, load_qgemm
 from verispec.loader.hf import read_hf_config
 from verispec.runner.kv_cache import plan_cache
 
@@ -57,6 +57,7 @@ def test_speculation_changes_nothing_over_a_narrow_cache(tiny_llama, tiny_draft,
             assert {t.dtype for t in drafter.kv} == {getattr(torch, kv)}, spec["method"]
 
 
+@pytest.mark.skipif(load_qgemm() is None, reason="the fused layers need the native kernels")
 @pytest.mark.parametrize("kv", NARROW)
 def test_fused_layers_and_module_path_store_and_read_alike(tiny_gguf, kv, monkeypatch):
     fused, llm = run(tiny_gguf, kv)
