@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,9 +242,16 @@ def forget(entry: Entry) -> None:
 
 
 def prune(root: Path) -> None:
-    """Delete entries whose GGUF is gone, then the least recently used while the cache holds more than
-    VERISPEC_LAYOUT_CACHE_GB."""
+    """Delete unfinished writes, entries whose GGUF is gone, then the least recently used while the cache holds
+    more than VERISPEC_LAYOUT_CACHE_GB."""
     cap = float(os.environ.get("VERISPEC_LAYOUT_CACHE_GB", "8")) * 1e9
+    for partial in root.glob("*.tmp"):
+        # a write that never finished (its process was killed), an hour old
+        try:
+            if time.time() - partial.stat().st_mtime > 3600:
+                partial.unlink()
+        except OSError:
+            pass
     kept = []
     for index_file in root.glob("*.json"):
         entry = find(root, index_file.stem)

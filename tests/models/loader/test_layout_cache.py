@@ -153,7 +153,13 @@ def test_prune_drops_entries_of_gone_files_then_the_least_recently_used(
     stem = next(cache.glob("*.bin")).with_suffix("")
     size = sum(stem.with_suffix(s).stat().st_size for s in (".bin", ".safetensors", ".json"))
     monkeypatch.setenv("VERISPEC_LAYOUT_CACHE_GB", str(1.5 * size / 1e9))
+    # and two unfinished writes: an hour old, and current (another process's)
+    old, current = cache / "x.bin.1.tmp", cache / "y.bin.2.tmp"
+    for p in (old, current):
+        p.write_bytes(b"partial")
+    os.utime(old, (0, 0))
     layout_cache.prune(cache)
     left = [p.read_text() for p in cache.glob("*.json")]
     assert len(left) == 1 and str(copies[2]) in left[0]
-    assert len(list(cache.iterdir())) == 3
+    assert sorted(p.suffix for p in cache.iterdir()) == [".bin", ".json", ".safetensors", ".tmp"]
+    assert current.exists()
