@@ -32,11 +32,12 @@ def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
     """mask: None (every row attends to all t keys) or [1, 1, nq, t] bool, contiguous (the same for every sequence)."""
     s, hq, nq, d = q.shape
     t_alloc = cache.shape[2]
-    # every row real (qlen NULL): a baseline from before the qlen argument has one argument fewer, one from before
-    # kv_dtype two
+    # a contiguous cache (no block table), every row real (qlen NULL); a baseline may predate some arguments: qlen
+    # (24 of them), the block table (26), kv_dtype (27)
     n_args = len(lib.attention_f32.argtypes)
     qlen = (None,) if n_args >= 24 else ()
-    kv = (KV_CODES[cache.dtype],) if n_args >= 25 else ()
+    paged = (None, 0, 0) if n_args >= 26 else ()
+    kv = (KV_CODES[cache.dtype],) if n_args >= 27 else ()
     return lambda: lib.attention_f32(
         q.data_ptr(),
         s,
@@ -53,6 +54,7 @@ def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
         2 * hkv * t_alloc * d,
         t_alloc * d,
         d,
+        *paged,
         None if mask is None else mask.data_ptr(),
         0,
         0 if mask is None else t,
