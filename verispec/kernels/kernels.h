@@ -60,13 +60,14 @@ void decoder_layers_f32(const struct LayerDesc *layers, int64_t n_layers, const 
                         float *normed_out);
 
 // repack.c: GGUF blocks into the layouts of verispec/kernels/qweight.py at load time (Q4_K -> q4, Q6_K -> q6,
-// q4 -> q4t, q8 -> q8t; nsb super-blocks of 256 weights, nb blocks of 32 per row) and q4 / q8 / q6 rows back to
+// q4 -> q4t, q8 -> q8t, q4 / q8 / q6 -> q4v / q8v / q6v; nsb super-blocks of 256 weights, nb blocks of 32 per row) and q4 / q8 / q6 rows back to
 // float32 (fmt: 0 q4, 1 q8, 2 q6): all N rows, or M chosen rows (an embedding lookup; -> -1, or the index of the
 // first row outside [0, N), then nothing is written).
 void repack_q4k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads);
 void repack_q6k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads);
 void tile_q4(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads);
 void tile_q8(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads);
+void int8_layout(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads);
 void dequant_rows(int fmt, const uint8_t *src, int64_t N, int64_t nb, float *dst, int nthreads);
 int64_t dequant_gather(int fmt, const uint8_t *src, int64_t N, int64_t nb, const int64_t *rows, int64_t M,
                        float *dst);

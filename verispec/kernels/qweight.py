@@ -46,6 +46,8 @@ SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 # the kernel library's repacking (repack.c) of these types, and the layout it writes
 _C_REPACK = {"Q4_K": ("repack_q4k", "q4"), "Q6_K": ("repack_q6k", "q6")}
 _C_DEQUANT = {"q4": 0, "q8": 1, "q6": 2}
+# bytes per group of 16 columns and block of 32 in the int8-activation layouts (qgemm_i8.c)
+INT8_BLOCK_BYTES = {"q4": 384, "q8": 576, "q6": 640}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -372,15 +374,24 @@ class QuantWeight:
         out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
         return QuantWeight(TILED[self.fmt], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
-    def for_int8(self) -> QuantWeight | None:
-        """This weight in the q4v / q8v layout of the int8-activation kernels (the same weights); None if its
-        shape does not allow it (N not a multiple of 16)."""
+    def for_int8(self, native: bool = True) -> QuantWeight | None:
+        """This weight in the q4v / q8v / q6v layout of the int8-activation kernels (the same weights); None if its
+        shape does not allow it (N not a multiple of 16). From q4 / q8 / q6 in C where the kernel library is loaded
+        (native=False: numpy, the reference the C conversion is tested against)."""
         n, k = self.shape
         if self.fmt in INT8.values():
             return self
         if n % GROUP:
             return None
         g, nb = n // GROUP, k // QK
+        lib = load_qgemm()
+        if native and self.fmt in _C_DEQUANT and lib is not None and hasattr(lib, "int8_layout"):
+            out = np.empty((n, nb * INT8_BLOCK_BYTES[self.fmt] // GROUP), dtype=np.uint8)
+            src = np.ascontiguousarray(self.blocks)
+            lib.int8_layout(
+                _C_DEQUANT[self.fmt], src.ctypes.data, n, nb, out.ctypes.data, torch.get_num_threads()
+            )
+            return QuantWeight(INT8[self.fmt[:2]], out, self.shape)
         if self.fmt in ("q4", "q4t"):
             d, m, q = self._q4_parts()
             # [G, nb, 8, 64]

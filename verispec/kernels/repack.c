@@ -144,6 +144,50 @@ void tile_q8(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthrea
     }
 }
 
+// q4 / q8 / q6 rows (fmt 0 / 1 / 2) into the int8-activation layouts q4v / q8v / q6v (qgemm_i8.c's header): per
+// group of 16 columns and block, the columns' scales side by side, then 8 rows of 64 bytes, row j holding for
+// column c (bytes 4c..4c+3) the weights k = 4j..4j+3 (q4v: rows 0-3 in the low nibbles, 4-7 in the high ones;
+// q8v: q + 128; q6v: q + 32). The values qweight.py's numpy conversion gives, byte for byte (tested).
+void int8_layout(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
+    static const int64_t in_bytes[3] = {24, 36, 40}, out_bytes[3] = {384, 576, 640};
+    const int64_t G = N / GROUP;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *out = dst + (g * nb + b) * out_bytes[fmt];
+            // [column][k] the weights as stored bytes (q4: 0..15, q8: q + 128, q6: q + 32)
+            uint8_t q[GROUP][QK];
+            for (int c = 0; c < GROUP; c++) {
+                const uint8_t *in = src + ((g * GROUP + c) * nb + b) * in_bytes[fmt];
+                if (fmt == 0) {
+                    float d, m;
+                    get_q4(in, &d, &m, q[c]);
+                    memcpy(out + 4 * c, &d, 4);
+                    memcpy(out + 64 + 4 * c, &m, 4);
+                } else if (fmt == 1) {
+                    memcpy(out + 4 * c, in, 4);
+                    for (int k = 0; k < QK; k++) q[c][k] = in[4 + k] ^ 0x80;
+                } else {
+                    memcpy(out + 4 * c, in, 4);
+                    memcpy(out + 64 + 4 * c, in + 4, 4);
+                    for (int k = 0; k < QK; k++) q[c][k] = (uint8_t)((int8_t)in[8 + k] + 32);
+                }
+            }
+            uint8_t *rows = out + (fmt == 1 ? 64 : 128);
+            if (fmt == 0) {
+                for (int j = 0; j < 4; j++)
+                    for (int c = 0; c < GROUP; c++)
+                        for (int i = 0; i < 4; i++)
+                            rows[j * 64 + 4 * c + i] = q[c][4 * j + i] | (uint8_t)(q[c][16 + 4 * j + i] << 4);
+            } else {
+                for (int j = 0; j < 8; j++)
+                    for (int c = 0; c < GROUP; c++)
+                        for (int i = 0; i < 4; i++) rows[j * 64 + 4 * c + i] = q[c][4 * j + i];
+            }
+        }
+    }
+}
+
 // one q4 / q8 / q6 block (fmt 0 / 1 / 2) to its 32 float32 weights
 static void dequant_block(int fmt, const uint8_t *in, float *out) {
     if (fmt == 0) {

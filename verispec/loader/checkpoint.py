@@ -137,8 +137,10 @@ def load_checkpoint(
         del tensors
         if activation_dtype == "int8":
             use_int8_activations(net, str(path))
-        move_weights_to_huge_pages(net)
-        layout_cache.save(layout_cache.cache_root(), cache_key, net, path)
+        # the weights written to the layout cache, then mapped from it (no copy onto huge pages), as a later load
+        saved = layout_cache.save(layout_cache.cache_root(), cache_key, net, path)
+        if saved is None or not layout_cache.restore(saved, net):
+            move_weights_to_huge_pages(net)
     fuse_if_enabled(net)
     net.eval()
     return Checkpoint(cfg, hf_config, net, tok, tuple(eos), str(path))

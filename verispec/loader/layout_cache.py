@@ -2,11 +2,14 @@
 
 Most of a GGUF load is repacking: blocks re-laid for the kernels (loader/gguf.py -> QuantWeight), converted for int8
 activations, tiled for AMX, then copied onto huge pages (kernels/arena.py). After a first load, `save` writes what
-the model then holds: the quantized weights as one file laid out like the huge-page arena (read straight back into
-a fresh arena), the other tensors (norms, biases, float layers) as safetensors, and a JSON index of where each
-weight sits. `restore` rebuilds the same model from them without reading the GGUF's tensors. An embedding table (a
-tied LM head holds a copy of its own) is mapped from the file instead of read: a lookup touches only its rows, so
-the rest of the table costs no memory (as llama.cpp's mapped GGUF).
+the model then holds: the quantized weights as one file laid out like the huge-page arena, the other tensors (norms,
+biases, float layers) as safetensors, and a JSON index of where each weight sits. `restore` rebuilds the same model
+from them without reading the GGUF's tensors: the weights are the file itself, mapped read-only (as llama.cpp maps
+its GGUF), on 2 MiB pages where the page cache holds it in large folios; a warm load copies nothing, and processes
+mapping one file (data-parallel replicas) share its memory. Every page is faulted in at load, but an embedding
+table's (a tied LM head holds a copy of its own): its lookups touch only their rows, so the rest costs no memory.
+A first load writes the entry, then maps it too. Files are never rewritten in place (a new file is renamed over the
+old), since running processes map them.
 
 An entry is keyed by the GGUF's identity (real path, size, modification time, inode and a hash of its first MiB:
 the whole file is not hashed, which would cost more than the load saves), the kernel library (its file name holds
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import time
 import uuid
@@ -35,7 +39,6 @@ from torch import nn
 
 from verispec.kernels import build
 from verispec.kernels.arena import (
-    anonymous_buffer,
     arena_layout,
     huge_pages_enabled,
     set_slot_weight,
@@ -46,7 +49,7 @@ from verispec.kernels.qweight import QuantWeight
 from verispec.layers.embedding import Embedding
 
 # bumped when the entry's format changes
-VERSION = 1
+VERSION = 2
 # the code whose changes change a layout (beside the kernel library, keyed by its own digest)
 _LAYOUT_CODE = (
     "kernels/qweight.py",
@@ -119,11 +122,11 @@ def find(root: Path | None, key: str | None) -> Entry | None:
     return Entry(stem, index)
 
 
-def save(root: Path | None, key: str | None, net: nn.Module, source: Path) -> None:
+def save(root: Path | None, key: str | None, net: nn.Module, source: Path) -> Entry | None:
     """Write `net`'s weights as an entry for `key` (the index last, under its final name: an entry is whole or
-    absent). A full disk or a read-only folder leaves the cache as it was."""
+    absent). -> the entry; None, the cache as it was, where a full disk or a read-only folder refuses it."""
     if root is None or key is None:
-        return
+        return None
     slots = weight_slots(net)
     weights = [slot_weight(m, i) for _, m, i in slots]
     offsets, total = arena_layout([w.blocks.nbytes for w in weights])
@@ -151,8 +154,9 @@ def save(root: Path | None, key: str | None, net: nn.Module, source: Path) -> No
                     "blocks": list(w.blocks.shape),
                     "shape": list(w.shape),
                     "offset": off,
-                    # an embedding table is read row by row (a tied LM head has a copy of its own)
-                    "mapped": isinstance(m, Embedding),
+                    # an embedding table is read row by row (a tied LM head has a copy of its own): its
+                    # pages are left to the lookups
+                    "lazy": isinstance(m, Embedding),
                 }
                 for (name, m, i), w, off in zip(slots, weights, offsets)
             ],
@@ -166,41 +170,36 @@ def save(root: Path | None, key: str | None, net: nn.Module, source: Path) -> No
                 Path(str(p) + tmp).unlink(missing_ok=True)
             except OSError:
                 pass
-        return
+        return None
     prune(root)
+    return Entry(stem, index)
 
 
 def restore(entry: Entry, net: nn.Module) -> bool:
     """Fill `net` (built as the cached model was, its tensors allocated) from `entry`: the tensors, then every
-    quantized weight as a view of one fresh huge-page arena read from the entry's file. False, with the entry
-    deleted, where the files are damaged or do not fit `net` (the caller then loads from the GGUF)."""
+    quantized weight as a view of the entry's weights file, mapped (map_weights). False, with the entry deleted,
+    where the files are damaged or do not fit `net` (the caller then loads from the GGUF)."""
     index = entry.index
     try:
         tensors = load_file(str(entry.path.with_suffix(".safetensors")))
         modules = dict(net.named_modules())
         _restore_tensors(net, modules, tensors)
-        arena = anonymous_buffer(index["bytes"], huge_pages=True)
-        path = entry.path.with_suffix(".bin")
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size != index["bytes"]:
-                raise ValueError("the cached weights file has the wrong size")
-            for w in index["weights"]:
-                if not w["mapped"]:
-                    f.seek(w["offset"])
-                    _read_all(f, arena[w["offset"] : w["offset"] + _nbytes(w)])
+        weights = map_weights(entry.path.with_suffix(".bin"), index["bytes"])
+        # a module's parts in order (a model just loaded holds them already: replaced)
+        for w in index["weights"]:
+            if w["part"] is not None:
+                modules[w["module"]].qparts = []
         for w in index["weights"]:
             dtype, n = np.dtype(w["dtype"]), _nbytes(w)
-            if w["mapped"]:
-                raw = np.memmap(path, dtype=np.uint8, mode="r", offset=w["offset"], shape=(n,))
-            else:
-                raw = arena[w["offset"] : w["offset"] + n]
+            raw = weights[w["offset"] : w["offset"] + n]
+            if not w["lazy"]:
+                # fault the pages in now, not in the first forwards
+                int(raw[::4096].sum())
             blocks = raw.view(dtype).reshape(w["blocks"])
             m, part = modules[w["module"]], w["part"]
-            if part is not None and getattr(m, "qparts", None) is None:
-                m.qparts = []
-            if part is not None and part != len(m.qparts):
-                raise ValueError("parts out of order")
             if part is not None:
+                if part != len(m.qparts):
+                    raise ValueError("parts out of order")
                 m.qparts.append(None)
             set_slot_weight(m, part, QuantWeight(w["fmt"], blocks, tuple(w["shape"])))
             if hasattr(m, "_packed"):
@@ -214,6 +213,22 @@ def restore(entry: Entry, net: nn.Module) -> bool:
             m.pack()
     os.utime(entry.path.with_suffix(".json"))
     return True
+
+
+def map_weights(path: Path, nbytes: int) -> np.ndarray:
+    """The weights file mapped read-only [nbytes] uint8, asking for huge pages: where the page cache holds it in
+    2 MiB folios (ext4 and others on recent kernels) the mapping uses 2 MiB entries, as the anonymous huge-page arena
+    does, without copying a byte. Its memory is the page cache's, shared with every process mapping the file."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size != nbytes:
+            raise ValueError("the cached weights file has the wrong size")
+        buf = mmap.mmap(f.fileno(), nbytes, access=mmap.ACCESS_READ)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            buf.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass
+    return np.frombuffer(buf, dtype=np.uint8)
 
 
 def _restore_tensors(net: nn.Module, modules: dict[str, nn.Module], tensors: dict[str, torch.Tensor]) -> None:
@@ -280,12 +295,3 @@ def _write_all(f, array: np.ndarray) -> None:
 
 def _nbytes(w: dict) -> int:
     return int(np.prod(w["blocks"])) * np.dtype(w["dtype"]).itemsize
-
-
-def _read_all(f, array: np.ndarray) -> None:
-    view, done = memoryview(array.reshape(-1)), 0
-    while done < len(view):
-        n = f.readinto(view[done : done + _CHUNK])
-        if not n:
-            raise ValueError("the cached weights file is short")
-        done += n

@@ -154,6 +154,8 @@ def test_int8_layout_keeps_the_weights(qtype):
     v = qw.for_int8()
     assert v.fmt == {"q4": "q4v", "q8": "q8v", "q6": "q6v"}[qw.fmt]
     assert torch.equal(v.dequantize(), ref)
+    # the C conversion (repack.c: int8_layout) is the numpy one, byte for byte
+    assert np.array_equal(v.blocks, qw.for_int8(native=False).blocks)
     assert np.array_equal(v.untiled().blocks, qw.blocks)
     assert v.for_int8() is v
     if qw.tiled().fmt != qw.fmt:
