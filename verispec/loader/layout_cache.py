@@ -61,7 +61,7 @@ _LAYOUT_CODE = (
     "layers/embedding.py",
     "distributed/shard.py",
 )
-# read and written in pieces of this many bytes (one read() may return less than asked)
+# written in pieces of this many bytes
 _CHUNK = 64 << 20
 
 
