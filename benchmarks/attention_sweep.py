@@ -24,8 +24,7 @@ import torch
 from adaptive_k import cpu_model, int_list
 from kernel_sweep import baseline_kernels
 
-# the kernels' KV_F32 / KV_F16 / KV_BF16
-KV_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+from verispec.kernels.ops import KV_DTYPE_CODES
 
 
 def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
@@ -37,7 +36,7 @@ def attention_call(lib, q, cache, hkv: int, t: int, out, mask=None):
     n_args = len(lib.attention_f32.argtypes)
     qlen = (None,) if n_args >= 24 else ()
     paged = (None, 0, 0) if n_args >= 26 else ()
-    kv = (KV_CODES[cache.dtype],) if n_args >= 27 else ()
+    kv = (KV_DTYPE_CODES[cache.dtype],) if n_args >= 27 else ()
     return lambda: lib.attention_f32(
         q.data_ptr(),
         s,

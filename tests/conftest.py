@@ -79,6 +79,16 @@ def tiny_llama(tiny_checkpoints) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_gguf(tiny_llama, tmp_path_factory) -> str:
+    """tiny_llama as a GGUF (Q4_1 layers, Q8_0 head) whose weights stay quantized on the CPU."""
+    from pathlib import Path
+
+    from tests.tiny_models import write_tiny_gguf
+
+    return str(write_tiny_gguf(Path(tiny_llama), tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tmp_path_factory) -> str:
     """A different (poorer) llama with the same vocabulary: a deliberately weak draft model."""
     return str(write_tiny_checkpoint(tmp_path_factory.mktemp("draft") / "d", "llama", seed=123, num_layers=1))

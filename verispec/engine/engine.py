@@ -351,12 +351,12 @@ class LLMEngine:
         if every:
             # [tokens, len(aux_layers), H]
             stacked = out.aux_hidden.view(out.aux_hidden.shape[0], -1, out.hidden.shape[-1])
-            sizes = [len(r.token_ids) for r in rows]
-            self.proposer.observe_states(reqs, [r.token_ids for r in rows], list(stacked.split(sizes)))
+            parts = stacked.split([len(r.token_ids) for r in rows])
+            self.proposer.observe_states(reqs, [r.token_ids for r in rows], list(parts))
             if self.state_pool is not None:
                 # nothing is speculated: every token fed is committed, its states kept beside its K/V
-                for row, part in zip(rows, out.aux_hidden.split(sizes)):
-                    self.state_pool.write(row.slot, row.start, part)
+                for row, part in zip(rows, parts):
+                    self.state_pool.write(row.slot, row.start, part.flatten(1))
         if not want_all:
             return out, None
         return out, (out.aux_hidden if aux else out.hidden_all)

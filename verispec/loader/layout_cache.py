@@ -41,7 +41,6 @@ from verispec.kernels import build
 from verispec.kernels.arena import (
     arena_layout,
     huge_pages_enabled,
-    set_slot_weight,
     slot_weight,
     weight_slots,
 )
@@ -61,8 +60,6 @@ _LAYOUT_CODE = (
     "layers/embedding.py",
     "distributed/shard.py",
 )
-# written in pieces of this many bytes
-_CHUNK = 64 << 20
 
 
 @dataclass
@@ -137,7 +134,7 @@ def save(root: Path | None, key: str | None, net: nn.Module, source: Path) -> En
         with open(str(parts[0]) + tmp, "wb") as f:
             for w, off in zip(weights, offsets):
                 f.seek(off)
-                _write_all(f, w.blocks)
+                f.write(np.ascontiguousarray(w.blocks).data)
             f.truncate(total)
         tensors = {k: v.detach().contiguous() for k, v in net.state_dict().items()}
         save_file(tensors, str(parts[1]) + tmp)
@@ -185,31 +182,26 @@ def restore(entry: Entry, net: nn.Module) -> bool:
         modules = dict(net.named_modules())
         _restore_tensors(net, modules, tensors)
         weights = map_weights(entry.path.with_suffix(".bin"), index["bytes"])
-        # a module's parts in order (a model just loaded holds them already: replaced)
+        # each module's parts, in the order the index lists them (weight_slots' order)
+        parts: dict[str, list[QuantWeight]] = {}
         for w in index["weights"]:
-            if w["part"] is not None:
-                modules[w["module"]].qparts = []
-        for w in index["weights"]:
-            dtype, n = np.dtype(w["dtype"]), _nbytes(w)
-            raw = weights[w["offset"] : w["offset"] + n]
+            raw = weights[w["offset"] : w["offset"] + _nbytes(w)]
             if not w["lazy"]:
                 # fault the pages in now, not in the first forwards
                 int(raw[::4096].sum())
-            blocks = raw.view(dtype).reshape(w["blocks"])
-            m, part = modules[w["module"]], w["part"]
-            if part is not None:
-                if part != len(m.qparts):
-                    raise ValueError("parts out of order")
-                m.qparts.append(None)
-            set_slot_weight(m, part, QuantWeight(w["fmt"], blocks, tuple(w["shape"])))
-            if hasattr(m, "_packed"):
-                m._packed = None
+            qw = QuantWeight(w["fmt"], raw.view(np.dtype(w["dtype"])).reshape(w["blocks"]), tuple(w["shape"]))
+            if w["part"] is None:
+                modules[w["module"]].qweight = qw
+            else:
+                parts.setdefault(w["module"], []).append(qw)
+        for name, qws in parts.items():
+            modules[name].qparts = qws
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, SafetensorError):
         forget(entry)
         return False
     for m in net.modules():
-        # float layers pack their weight for MKL once loaded (Dense.finish_loading)
-        if hasattr(m, "pack") and not getattr(m, "quantized", True):
+        # float layers pack their weight for MKL once loaded (Dense.finish_loading; a model just loaded has)
+        if hasattr(m, "pack") and not getattr(m, "quantized", True) and m._packed is None:
             m.pack()
     os.utime(entry.path.with_suffix(".json"))
     return True
@@ -285,12 +277,6 @@ def prune(root: Path) -> None:
             break
         forget(entry)
         total -= size
-
-
-def _write_all(f, array: np.ndarray) -> None:
-    view = memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-    for start in range(0, len(view), _CHUNK):
-        f.write(view[start : start + _CHUNK])
 
 
 def _nbytes(w: dict) -> int:

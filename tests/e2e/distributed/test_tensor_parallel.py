@@ -6,13 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import REPEATED_SPAN_PROMPTS, free_port
-from tests.tiny_models import write_tiny_checkpoint, write_tiny_gguf
+from tests.tiny_models import write_tiny_checkpoint
 from verispec import LLM, SamplingParams
 from verispec.kernels.build import load_qgemm
 
@@ -26,11 +25,6 @@ needs_two_cores = pytest.mark.skipif(
 
 def _tokens(llm: LLM, sampling: SamplingParams = SAMPLING) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(REPEATED_SPAN_PROMPTS, sampling, use_tqdm=False)]
-
-
-@pytest.fixture(scope="module")
-def tiny_gguf(tiny_llama, tmp_path_factory) -> str:
-    return str(write_tiny_gguf(Path(tiny_llama), tmp_path_factory.mktemp("tp") / "tiny.gguf"))
 
 
 @needs_two_cores

@@ -34,13 +34,6 @@ def cache_dtypes(llm: LLM) -> set[torch.dtype]:
     return {t.dtype for t in llm.engine.runner.cache.kv}
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tiny_llama, tmp_path_factory) -> str:
-    from tests.tiny_models import write_tiny_gguf
-
-    return str(write_tiny_gguf(Path(tiny_llama), tmp_path_factory.mktemp("kvd") / "tiny.gguf"))
-
-
 @pytest.mark.parametrize("kv", NARROW)
 def test_speculation_changes_nothing_over_a_narrow_cache(tiny_llama, tiny_draft, tiny_eagle, kv):
     plain, llm = run(tiny_llama, kv)

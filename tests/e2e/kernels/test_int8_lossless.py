@@ -19,15 +19,6 @@ SP = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def tiny_gguf(tiny_llama, tmp_path_factory) -> str:
-    from pathlib import Path
-
-    from tests.tiny_models import write_tiny_gguf
-
-    return str(write_tiny_gguf(Path(tiny_llama), tmp_path_factory.mktemp("gguf") / "tiny.gguf"))
-
-
-@pytest.fixture(scope="module")
 def reference(tiny_gguf):
     """activation_dtype -> batch size -> plain decoding's greedy tokens."""
     out = {}
