@@ -49,6 +49,43 @@ def random_q6_k(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
+def quantize_q4_k(x: np.ndarray) -> np.ndarray:
+    """float32 [N, K] (K a multiple of 256) -> raw Q4_K rows (gguf has no Q4_K quantizer). Simpler than llama.cpp's
+    search, the same format: per 32 weights a min m = max(0, -min x) and scale s = (max x + m) / 15, per 256
+    float16 d = max(s) / 63 and dmin = max(m) / 63 and 6-bit sc = round(s / d), mn = round(m / dmin), q =
+    clip(round((x + dmin mn) / (d sc)), 0, 15), packed as gguf's Q4_K.dequantize_blocks unpacks them."""
+    n, k = x.shape
+    ns = k // 256
+    # [N, ns, sub-block, 32]
+    b = x.astype(np.float32).reshape(n, ns, 8, 32)
+    m = np.maximum(0, -b.min(-1))
+    s = (b.max(-1) + m) / np.float32(15)
+    d, dmin = ((v.max(-1, keepdims=True) / np.float32(63)).astype(np.float16) for v in (s, m))
+    # [N, ns, 8] 6-bit integers
+    sc, mn = (
+        np.clip(np.rint(np.divide(v, h32, out=np.zeros_like(v), where=h32 > 0)), 0, 63).astype(np.uint8)
+        for v, h32 in ((s, d.astype(np.float32)), (m, dmin.astype(np.float32)))
+    )
+    step = (d.astype(np.float32) * sc)[..., None]
+    low = (dmin.astype(np.float32) * mn)[..., None]
+    q = np.clip(np.rint(np.divide(b + low, step, out=np.zeros_like(b), where=step > 0)), 0, 15).astype(
+        np.uint8
+    )
+    # scales: bytes 0-3 sc 0-3 (+ bits 4-5 of sc 4-7 on top), 4-7 mn likewise, 8-11 low nibbles of sc / mn 4-7
+    packed = np.concatenate(
+        [
+            sc[..., :4] | ((sc[..., 4:] >> 4) << 6),
+            mn[..., :4] | ((mn[..., 4:] >> 4) << 6),
+            (sc[..., 4:] & 15) | ((mn[..., 4:] & 15) << 4),
+        ],
+        axis=-1,
+    )
+    # sub-blocks 2i and 2i + 1 share 32 bytes: low and high nibbles
+    qs = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).reshape(n, ns, 128)
+    parts = [d.view(np.uint8).reshape(n, ns, 2), dmin.view(np.uint8).reshape(n, ns, 2), packed, qs]
+    return np.concatenate(parts, axis=-1).reshape(n, -1)
+
+
 def quantize_q6_k(x: np.ndarray) -> np.ndarray:
     """float32 [N, K] (K a multiple of 256) -> raw Q6_K rows (gguf has no Q6_K quantizer). Simpler than llama.cpp's
     search for the best scales, but the same format: per 16 weights a scale s = max|x| / 31, per 256 a float16

@@ -531,13 +531,13 @@ def write_tiny_gguf(
 ) -> Path:
     """A llama-architecture GGUF of the HF checkpoint `hf_folder` (write_tiny_checkpoint's llama): projections in
     `layer_type` (the v projection in `v_type` if given: Q4_K_M files mix them so), the LM head in `head_type`
-    (SmolLM2's mix by default; Q6_K needs rows of whole 256-weight super-blocks), the embedding in `embed_type`
+    (SmolLM2's mix by default; Q4_K and Q6_K need rows of whole 256-weight super-blocks), the embedding in `embed_type`
     (default float32), norms in float32, the tokenizer's vocabulary and merges. Q and K rows get llama.cpp's rotary permutation (the loader undoes it)."""
     import gguf
     from gguf.quants import quantize
     from safetensors.numpy import load_file
 
-    from tests.quant_blocks import quantize_q6_k
+    from tests.quant_blocks import quantize_q4_k, quantize_q6_k
 
     cfg = json.loads((hf_folder / "config.json").read_text())
     tok = json.loads((hf_folder / "tokenizer.json").read_text())
@@ -573,9 +573,8 @@ def write_tiny_gguf(
         else:
             kind = gguf.GGMLQuantizationType[qtype]
             w = np.ascontiguousarray(w, dtype=np.float32)
-            writer.add_tensor(
-                name, quantize_q6_k(w) if qtype == "Q6_K" else quantize(w, kind), raw_dtype=kind
-            )
+            own = {"Q4_K": quantize_q4_k, "Q6_K": quantize_q6_k}.get(qtype)
+            writer.add_tensor(name, own(w) if own else quantize(w, kind), raw_dtype=kind)
 
     add("token_embd.weight", state["model.embed_tokens.weight"], embed_type)
     add("output_norm.weight", state["model.norm.weight"])

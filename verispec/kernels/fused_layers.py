@@ -14,9 +14,10 @@ import torch
 
 from verispec.kernels import ops
 from verispec.kernels.build import INT8_ISAS, int8_isa, load_qgemm
+from verispec.kernels.qweight import INT8_FMT_CODE
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3, "q4v": 4, "q8v": 5, "q6v": 6, "q6": 7}
+FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3, "q4v": 4, "q8v": 5, "q6v": 6, "q6": 7, "q4kv": 8, "q6kv": 9}
 
 
 class LayerDesc(ctypes.Structure):
@@ -135,7 +136,7 @@ class FusedLayers:
             # the all-reduce the C layers call after attention and after the MLP
             self.dims.allreduce, self.dims.ar_ctx = model.tp.c_allreduce()
         fmts = {getattr(d, f"f_{n}") for d in self.descs for n in ("qkv", "k", "v", "o", "gate_up", "down")}
-        if fmts & {FMT_CODE["q4v"], FMT_CODE["q8v"], FMT_CODE["q6v"]}:
+        if fmts & {FMT_CODE[f] for f in INT8_FMT_CODE}:
             # int8 activations: the same variant as the module path (QuantWeight.matmul) takes
             self.dims.i8_isa = INT8_ISAS[int8_isa()][0]
         # the final norm (its eps is the layers' own: why_not_fusable)

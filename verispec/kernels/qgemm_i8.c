@@ -17,6 +17,14 @@
 //   q8v (576 bytes): float d[16], then the 8 rows as uint8 q + 128 (weight = d * q, q in -128..127);
 //   q6v (640 bytes): float d0[16], float d1[16], then the 8 rows as uint8 q + 32 (Q6_K: weight k = d_(k/16) * q,
 //       q in -32..31; rows 0-3 hold k = 0..15, rows 4-7 k = 16..31).
+// and, for Q4_K / Q6_K weights whose scales factor (repack.c: int8_compact), per group and super-block of 8 blocks
+// a 320-byte record, then the blocks (K a multiple of 256):
+//   q4kv (2368 bytes): float16 d[16], float16 m[16], uint8 scale[8][16], uint8 min[8][16], then per block q4v's 4
+//       rows (d_w = d * scale[b % 8], m_w = m * min[b % 8]: q4v's floats, exactly);
+//   q6kv (3392 bytes): float16 d[16], int8 scale[16][16] (half h of block b: row 2 (b % 8) + h), 32 bytes of
+//       padding, then per block 384 bytes: 4 rows of 64 whose low nibbles hold the low 4 bits of q + 32 for rows
+//       0-3 and high nibbles for rows 4-7, then 2 rows of 64 with their high 2 bits (rows 0-3, rows 4-7; row j in
+//       bits 2 (j % 4)..) (d_h = d * scale: q6v's floats, exactly). 4.6 and 6.6 bits a weight against 6 and 10.
 // Per block: dot = sum(q_w * q_x) exactly in int32 (q8v: sum((q_w + 128) q_x) - 128 sum(q_x)), then per column
 //   acc = fma(float(dot), d_w * d_x, acc); q4v: acc = fma(m_w, d_x * sum(q_x), acc)
 // q6v, per half h = 0, 1 of the block (dot_h = sum over its 16 k of (q_w + 32) q_x, minus 32 * sum(q_x)):
@@ -40,9 +48,13 @@
 #define TILE_M 32     // rows swept together over a thread's columns (up to 32 rows read the weights once)
 #define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
 #define PF_BLOCKS 4   // blocks ahead whose weights the VNNI kernels prefetch (decode steps read them from memory)
-enum { Q4V = 0, Q8V = 1, Q6V = 2 };
+enum { Q4V = 0, Q8V = 1, Q6V = 2, Q4KV = 3, Q6KV = 4 };
 enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3, ISA_AVX2 = 4 };
-#define TB(F) ((F) == Q4V ? 384 : (F) == Q8V ? 576 : 640)
+// bytes per column group and block (q4kv / q6kv: on average; their super-block records are SB(F) bytes)
+#define TB(F) ((F) == Q4V ? 384 : (F) == Q8V ? 576 : (F) == Q6V ? 640 : (F) == Q4KV ? 296 : 424)
+#define SB(F) ((F) == Q4KV ? 2368 : 3392)
+// a column group's (at wg) record of block b's super-block
+#define SB_REC(F, wg, b) ((wg) + ((b) >> 3) * SB(F))
 // where a block's 8 weight rows start (after its scales)
 #define WROWS(F) ((F) == Q8V ? 64 : 128)
 
@@ -132,6 +144,11 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define VSTORE_F(p, v) _mm512_storeu_ps(p, v)
 #define VAND(a, b) _mm512_and_si512(a, b)
 #define VSRL16(a, n) _mm512_srli_epi16(a, n)
+#define VSLL16(a, n) _mm512_slli_epi16(a, n)
+#define VOR(a, b) _mm512_or_si512(a, b)
+#define VLOAD_H(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VLOAD_U8(p) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VLOAD_S8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 #define VDP(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
 #define VDP_Q8(acc, w, s) VDP(acc, w, s)
 #define Q8_INIT(c) (-(c))
@@ -398,8 +415,12 @@ int qgemm_i8_isas(void) {
             gemm(Q4V, x, xq, M, K, w, N, y, nthreads);           \
         else if (fmt == Q8V)                                     \
             gemm(Q8V, x, xq, M, K, w, N, y, nthreads);           \
-        else                                                     \
+        else if (fmt == Q6V)                                     \
             gemm(Q6V, x, xq, M, K, w, N, y, nthreads);           \
+        else if (fmt == Q4KV)                                    \
+            gemm(Q4KV, x, xq, M, K, w, N, y, nthreads);          \
+        else                                                     \
+            gemm(Q6KV, x, xq, M, K, w, N, y, nthreads);          \
     } while (0)
 
 void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
@@ -407,10 +428,16 @@ void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint
     if (M <= 0) return;
     // AMX reads whole row tiles: room for up to 15 zero rows past the end
     uint8_t *xq = thread_scratch(SCRATCH_ROWS, (size_t)((M + 15) * ROW_BYTES(K)) + 64);
-    if (isa == ISA_AMX && M < AMX_MIN_ROWS) isa = ISA_AVX512VNNI;
+    // the tile unit reads q4v / q8v / q6v only (AMX CPUs keep those layouts)
+    if (isa == ISA_AMX && (M < AMX_MIN_ROWS || fmt >= Q4KV)) isa = ISA_AVX512VNNI;
 #if HAVE_AMX_INT8
     if (isa == ISA_AMX) {
-        GEMM_BY_FMT(amx_gemm);
+        if (fmt == Q4V)
+            amx_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
+        else if (fmt == Q8V)
+            amx_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
+        else
+            amx_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
         return;
     }
 #endif

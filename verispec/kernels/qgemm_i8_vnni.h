@@ -3,8 +3,9 @@
 //   PFX(name)   the variant's function names (avx512vnni_name / avxvnni_name / avx2i8_name)
 //   VW          output columns per vector: 16 (zmm) or 8 (ymm); a 16-column group is 16 / VW vectors
 //   vi, vf      integer / float vector types
-//   VZERO_I(), VSET1_I(v), VSET1_F(v), VLOAD_I(p), VLOAD_F(p), VSTORE_F(p, v), VAND(a, b), VSRL16(a, n),
-//   VCVT(a), VMUL(a, b), VFMA(a, b, c)
+//   VZERO_I(), VSET1_I(v), VSET1_F(v), VLOAD_I(p), VLOAD_F(p), VSTORE_F(p, v), VAND(a, b), VOR(a, b),
+//   VSRL16(a, n), VSLL16(a, n), VCVT(a), VMUL(a, b), VFMA(a, b, c), and VLOAD_H(p) / VLOAD_U8(p) / VLOAD_S8(p):
+//   VW float16 / uint8 / int8 values as floats
 //   VDP(acc, u8, s8)      acc (int32 lanes) += the sum of 4 byte products u8 x s8 per lane
 //   VDP_Q8(acc, w, s8)    the same for q8v's weight bytes w = q + 128, and Q8_INIT(c) the dot's start given
 //                         c = 128 * sum(q_x): VNNI multiplies w as unsigned and starts at -c; AVX2 takes w - 128
@@ -18,8 +19,17 @@
 //   acc = fma(float(dot), d_w * d_x, acc)   and for q4v   acc = fma(m_w, d_x * sum(q_x), acc).
 // q6v has two scales per block: the dot of each half (16 k, 4 VDPs) is folded in on its own,
 //   acc = fma(float(dot_0), d0_w * d_x, acc), then acc = fma(float(dot_1), d1_w * d_x, acc).
+// q4kv / q6kv are q4v / q6v with the super-block's scales factored (d_w = float16 d x an integer, exact): the same
+// dots and the same float sequence, only fewer bytes to read.
 // That per-column float sequence is the contract every int8 variant (this one at either width, and AMX-INT8)
 // follows, so all of them give bitwise the same y, whatever the tile or the number of rows.
+
+// q6kv: row j's high 2 bits (bits 2j..2j+1 of H's bytes) moved to bits 4-5 of each byte (16-bit shifts: what
+// crosses into the neighbour byte falls outside the 0x30 mask)
+static inline vi PFX(high2)(vi H, int j) {
+    const vi m30 = VSET1_I(0x30303030);
+    return VAND(j == 0 ? VSLL16(H, 4) : j == 1 ? VSLL16(H, 2) : j == 2 ? H : VSRL16(H, 2), m30);
+}
 
 static inline vi PFX(bcast4)(const uint8_t *p) {
     int32_t v;
@@ -50,6 +60,42 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
         for (int c = 0; c < C; c++)
             for (int l = 0; l < TB(F); l += 64)
                 _mm_prefetch((const char *)(wu[c] + (b + PF_BLOCKS) * TB(F) + l), _MM_HINT_T0);
+        if (F == Q6KV) {
+            // super-block record: float16 d [16], int8 scale [16 halves][16], then block b % 8's 384 bytes: 4 rows of
+            // low nibbles (rows 0-3 | rows 4-7 << 4), the high 2 bits of rows 0-3, of rows 4-7
+            const vi lo4 = VSET1_I(0x0F0F0F0F);
+            for (int h = 0; h < 2; h++) {
+                for (int r = 0; r < R; r++) {
+                    const vi init = VSET1_I(-(h ? XH1(x + r * XS, K) : XH0(x + r * XS, K))[b]);
+                    for (int c = 0; c < C; c++) dot[r][c] = init;
+                }
+                for (int j = 0; j < 4; j += 2) {
+                    vi w0[CMAX], w1[CMAX];
+                    for (int c = 0; c < C; c++) {
+                        const uint8_t *rw = SB_REC(F, wu[c], b) + 320 + (b & 7) * 384 + hu[c] * VW * 4;
+                        const vi v0 = VLOAD_I(rw + 64 * j), v1 = VLOAD_I(rw + 64 * (j + 1));
+                        const vi H = VLOAD_I(rw + 256 + 64 * h);
+                        w0[c] = VOR(VAND(h ? VSRL16(v0, 4) : v0, lo4), PFX(high2)(H, j));
+                        w1[c] = VOR(VAND(h ? VSRL16(v1, 4) : v1, lo4), PFX(high2)(H, j + 1));
+                    }
+                    for (int r = 0; r < R; r++) {
+                        const uint8_t *xr = xb + r * XS + 16 * h + 4 * j;
+                        const vi x0 = PFX(bcast4)(xr), x1 = PFX(bcast4)(xr + 4);
+                        for (int c = 0; c < C; c++) dot[r][c] = VDP2(dot[r][c], w0[c], x0, w1[c], x1);
+                    }
+                }
+                vf dh[CMAX];
+                for (int c = 0; c < C; c++) {
+                    const uint8_t *rec = SB_REC(F, wu[c], b);
+                    dh[c] = VMUL(VLOAD_H(rec + hu[c] * VW * 2), VLOAD_S8(rec + 32 + ((b & 7) * 2 + h) * 16 + hu[c] * VW));
+                }
+                for (int r = 0; r < R; r++) {
+                    const vf dx = VSET1_F(XD(x + r * XS, K)[b]);
+                    for (int c = 0; c < C; c++) acc[r][c] = VFMA(VCVT(dot[r][c]), VMUL(dh[c], dx), acc[r][c]);
+                }
+            }
+            continue;
+        }
         if (F == Q6V) {
             for (int h = 0; h < 2; h++) {
                 for (int r = 0; r < R; r++) {
@@ -81,12 +127,13 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
             const vi init = F == Q8V ? VSET1_I(Q8_INIT(XC(x + r * XS, K)[b])) : VZERO_I();
             for (int c = 0; c < C; c++) dot[r][c] = init;
         }
-        if (F == Q4V) {
+        if (F == Q4V || F == Q4KV) {
             const vi lo4 = VSET1_I(0x0F0F0F0F);
             for (int j = 0; j < 4; j++) {
                 vi lo[CMAX], hi[CMAX];
                 for (int c = 0; c < C; c++) {
-                    const vi v = VLOAD_I(wu[c] + b * TB(F) + 128 + 64 * j + hu[c] * VW * 4);
+                    const uint8_t *rw = F == Q4KV ? SB_REC(F, wu[c], b) + 320 + (b & 7) * 256 : wu[c] + b * TB(F) + 128;
+                    const vi v = VLOAD_I(rw + 64 * j + hu[c] * VW * 4);
                     lo[c] = VAND(v, lo4);
                     hi[c] = VAND(VSRL16(v, 4), lo4);
                 }
@@ -105,9 +152,17 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
                 }
             }
         }
-        // the block's scales: float d [16] at its start, then (q4v) float m [16]; this vector's VW of them
+        // the block's scales: float d [16] at its start, then (q4v) float m [16]; this vector's VW of them (q4kv:
+        // float16 d [16] and m [16] of the super-block times the block's uint8 scales [16] and mins [16], exact)
         vf dw[CMAX], mw[CMAX];
         for (int c = 0; c < C; c++) {
+            if (F == Q4KV) {
+                const uint8_t *rec = SB_REC(F, wu[c], b);
+                const int64_t o = (b & 7) * 16 + hu[c] * VW;
+                dw[c] = VMUL(VLOAD_H(rec + hu[c] * VW * 2), VLOAD_U8(rec + 64 + o));
+                mw[c] = VMUL(VLOAD_H(rec + 32 + hu[c] * VW * 2), VLOAD_U8(rec + 192 + o));
+                continue;
+            }
             const float *d = (const float *)(wu[c] + b * TB(F)) + hu[c] * VW;
             dw[c] = VLOAD_F(d);
             mw[c] = F == Q4V ? VLOAD_F(d + GROUP) : dw[c];
@@ -116,7 +171,7 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
             const vf dx = VSET1_F(XD(x + r * XS, K)[b]), sx = VSET1_F(XSUM(x + r * XS, K)[b]);
             for (int c = 0; c < C; c++) {
                 acc[r][c] = VFMA(VCVT(dot[r][c]), VMUL(dw[c], dx), acc[r][c]);
-                if (F == Q4V) acc[r][c] = VFMA(mw[c], sx, acc[r][c]);
+                if (F == Q4V || F == Q4KV) acc[r][c] = VFMA(mw[c], sx, acc[r][c]);
             }
         }
     }
@@ -168,8 +223,12 @@ static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64
                     PFX(row_tiles)(Q4V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
                 else if (F == Q8V)
                     PFX(row_tiles)(Q8V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
-                else
+                else if (F == Q6V)
                     PFX(row_tiles)(Q6V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
+                else if (F == Q4KV)
+                    PFX(row_tiles)(Q4KV, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
+                else
+                    PFX(row_tiles)(Q6KV, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
             }
         }
     }
@@ -186,7 +245,12 @@ static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64
 #undef VLOAD_F
 #undef VSTORE_F
 #undef VAND
+#undef VOR
 #undef VSRL16
+#undef VSLL16
+#undef VLOAD_H
+#undef VLOAD_U8
+#undef VLOAD_S8
 #undef VDP
 #undef VDP_Q8
 #undef Q8_INIT

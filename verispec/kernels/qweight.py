@@ -17,6 +17,10 @@ with one scale per 16 q6 blocks):
       of row j in their low nibbles, k = 16+4j.. in their high ones); q8v (576 bytes) = float32 d[16], 8 such rows
       of uint8 q + 128; q6v (640 bytes) = float32 d0[16], float32 d1[16], 8 such rows of uint8 q + 32 (rows 0-3:
       weights 0-15, scaled by d0; rows 4-7: weights 16-31, by d1). `for_int8()` makes them (N a multiple of 16).
+  q4kv / q6kv: q4v / q6v for Q4_K / Q6_K weights (K a multiple of 256) with their scales factored back into a
+      float16 per super-block times integers (exact: the same floats), per 16 columns and super-block a 320-byte
+      record, then the 8 blocks' rows (q6kv: 6-bit codes as a nibble plane and a 2-bit plane). Layouts:
+      qgemm_i8.c's header. 4.6 / 6.6 bits a weight against 6 / 10; the AMX-INT8 kernel does not read them.
   q6 has no AMX-BF16 layout: the 'amx' build multiplies it with qgemm.c's AVX-512 code.
 Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
 """
@@ -36,7 +40,9 @@ QK = 32
 BLOCK_BYTES = {"q4": 24, "q8": 36, "q6": 40, "q4t": 24, "q8t": 36, "q4v": 24, "q8v": 36, "q6v": 40}
 TILED = {"q4": "q4t", "q8": "q8t"}
 INT8 = {"q4": "q4v", "q8": "q8v", "q6": "q6v"}
-INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2}
+# where a Q4_K / Q6_K weight's scales factor: the compact int8-activation layouts (not on the AMX-INT8 tile unit)
+COMPACT = {"q4": "q4kv", "q6": "q6kv"}
+INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2, "q4kv": 3, "q6kv": 4}
 # q4t / q8t: output columns per AMX tile
 GROUP = 16
 # GGML type names this module repacks
@@ -46,8 +52,10 @@ SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 # the kernel library's repacking (repack.c) of these types, and the layout it writes
 _C_REPACK = {"Q4_K": ("repack_q4k", "q4"), "Q6_K": ("repack_q6k", "q6")}
 _C_DEQUANT = {"q4": 0, "q8": 1, "q6": 2}
-# bytes per group of 16 columns and block of 32 in the int8-activation layouts (qgemm_i8.c)
-INT8_BLOCK_BYTES = {"q4": 384, "q8": 576, "q6": 640}
+# bytes per group of 16 columns and block of 32 in the int8-activation layouts (qgemm_i8.c; q4kv / q6kv: on average)
+INT8_BLOCK_BYTES = {"q4": 384, "q8": 576, "q6": 640, "q4kv": 296, "q6kv": 424}
+# q4kv / q6kv: bytes per group and super-block of 256, and of the scale record that starts it
+SUPER_RECORD = {"q4kv": (2368, 320), "q6kv": (3392, 320)}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -157,7 +165,7 @@ def _from_quads(rows: np.ndarray, n: int) -> np.ndarray:
 
 @dataclass
 class QuantWeight:
-    # "q4" | "q8" | "q4t" | "q8t" | "q4v" | "q8v"
+    # "q4" | "q8" | "q6" | "q4t" | "q8t" | "q4v" | "q8v" | "q6v" | "q4kv" | "q6kv"
     fmt: str
     # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
     blocks: np.ndarray
@@ -260,10 +268,31 @@ class QuantWeight:
     def nbytes(self) -> int:
         return self.blocks.nbytes
 
+    def _super_records(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q4kv / q6kv -> their super-block records [G, nsb, 320], float16 d [G, nb / 8, 16] and the blocks' bytes
+        [G, nb, bytes per block]."""
+        n, k = self.shape
+        sb, rec = SUPER_RECORD[self.fmt]
+        b = self.blocks.reshape(n // GROUP, k // 256, sb)
+        d = b[..., :32].copy().view(np.float16).astype(np.float32)
+        return b[..., :rec], d, b[..., rec:].reshape(n // GROUP, k // QK, (sb - rec) // 8)
+
     def _q4_parts(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q4 / q4t -> d, m [N, nb, 1] float32 and q [N, nb, 32] uint8 in weight order (weight = d * q + m)."""
+        """q4 / q4t / q4v / q4kv -> d, m [N, nb, 1] float32 and q [N, nb, 32] uint8 in weight order (weight = d * q
+        + m)."""
         n, k = self.shape
         nb = k // QK
+        if self.fmt == "q4kv":
+            rec, d16, blk = self._super_records()
+            m16 = rec[..., 32:64].copy().view(np.float16).astype(np.float32)
+            # [G, nb, 16]: float16 x integer, exact
+            sc, mn = (
+                rec[..., o : o + 128].reshape(n // GROUP, -1, 8, 16).astype(np.float32) for o in (64, 192)
+            )
+            d, m = ((h[:, :, None] * i).reshape(n // GROUP, nb, GROUP) for h, i in ((d16, sc), (m16, mn)))
+            plane = blk.reshape(n // GROUP, nb, 4, 64)
+            rows = _from_quads(np.concatenate([plane & 0x0F, plane >> 4], axis=2), n)
+            return _from_groups(d, n), _from_groups(m, n), rows
         if self.fmt == "q4t":
             b = self.blocks.reshape(n // GROUP, nb, 384)
             d, m = (_from_groups(b[..., o : o + 64].copy().view(np.float32), n) for o in (0, 64))
@@ -303,9 +332,27 @@ class QuantWeight:
         return b[..., 0:4].copy().view(np.float32), b[..., 4:].view(np.int8)
 
     def _q6_parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """q6 / q6v -> ds [N, nb, 2] float32 and q [N, nb, 32] int8 in weight order (weight j = ds[j // 16] * q[j])."""
+        """q6 / q6v / q6kv -> ds [N, nb, 2] float32 and q [N, nb, 32] int8 in weight order (weight j = ds[j // 16] *
+        q[j])."""
         n, k = self.shape
         nb = k // QK
+        if self.fmt == "q6kv":
+            rec, d16, blk = self._super_records()
+            # [G, nsb, 16 halves, 16 columns] -> [G, nb, 2, 16]
+            sc = rec[..., 32:288].copy().view(np.int8).reshape(n // GROUP, -1, 16, GROUP).astype(np.float32)
+            ds = (d16[:, :, None] * sc).reshape(n // GROUP, nb, 2, GROUP)
+            nib, high = (
+                blk[..., :256].reshape(n // GROUP, nb, 4, 64),
+                blk[..., 256:].reshape(n // GROUP, nb, 2, 64),
+            )
+            # rows 0-3 and 4-7: [G, nb, 8, 64] codes q + 32
+            rows = [
+                (half_nib & 0x0F)
+                | (((high[:, :, h, None] >> (2 * np.arange(4, dtype=np.uint8))[:, None]) & 3) << 4)
+                for h, half_nib in enumerate((nib, nib >> 4))
+            ]
+            q = _from_quads(np.concatenate(rows, axis=2), n).astype(np.int8) - np.int8(32)
+            return np.concatenate([_from_groups(ds[:, :, h], n) for h in (0, 1)], -1), q
         if self.fmt == "q6v":
             b = self.blocks.reshape(n // GROUP, nb, 640)
             ds = np.concatenate(
@@ -326,7 +373,7 @@ class QuantWeight:
                 _C_DEQUANT[self.fmt], self._ptr, n, k // QK, out.data_ptr(), torch.get_num_threads()
             )
             return out
-        if self.fmt in ("q6", "q6v"):
+        if self.fmt in ("q6", "q6v", "q6kv"):
             ds, q = self._q6_parts()
             # [N, nb, 32]
             w = np.repeat(ds, 16, axis=-1) * q.astype(np.float32)
@@ -374,17 +421,22 @@ class QuantWeight:
         out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
         return QuantWeight(TILED[self.fmt], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
-    def for_int8(self, native: bool = True) -> QuantWeight | None:
-        """This weight in the q4v / q8v / q6v layout of the int8-activation kernels (the same weights); None if its
-        shape does not allow it (N not a multiple of 16). From q4 / q8 / q6 in C where the kernel library is loaded
-        (native=False: numpy, the reference the C conversion is tested against)."""
+    def for_int8(self, native: bool = True, compact: bool = True) -> QuantWeight | None:
+        """This weight in a layout of the int8-activation kernels (the same weights): q4kv / q6kv where it came from
+        Q4_K / Q6_K and the kernel is not AMX-INT8 (compact=False: never), else q4v / q8v / q6v; None if its shape
+        does not allow it (N not a multiple of 16). From q4 / q8 / q6 in C where the kernel library is loaded
+        (native=False: numpy, the reference the C conversion is tested against; no compact layout)."""
         n, k = self.shape
-        if self.fmt in INT8.values():
+        if self.fmt in INT8_FMT_CODE:
             return self
         if n % GROUP:
             return None
         g, nb = n // GROUP, k // QK
         lib = load_qgemm()
+        if compact and native and lib is not None and int8_isa(lib) != "amx-int8":
+            packed = self.to_compact(lib)
+            if packed is not None:
+                return packed
         if native and self.fmt in _C_DEQUANT and lib is not None and hasattr(lib, "int8_layout"):
             out = np.empty((n, nb * INT8_BLOCK_BYTES[self.fmt] // GROUP), dtype=np.uint8)
             src = np.ascontiguousarray(self.blocks)
@@ -410,14 +462,29 @@ class QuantWeight:
         out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
         return QuantWeight(INT8[self.fmt[:2]], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
+    def to_compact(self, lib: ctypes.CDLL | None = None) -> QuantWeight | None:
+        """q4 / q6 -> q4kv / q6kv (in C), or None where that cannot be: another layout, rows not of whole
+        super-blocks, N not a multiple of 16, or scales that do not factor (weights not from Q4_K / Q6_K)."""
+        lib = lib or load_qgemm()
+        n, k = self.shape
+        if self.fmt not in COMPACT or k % 256 or n % GROUP or lib is None or not hasattr(lib, "int8_compact"):
+            return None
+        fmt = COMPACT[self.fmt]
+        out = np.empty((n, k // QK * INT8_BLOCK_BYTES[fmt] // GROUP), dtype=np.uint8)
+        src = np.ascontiguousarray(self.blocks)
+        bad = lib.int8_compact(
+            _C_DEQUANT[self.fmt], src.ctypes.data, n, k // QK, out.ctypes.data, torch.get_num_threads()
+        )
+        return QuantWeight(fmt, out, self.shape) if bad == 0 else None
+
     def untiled(self) -> QuantWeight:
         """This q4t / q8t / q4v / q8v weight back in the q4 / q8 layout of qgemm.c (the same weights); itself
         otherwise."""
         if self.fmt in ("q8t", "q8v"):
             return QuantWeight._q8(*self._q8_parts(), self.shape)
-        if self.fmt == "q6v":
+        if self.fmt in ("q6v", "q6kv"):
             return QuantWeight._q6(*self._q6_parts(), self.shape)
-        if self.fmt not in ("q4t", "q4v"):
+        if self.fmt not in ("q4t", "q4v", "q4kv"):
             return self
         d, m, q = self._q4_parts()
         return QuantWeight._q4(d, m, q[..., :16] | (q[..., 16:] << 4), self.shape)

@@ -2,6 +2,8 @@
 // AMX build) and their dequantization: the same bytes and values as qweight.py's numpy code, which stays the
 // reference (tests/unit/kernels/test_repack.py compares them bitwise) and the path without a kernel library.
 // Plain scalar C: one pass over the weights, split over threads by rows or column groups.
+#include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -186,6 +188,110 @@ void int8_layout(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *ds
             }
         }
     }
+}
+
+// Factors n float32 values as one float16 d times integers s_j in [lo, hi] with d * s_j == v_j bit for bit; 0 where
+// no such pair exists. The K-quants' scales are such products (d * a 6-bit or int8 scale, exact in float32), and
+// llama.cpp's quantizers put the largest one at 63 (Q4_K) or -128 (Q6_K): those are tried first, then every value.
+static int factor_f16(const float *v, int n, int lo, int hi, uint16_t *d16, int *s) {
+    static const int likely[] = {63, -128, 127, 31, -64};
+    int jm = 0;
+    for (int j = 1; j < n; j++)
+        if (fabsf(v[j]) > fabsf(v[jm])) jm = j;
+    if (!isfinite(v[jm])) return 0;
+    const int nl = (int)(sizeof likely / sizeof likely[0]);
+    for (int t = 0; t < nl + hi - lo + 1; t++) {
+        const int sm = t < nl ? likely[t] : lo + (t - nl);
+        if (sm < lo || sm > hi || (sm == 0) != (v[jm] == 0.0f)) continue;
+        // all zero: d = +-1, the zeros' sign
+        const float d = sm ? v[jm] / (float)sm : (signbit(v[0]) ? -1.0f : 1.0f);
+        const uint16_t h = _cvtss_sh(d, 0);
+        const float dh = _cvtsh_ss(h);
+        int ok = dh == d;
+        for (int j = 0; j < n && ok; j++) {
+            const float q = sm ? rintf(v[j] / dh) : 0.0f;
+            s[j] = q >= (float)lo && q <= (float)hi ? (int)q : 0;
+            // what the kernels compute: float16 d times the integer (a zero's sign is d's)
+            const float p = dh * (float)s[j];
+            ok = q >= (float)lo && q <= (float)hi && memcmp(&p, &v[j], 4) == 0;
+        }
+        if (ok) {
+            *d16 = h;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+// q4 / q6 rows (fmt 0 / 2) made from Q4_K / Q6_K into the compact int8-activation layouts q4kv / q6kv (qgemm_i8.c's
+// header): per group of 16 columns and super-block of 256 weights, a 320-byte record of the columns' float16 d
+// (and q4kv's m) and integer scales, then the 8 blocks' weight rows. -> the number of (column, super-block)
+// whose scales do not factor, counted until the first one is met (then dst is incomplete and the caller keeps q4v /
+// q6v).
+int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
+    const int64_t G = N / GROUP, nsb = nb / 8, in_bytes = fmt == 0 ? 24 : 40, sb_bytes = fmt == 0 ? 2368 : 3392;
+    const int rb = fmt == 0 ? 256 : 384;
+    int64_t bad = 0;
+    int failed = 0;  // set once a super-block fails: the rest is skipped (weights from Q4_0 fail at once)
+#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : bad)
+    for (int64_t g = 0; g < G; g++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop) continue;
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            uint8_t *out = dst + (g * nsb + sb) * sb_bytes;
+            memset(out, 0, (size_t)sb_bytes);
+            for (int c = 0; c < GROUP; c++) {
+                const uint8_t *in = src + ((g * GROUP + c) * nb + sb * 8) * in_bytes;
+                // [block][k] the weights as stored bytes (q4: 0..15, q6: q + 32)
+                uint8_t q[8][QK];
+                uint16_t dh, mh = 0;
+                int sd[16], sm[8];
+                if (fmt == 0) {
+                    float d[8], m[8];
+                    for (int i = 0; i < 8; i++) get_q4(in + i * in_bytes, &d[i], &m[i], q[i]);
+                    if (!factor_f16(d, 8, 0, 255, &dh, sd) || !factor_f16(m, 8, 0, 255, &mh, sm)) {
+                        bad++;
+#pragma omp atomic write
+                        failed = 1;
+                        continue;
+                    }
+                    for (int i = 0; i < 8; i++) out[64 + 16 * i + c] = (uint8_t)sd[i], out[192 + 16 * i + c] = (uint8_t)sm[i];
+                } else {
+                    float ds[16];
+                    for (int i = 0; i < 8; i++) {
+                        memcpy(ds + 2 * i, in + i * in_bytes, 8);
+                        for (int k = 0; k < QK; k++) q[i][k] = (uint8_t)((int8_t)in[i * in_bytes + 8 + k] + 32);
+                    }
+                    if (!factor_f16(ds, 16, -128, 127, &dh, sd)) {
+                        bad++;
+#pragma omp atomic write
+                        failed = 1;
+                        continue;
+                    }
+                    for (int i = 0; i < 16; i++) out[32 + 16 * i + c] = (uint8_t)(int8_t)sd[i];
+                }
+                memcpy(out + 2 * c, &dh, 2);
+                if (fmt == 0) memcpy(out + 32 + 2 * c, &mh, 2);
+                // row j (64 bytes), column c's bytes 4c..4c+3: weights k = 4j..4j+3 in the low nibbles, k = 16+4j.. in
+                // the high ones; q6kv's high 2 bits in two more rows (k < 16, k >= 16), bits 2j..2j+1 for row j
+                for (int i = 0; i < 8; i++) {
+                    uint8_t *rows = out + 320 + i * rb;
+                    for (int j = 0; j < 4; j++)
+                        for (int k = 0; k < 4; k++) {
+                            const uint8_t lo = q[i][4 * j + k], hi = q[i][16 + 4 * j + k];
+                            rows[64 * j + 4 * c + k] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+                            if (fmt == 2) {
+                                rows[256 + 4 * c + k] |= (uint8_t)((lo >> 4) << (2 * j));
+                                rows[320 + 4 * c + k] |= (uint8_t)((hi >> 4) << (2 * j));
+                            }
+                        }
+                }
+            }
+        }
+    }
+    return bad;
 }
 
 // one q4 / q8 / q6 block (fmt 0 / 1 / 2) to its 32 float32 weights

@@ -151,7 +151,7 @@ def test_int8_layout_keeps_the_weights(qtype):
     """q4 / q8 / q6 -> q4v / q8v / q6v (the int8 kernels' layouts) -> back is lossless; N not a multiple of 16
     cannot."""
     qw, ref = make_weight(qtype, 48, 256)
-    v = qw.for_int8()
+    v = qw.for_int8(compact=False)
     assert v.fmt == {"q4": "q4v", "q8": "q8v", "q6": "q6v"}[qw.fmt]
     assert torch.equal(v.dequantize(), ref)
     # the C conversion (repack.c: int8_layout) is the numpy one, byte for byte
@@ -162,6 +162,41 @@ def test_int8_layout_keeps_the_weights(qtype):
         assert torch.equal(qw.tiled().for_int8().dequantize(), ref)
     odd, _ = make_weight(qtype, 21, 256)
     assert odd.for_int8() is None
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_compact_layouts_are_the_same_weights(variant, qtype):
+    """Q4_K / Q6_K -> q4kv / q6kv (the scales factored back into float16 x integers): the same weights in a
+    quarter / a third fewer bytes, and bitwise q4v's / q6v's products at every row count (AMX-INT8 hands them to
+    AVX512-VNNI)."""
+    lib, isa = variant
+    qw, ref = make_weight(qtype, 48, 768)
+    wide, compact = qw.for_int8(compact=False), qw.to_compact()
+    assert compact.fmt == {"q4": "q4kv", "q6": "q6kv"}[qw.fmt]
+    assert compact.nbytes <= wide.nbytes * {"q4": 0.78, "q6": 0.67}[qw.fmt]
+    assert torch.equal(compact.dequantize(), ref)
+    assert np.array_equal(compact.untiled().blocks, qw.blocks)
+    assert compact.for_int8() is compact
+    x = torch.randn(40, 768, generator=torch.Generator().manual_seed(3)) * 2
+    x[0] = 0
+    x[1, ::QK] = 1e4
+    for m in (1, 2, 3, 4, 5, 6, 7, 9, 17, 40):
+        assert torch.equal(compact.matmul(x[:m], lib, isa), wide.matmul(x[:m], lib, isa)), f"{m} rows"
+
+
+def test_compact_layouts_only_where_the_scales_factor(lib, monkeypatch):
+    """Q4_0 blocks (a float16 d per 32 weights) do not factor per super-block: q4v. A Q4_K file's weights on the
+    AMX-INT8 kernel keep q4v too (the tile unit reads the wide layouts)."""
+    q40, _ = make_weight("Q4_0", 32, 512)
+    assert q40.to_compact() is None
+    assert q40.for_int8().fmt == "q4v"
+    q4k, _ = make_weight("Q4_K", 32, 512)
+    assert q4k.for_int8().fmt == "q4kv"
+    monkeypatch.setattr(qweight, "int8_isa", lambda lib=None: "amx-int8")
+    assert q4k.for_int8().fmt == "q4v"
+    # rows not of whole super-blocks
+    q6k, _ = make_weight("Q6_K", 32, 256)
+    assert QuantWeight(q6k.fmt, q6k.blocks[:, : 4 * 40], (32, 128)).for_int8().fmt == "q6v"
 
 
 @pytest.mark.parametrize("qtype", TYPES)
