@@ -8,12 +8,6 @@
 //       weight = d * q + m.
 //   q8: float d, int8 q[32]             (36 bytes); weight j = d * q[j].
 //   q6: float d0, float d1, int8 q[32]  (40 bytes); weight j = d_(j/16) * q[j] (Q6_K: q in -32..31, d = d * scale).
-// and, for Q4_K / Q6_K weights whose scales factor (repack.c: float_compact), per row and super-block of 256:
-//   q4k: float16 d, float16 m, uint8 scale[8], uint8 min[8], then per block q4's 16 nibble bytes (148 bytes);
-//        block j's q4 d = d * scale[j], m = m * min[j] (exact: q4's floats);
-//   q6k: float16 d, int8 scale[16], then per block 24 bytes: q4's 16 nibble bytes holding the low 4 bits of
-//        q + 32, and a uint64 whose bits 2i..2i+1 are weight i's high 2 bits (210 bytes, Q6_K's size); half h of
-//        block j has q6's d = d * scale[2j + h] (exact).
 // With that nibble order one 64-bit broadcast + one per-lane variable shift puts every weight's nibble in the low
 // bits of its own lane (no cross-lane shuffle on AVX2; AVX-512 then looks the 16 possible values of a block up with
 // one vpermps). Every weight comes out as exactly the float32 value gguf.quants.dequantize gives (d*q is exact, so
@@ -35,17 +29,6 @@
 #define BSIZE_q4 24
 #define BSIZE_q8 36
 #define BSIZE_q6 40
-// bytes per row of K weights, and where block b's bytes are (q4k / q6k: about, for prefetching)
-#define ROW_BYTES_q4(K) ((K) / QK * BSIZE_q4)
-#define ROW_BYTES_q8(K) ((K) / QK * BSIZE_q8)
-#define ROW_BYTES_q6(K) ((K) / QK * BSIZE_q6)
-#define ROW_BYTES_q4k(K) ((K) / 256 * 148)
-#define ROW_BYTES_q6k(K) ((K) / 256 * 210)
-#define BOFF_q4(b) ((b) * BSIZE_q4)
-#define BOFF_q8(b) ((b) * BSIZE_q8)
-#define BOFF_q6(b) ((b) * BSIZE_q6)
-#define BOFF_q4k(b) ((b) * 148 / 8)
-#define BOFF_q6k(b) ((b) * 210 / 8)
 
 static inline float load_f32(const uint8_t *p) {
     float f;
@@ -58,16 +41,6 @@ static inline int64_t load_i64(const uint8_t *p) {
     memcpy(&v, p, 8);
     return v;
 }
-
-static inline float load_f16(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return _cvtsh_ss(h);
-}
-
-// q4k / q6k block b of a row: its super-block's record, and block j = b % 8 of it
-#define Q4K_SB(row, b) ((row) + ((b) >> 3) * 148)
-#define Q6K_SB(row, b) ((row) + ((b) >> 3) * 210)
 
 #if defined(__AVX512F__)
 #define VL 16
@@ -115,37 +88,15 @@ static inline void vsum_n(const __m512 *a, int n, float *out) {
 }
 #define HAVE_VSUM_N 1
 
-// the 32 weights d * q + m of q4's 16 nibble bytes at nib
-static inline void dequant_q4_dm(const uint8_t *nib, float d, float m, vf w[QK / VL]) {
+static inline void dequant_q4(const uint8_t *b, vf w[QK / VL]) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(d), iota, _mm512_set1_ps(m));
+    const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(load_f32(b)), iota, _mm512_set1_ps(load_f32(b + 4)));
     const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
     for (int h = 0; h < 2; h++) {  // vpermps reads only the low 4 bits of each index lane
-        const __m512i idx = _mm512_srlv_epi32(_mm512_set1_epi64(load_i64(nib + 8 * h)), shifts);
+        const __m512i idx = _mm512_srlv_epi32(_mm512_set1_epi64(load_i64(b + 8 + 8 * h)), shifts);
         w[h] = _mm512_permutexvar_ps(idx, table);
     }
 }
-
-// q6k: weights 16h .. 16h + 15 of the block's 24 bytes at blk, times ds (lane l: weight 16h + l)
-static inline __m512 dequant_q6k_half(const uint8_t *blk, int h, float ds) {
-    const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
-    const __m512i two = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi64(load_i64(blk + 8 * h)), shifts),
-                                        _mm512_set1_epi32(15));
-    const __m512i hi = _mm512_and_si512(
-        _mm512_srlv_epi32(_mm512_set1_epi32((int32_t)(load_i64(blk + 16) >> (32 * h))), two), _mm512_set1_epi32(3));
-    const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
-    return _mm512_mul_ps(_mm512_set1_ps(ds), _mm512_cvtepi32_ps(q));
-}
-
-static inline void dequant_q6k(const uint8_t *row, int64_t b, vf w[QK / VL]) {
-    const uint8_t *s = Q6K_SB(row, b);
-    const int j = (int)(b & 7);
-    const float d = load_f16(s);
-    for (int h = 0; h < 2; h++) w[h] = dequant_q6k_half(s + 18 + 24 * j, h, d * (float)(int8_t)s[2 + 2 * j + h]);
-}
-
-static inline void dequant_q4(const uint8_t *b, vf w[QK / VL]) { dequant_q4_dm(b + 8, load_f32(b), load_f32(b + 4), w); }
 
 static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
     const __m512 d = _mm512_set1_ps(load_f32(b));
@@ -183,39 +134,14 @@ static inline float vsum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-// the 32 weights d * q + m of q4's 16 nibble bytes at nib
-static inline void dequant_q4_dm(const uint8_t *nib, float df, float mf, vf w[QK / VL]) {
-    const __m256 d = _mm256_set1_ps(df), m = _mm256_set1_ps(mf);
+static inline void dequant_q4(const uint8_t *b, vf w[QK / VL]) {
+    const __m256 d = _mm256_set1_ps(load_f32(b)), m = _mm256_set1_ps(load_f32(b + 4));
     const __m256i lo = _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12), hi = _mm256_setr_epi32(16, 16, 20, 20, 24, 24, 28, 28);
     const __m256i mask = _mm256_set1_epi32(15);
     for (int h = 0; h < 2; h++) {
-        const __m256i q = _mm256_set1_epi64x(load_i64(nib + 8 * h));
+        const __m256i q = _mm256_set1_epi64x(load_i64(b + 8 + 8 * h));
         w[2 * h] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(q, lo), mask)), m);
         w[2 * h + 1] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srlv_epi32(q, hi), mask)), m);
-    }
-}
-
-static inline void dequant_q4(const uint8_t *b, vf w[QK / VL]) { dequant_q4_dm(b + 8, load_f32(b), load_f32(b + 4), w); }
-
-// q6k: vector 2h + g holds weights 16h + 8g .. + 7 (lane l: 16h + 8g + l)
-static inline void dequant_q6k(const uint8_t *row, int64_t b, vf w[QK / VL]) {
-    const uint8_t *s = Q6K_SB(row, b);
-    const int j = (int)(b & 7);
-    const uint8_t *blk = s + 18 + 24 * j;
-    const float d = load_f16(s);
-    const __m256i lo = _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12), hi = _mm256_setr_epi32(16, 16, 20, 20, 24, 24, 28, 28);
-    const __m256i two = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14), mask = _mm256_set1_epi32(15);
-    for (int h = 0; h < 2; h++) {
-        const __m256 ds = _mm256_set1_ps(d * (float)(int8_t)s[2 + 2 * j + h]);
-        const __m256i q = _mm256_set1_epi64x(load_i64(blk + 8 * h));
-        const __m256i h2 = _mm256_set1_epi32((int32_t)(load_i64(blk + 16) >> (32 * h)));
-        for (int g = 0; g < 2; g++) {
-            const __m256i l4 = _mm256_and_si256(_mm256_srlv_epi32(q, g ? hi : lo), mask);
-            const __m256i u2 = _mm256_and_si256(
-                _mm256_srlv_epi32(h2, _mm256_add_epi32(two, _mm256_set1_epi32(16 * g))), _mm256_set1_epi32(3));
-            const __m256i c = _mm256_sub_epi32(_mm256_or_si256(l4, _mm256_slli_epi32(u2, 4)), _mm256_set1_epi32(32));
-            w[2 * h + g] = _mm256_mul_ps(ds, _mm256_cvtepi32_ps(c));
-        }
     }
 }
 
@@ -234,18 +160,6 @@ static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
     }
 }
 #endif
-
-// block b of a row, whatever the layout
-static inline void load_q4(const uint8_t *row, int64_t b, vf w[QK / VL]) { dequant_q4(row + b * BSIZE_q4, w); }
-static inline void load_q8(const uint8_t *row, int64_t b, vf w[QK / VL]) { dequant_q8(row + b * BSIZE_q8, w); }
-static inline void load_q6(const uint8_t *row, int64_t b, vf w[QK / VL]) { dequant_q6(row + b * BSIZE_q6, w); }
-static inline void load_q6k(const uint8_t *row, int64_t b, vf w[QK / VL]) { dequant_q6k(row, b, w); }
-static inline void load_q4k(const uint8_t *row, int64_t b, vf w[QK / VL]) {
-    const uint8_t *s = Q4K_SB(row, b);
-    const int j = (int)(b & 7);
-    // q4's d and m, bit for bit: float16 x a 6-bit integer is exact
-    dequant_q4_dm(s + 20 + 16 * j, load_f16(s) * (float)s[4 + j], -(load_f16(s + 2) * (float)s[12 + j]), w);
-}
 
 // y[r * N + c] = vsum(acc[r * C + c]) for an R x C register tile (several at once where vsum_n exists).
 static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) {
@@ -273,8 +187,8 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
         for (int64_t b = 0; b < K / QK; b++) {                                                              \
             vf wv[C][QK / VL];                                                                              \
             for (int c = 0; c < C; c++) {                                                                   \
-                _mm_prefetch((const char *)(w + (2 * C + c) * row_bytes + BOFF_##T(b)), _MM_HINT_T0);          \
-                load_##T(w + c * row_bytes, b, wv[c]);                                                      \
+                _mm_prefetch((const char *)(w + (2 * C + c) * row_bytes + b * BSIZE_##T), _MM_HINT_T0);         \
+                dequant_##T(w + c * row_bytes + b * BSIZE_##T, wv[c]);                                      \
             }                                                                                               \
             for (int r = 0; r < R; r++)                                                                     \
                 for (int i = 0; i < QK / VL; i++) {                                                         \
@@ -309,7 +223,7 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
         switch (M) { ROW_TILES(ROWS_CASE, T) }                                                              \
     }                                                                                                       \
     void qgemm_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) { \
-        const int64_t row_bytes = ROW_BYTES_##T(K);                                                         \
+        const int64_t row_bytes = K / QK * BSIZE_##T;                                                       \
         const int64_t nitems = (N + NCOLS - 1) / NCOLS;                                                     \
         _Pragma("omp parallel num_threads(nthreads)") {                                                     \
             /* TILE_M rows at a time (their x stays in L1) over all columns; static schedule: each thread */  \
@@ -331,5 +245,3 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
 DEFINE_QGEMM(q4)
 DEFINE_QGEMM(q8)
 DEFINE_QGEMM(q6)
-DEFINE_QGEMM(q4k)
-DEFINE_QGEMM(q6k)

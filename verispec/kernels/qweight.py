@@ -17,9 +17,6 @@ with one scale per 16 q6 blocks):
       of row j in their low nibbles, k = 16+4j.. in their high ones); q8v (576 bytes) = float32 d[16], 8 such rows
       of uint8 q + 128; q6v (640 bytes) = float32 d0[16], float32 d1[16], 8 such rows of uint8 q + 32 (rows 0-3:
       weights 0-15, scaled by d0; rows 4-7: weights 16-31, by d1). `for_int8()` makes them (N a multiple of 16).
-  q4k / q6k: q4 / q6 for Q4_K / Q6_K weights (K a multiple of 256) with their scales factored back into a float16
-      per super-block times integers (exact: the same floats): per row and super-block 148 / 210 bytes (4.6 / 6.6
-      bits a weight, Q6_K's own size, against 6 / 10). Layouts: qgemm.c's header. `for_kernels()` makes them.
   q4kv / q6kv: q4v / q6v for Q4_K / Q6_K weights (K a multiple of 256) with their scales factored back into a
       float16 per super-block times integers (exact: the same floats), per 16 columns and super-block a 320-byte
       record, then the 8 blocks' rows (q6kv: 6-bit codes as a nibble plane and a 2-bit plane). Layouts:
@@ -43,14 +40,8 @@ QK = 32
 BLOCK_BYTES = {"q4": 24, "q8": 36, "q6": 40, "q4t": 24, "q8t": 36, "q4v": 24, "q8v": 36, "q6v": 40}
 TILED = {"q4": "q4t", "q8": "q8t"}
 INT8 = {"q4": "q4v", "q8": "q8v", "q6": "q6v"}
-# where a Q4_K / Q6_K weight's scales factor: the compact layouts of float32 activations (qgemm.c) and of int8
-# activations (qgemm_i8.c; not on the AMX-INT8 tile unit)
-FLOAT_COMPACT = {"q4": "q4k", "q6": "q6k"}
+# where a Q4_K / Q6_K weight's scales factor: the compact int8-activation layouts (not on the AMX-INT8 tile unit)
 COMPACT = {"q4": "q4kv", "q6": "q6kv"}
-# bytes per row and super-block of 256 in q4k / q6k
-SUPER_BYTES = {"q4k": 148, "q6k": 210}
-# the layout codes of repack.c's compact conversions
-_C_LAYOUT = {"q4": 0, "q6": 2, "q4k": 3, "q6k": 4}
 INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2, "q4kv": 3, "q6kv": 4}
 # q4t / q8t: output columns per AMX tile
 GROUP = 16
@@ -374,8 +365,6 @@ class QuantWeight:
 
     def dequantize(self) -> torch.Tensor:
         """[N, K] float32, exactly the values the kernel multiplies with."""
-        if self.fmt in SUPER_BYTES:
-            return self.untiled().dequantize()
         n, k = self.shape
         lib = load_qgemm()
         if lib is not None and self.fmt in _C_DEQUANT:
@@ -448,8 +437,6 @@ class QuantWeight:
             packed = self.to_compact(lib)
             if packed is not None:
                 return packed
-        if self.fmt in SUPER_BYTES:
-            return self.untiled().for_int8(native, compact=False)
         if native and self.fmt in _C_DEQUANT and lib is not None and hasattr(lib, "int8_layout"):
             out = np.empty((n, nb * INT8_BLOCK_BYTES[self.fmt] // GROUP), dtype=np.uint8)
             src = np.ascontiguousarray(self.blocks)
@@ -475,42 +462,24 @@ class QuantWeight:
         out = np.concatenate([p.reshape(g, nb, -1).view(np.uint8) for p in parts], axis=-1)
         return QuantWeight(INT8[self.fmt[:2]], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
-    def to_compact(self, lib: ctypes.CDLL | None = None, int8: bool = True) -> QuantWeight | None:
-        """q4 / q6 (/ q4k / q6k) -> q4kv / q6kv, or (int8=False) q4 / q6 -> q4k / q6k, in C; None where that cannot
-        be: another layout, rows not of whole super-blocks, (int8) N not a multiple of 16, or scales that do not
-        factor (weights not from Q4_K / Q6_K)."""
+    def to_compact(self, lib: ctypes.CDLL | None = None) -> QuantWeight | None:
+        """q4 / q6 -> q4kv / q6kv (in C), or None where that cannot be: another layout, rows not of whole
+        super-blocks, N not a multiple of 16, or scales that do not factor (weights not from Q4_K / Q6_K)."""
         lib = lib or load_qgemm()
         n, k = self.shape
-        base = {"q4k": "q4", "q6k": "q6"}.get(self.fmt, self.fmt) if int8 else self.fmt
-        table = COMPACT if int8 else FLOAT_COMPACT
-        if (
-            base not in table
-            or k % 256
-            or (int8 and n % GROUP)
-            or lib is None
-            or not hasattr(lib, "float_compact")
-        ):
+        if self.fmt not in COMPACT or k % 256 or n % GROUP or lib is None or not hasattr(lib, "int8_compact"):
             return None
-        fmt = table[base]
-        row = k // QK * INT8_BLOCK_BYTES[fmt] // GROUP if int8 else k // 256 * SUPER_BYTES[fmt]
-        out = np.empty((n, row), dtype=np.uint8)
+        fmt = COMPACT[self.fmt]
+        out = np.empty((n, k // QK * INT8_BLOCK_BYTES[fmt] // GROUP), dtype=np.uint8)
         src = np.ascontiguousarray(self.blocks)
-        convert = lib.int8_compact if int8 else lib.float_compact
-        bad = convert(
-            _C_LAYOUT[self.fmt], src.ctypes.data, n, k // QK, out.ctypes.data, torch.get_num_threads()
+        bad = lib.int8_compact(
+            _C_DEQUANT[self.fmt], src.ctypes.data, n, k // QK, out.ctypes.data, torch.get_num_threads()
         )
         return QuantWeight(fmt, out, self.shape) if bad == 0 else None
 
     def untiled(self) -> QuantWeight:
-        """This q4t / q8t / q4v / q8v / q6v / q4kv / q6kv / q4k / q6k weight back in the q4 / q8 / q6 layout of
-        qgemm.c (the same weights); itself otherwise."""
-        if self.fmt in SUPER_BYTES:
-            n, k = self.shape
-            out = np.empty((n, k // QK * BLOCK_BYTES[self.fmt[:2]]), dtype=np.uint8)
-            load_qgemm().float_compact(
-                _C_LAYOUT[self.fmt], self._ptr, n, k // QK, out.ctypes.data, torch.get_num_threads()
-            )
-            return QuantWeight(self.fmt[:2], out, self.shape)
+        """This q4t / q8t / q4v / q8v weight back in the q4 / q8 layout of qgemm.c (the same weights); itself
+        otherwise."""
         if self.fmt in ("q8t", "q8v"):
             return QuantWeight._q8(*self._q8_parts(), self.shape)
         if self.fmt in ("q6v", "q6kv"):
@@ -521,17 +490,10 @@ class QuantWeight:
         return QuantWeight._q4(d, m, q[..., :16] | (q[..., 16:] << 4), self.shape)
 
     def for_kernels(self, lib: ctypes.CDLL | None = None) -> QuantWeight:
-        """The layout `lib` (default: this CPU's kernels) multiplies float32 activations in: q4t / q8t on the AMX
-        build where the shape allows (N a multiple of 16); else q4k / q6k where the weights came from Q4_K / Q6_K
-        (their scales factor); else q4 / q8 / q6."""
+        """The layout `lib` (default: this CPU's kernels) multiplies: q4t / q8t on the AMX build where the shape
+        allows (N a multiple of 16), else q4 / q8."""
         lib = lib or load_qgemm()
-        amx = getattr(lib, "isa", None) == "amx"
-        if self.fmt in SUPER_BYTES and not (amx and self.fmt == "q4k"):
-            return self
-        w = self.untiled()
-        if amx and w.fmt in TILED:
-            return w.tiled()
-        return w.to_compact(lib, int8=False) or w
+        return self.tiled() if getattr(lib, "isa", None) == "amx" else self.untiled()
 
     def take_rows(self, order: np.ndarray) -> QuantWeight:
         assert self.fmt in ("q4", "q8", "q6"), "reorder rows before tiling"
@@ -575,11 +537,9 @@ class QuantWeight:
 
 def float_layout(fmt: str, lib: ctypes.CDLL | None = None) -> str:
     """The layout float32 activations multiply a `fmt` weight in on `lib` (default: this CPU's kernels), where its
-    shape allows: q4t / q8t on the AMX build (for q4k too), `fmt` itself elsewhere."""
+    shape allows: q4t / q8t on the AMX build, `fmt` itself elsewhere."""
     lib = lib or load_qgemm()
-    if getattr(lib, "isa", None) != "amx":
-        return fmt
-    return TILED.get({"q4k": "q4"}.get(fmt, fmt), fmt)
+    return TILED.get(fmt, fmt) if getattr(lib, "isa", None) == "amx" else fmt
 
 
 def kernels_available() -> bool:

@@ -223,67 +223,14 @@ static int factor_f16(const float *v, int n, int lo, int hi, uint16_t *d16, int 
     return 0;
 }
 
-// Layout codes of the functions below: 0 q4, 2 q6, 3 q4k, 4 q6k (qgemm.c's header).
-enum { L_Q4 = 0, L_Q6 = 2, L_Q4K = 3, L_Q6K = 4 };
-
-// q4's 16 nibble bytes <-> 32 values 0..15 in weight order (word 2h + parity, nibble t = weight 16h + 2t + parity)
-static void put_nibbles(uint8_t *out, const uint8_t *q) {
-    uint32_t w[4] = {0, 0, 0, 0};
-    for (int i = 0; i < QK; i++) w[2 * (i >> 4) + (i & 1)] |= (uint32_t)(q[i] & 15) << (4 * ((i & 15) >> 1));
-    memcpy(out, w, 16);
-}
-
-static void get_nibbles(const uint8_t *in, uint8_t *q) {
-    uint32_t w[4];
-    memcpy(w, in, 16);
-    for (int i = 0; i < QK; i++) q[i] = (w[2 * (i >> 4) + (i & 1)] >> (4 * ((i & 15) >> 1))) & 15;
-}
-
-// Super-block sb (256 weights) of row n of a weight in layout fmt: its blocks' scales as the floats q4 / q6 hold
-// (q4 / q4k: d[8] then m[8]; q6 / q6k: d[16], one per half block) and weights as q4 / q6 bytes + 32 (0..15, 0..63).
-static void get_super(int fmt, const uint8_t *src, int64_t n, int64_t nb, int64_t sb, float *sc, uint8_t q[8][QK]) {
-    if (fmt == L_Q4 || fmt == L_Q6) {
-        const int64_t bytes = fmt == L_Q4 ? 24 : 40;
-        const uint8_t *in = src + (n * nb + sb * 8) * bytes;
-        for (int i = 0; i < 8; i++, in += bytes) {
-            if (fmt == L_Q4) {
-                get_q4(in, &sc[i], &sc[8 + i], q[i]);
-                continue;
-            }
-            memcpy(sc + 2 * i, in, 8);
-            for (int k = 0; k < QK; k++) q[i][k] = (uint8_t)((int8_t)in[8 + k] + 32);
-        }
-    } else if (fmt == L_Q4K) {
-        const uint8_t *s = src + (n * (nb / 8) + sb) * 148;
-        const float d = half_to_float(s), m = half_to_float(s + 2);
-        for (int i = 0; i < 8; i++) {
-            sc[i] = d * (float)s[4 + i];
-            sc[8 + i] = -(m * (float)s[12 + i]);
-            get_nibbles(s + 20 + 16 * i, q[i]);
-        }
-    } else {
-        const uint8_t *s = src + (n * (nb / 8) + sb) * 210;
-        const float d = half_to_float(s);
-        for (int t = 0; t < 16; t++) sc[t] = d * (float)(int8_t)s[2 + t];
-        for (int i = 0; i < 8; i++) {
-            const uint8_t *blk = s + 18 + 24 * i;
-            uint64_t hi;
-            memcpy(&hi, blk + 16, 8);
-            get_nibbles(blk, q[i]);
-            for (int k = 0; k < QK; k++) q[i][k] |= (uint8_t)(((hi >> (2 * k)) & 3) << 4);
-        }
-    }
-}
-
-// q4 / q6 / q4k / q6k rows (Q4_K / Q6_K weights) into the compact int8-activation layouts q4kv / q6kv (qgemm_i8.c's
+// q4 / q6 rows (fmt 0 / 2) made from Q4_K / Q6_K into the compact int8-activation layouts q4kv / q6kv (qgemm_i8.c's
 // header): per group of 16 columns and super-block of 256 weights, a 320-byte record of the columns' float16 d
 // (and q4kv's m) and integer scales, then the 8 blocks' weight rows. -> the number of (column, super-block)
-// whose scales do not factor, counted until the first one is met (then dst is incomplete and the caller keeps
-// q4v / q6v).
+// whose scales do not factor, counted until the first one is met (then dst is incomplete and the caller keeps q4v /
+// q6v).
 int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
-    const int q4 = fmt == L_Q4 || fmt == L_Q4K;
-    const int64_t G = N / GROUP, nsb = nb / 8, sb_bytes = q4 ? 2368 : 3392;
-    const int rb = q4 ? 256 : 384;
+    const int64_t G = N / GROUP, nsb = nb / 8, in_bytes = fmt == 0 ? 24 : 40, sb_bytes = fmt == 0 ? 2368 : 3392;
+    const int rb = fmt == 0 ? 256 : 384;
     int64_t bad = 0;
     int failed = 0;  // set once a super-block fails: the rest is skipped (weights from Q4_0 fail at once)
 #pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : bad)
@@ -296,26 +243,37 @@ int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t
             uint8_t *out = dst + (g * nsb + sb) * sb_bytes;
             memset(out, 0, (size_t)sb_bytes);
             for (int c = 0; c < GROUP; c++) {
+                const uint8_t *in = src + ((g * GROUP + c) * nb + sb * 8) * in_bytes;
+                // [block][k] the weights as stored bytes (q4: 0..15, q6: q + 32)
                 uint8_t q[8][QK];
-                float sc[16];
                 uint16_t dh, mh = 0;
                 int sd[16], sm[8];
-                get_super(fmt, src, g * GROUP + c, nb, sb, sc, q);
-                const int ok = q4 ? factor_f16(sc, 8, 0, 255, &dh, sd) && factor_f16(sc + 8, 8, 0, 255, &mh, sm)
-                                  : factor_f16(sc, 16, -128, 127, &dh, sd);
-                if (!ok) {
-                    bad++;
+                if (fmt == 0) {
+                    float d[8], m[8];
+                    for (int i = 0; i < 8; i++) get_q4(in + i * in_bytes, &d[i], &m[i], q[i]);
+                    if (!factor_f16(d, 8, 0, 255, &dh, sd) || !factor_f16(m, 8, 0, 255, &mh, sm)) {
+                        bad++;
 #pragma omp atomic write
-                    failed = 1;
-                    continue;
-                }
-                memcpy(out + 2 * c, &dh, 2);
-                if (q4) {
-                    memcpy(out + 32 + 2 * c, &mh, 2);
+                        failed = 1;
+                        continue;
+                    }
                     for (int i = 0; i < 8; i++) out[64 + 16 * i + c] = (uint8_t)sd[i], out[192 + 16 * i + c] = (uint8_t)sm[i];
                 } else {
+                    float ds[16];
+                    for (int i = 0; i < 8; i++) {
+                        memcpy(ds + 2 * i, in + i * in_bytes, 8);
+                        for (int k = 0; k < QK; k++) q[i][k] = (uint8_t)((int8_t)in[i * in_bytes + 8 + k] + 32);
+                    }
+                    if (!factor_f16(ds, 16, -128, 127, &dh, sd)) {
+                        bad++;
+#pragma omp atomic write
+                        failed = 1;
+                        continue;
+                    }
                     for (int i = 0; i < 16; i++) out[32 + 16 * i + c] = (uint8_t)(int8_t)sd[i];
                 }
+                memcpy(out + 2 * c, &dh, 2);
+                if (fmt == 0) memcpy(out + 32 + 2 * c, &mh, 2);
                 // row j (64 bytes), column c's bytes 4c..4c+3: weights k = 4j..4j+3 in the low nibbles, k = 16+4j.. in
                 // the high ones; q6kv's high 2 bits in two more rows (k < 16, k >= 16), bits 2j..2j+1 for row j
                 for (int i = 0; i < 8; i++) {
@@ -324,76 +282,11 @@ int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t
                         for (int k = 0; k < 4; k++) {
                             const uint8_t lo = q[i][4 * j + k], hi = q[i][16 + 4 * j + k];
                             rows[64 * j + 4 * c + k] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
-                            if (!q4) {
+                            if (fmt == 2) {
                                 rows[256 + 4 * c + k] |= (uint8_t)((lo >> 4) << (2 * j));
                                 rows[320 + 4 * c + k] |= (uint8_t)((hi >> 4) << (2 * j));
                             }
                         }
-                }
-            }
-        }
-    }
-    return bad;
-}
-
-// q4 / q6 rows (Q4_K / Q6_K weights) into the compact float32-activation layouts q4k / q6k (qgemm.c's header), row by
-// row: fmt 0 / 2; -> as int8_compact. And back (fmt 3 / 4: q4k / q6k into q4 / q6; always 0).
-int64_t float_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
-    const int q4 = fmt == L_Q4 || fmt == L_Q4K, back = fmt == L_Q4K || fmt == L_Q6K;
-    const int64_t nsb = nb / 8, sb_bytes = back ? (q4 ? 192 : 320) : (q4 ? 148 : 210);
-    int64_t bad = 0;
-    int failed = 0;
-#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : bad)
-    for (int64_t n = 0; n < N; n++) {
-        int stop;
-#pragma omp atomic read
-        stop = failed;
-        if (stop) continue;
-        for (int64_t sb = 0; sb < nsb; sb++) {
-            uint8_t *out = dst + (n * nsb + sb) * sb_bytes;
-            uint8_t q[8][QK];
-            float sc[16];
-            get_super(fmt, src, n, nb, sb, sc, q);
-            if (back) {
-                for (int i = 0; i < 8; i++) {
-                    if (q4) {
-                        put_q4(out + 24 * i, sc[i], sc[8 + i], q[i]);
-                        continue;
-                    }
-                    memcpy(out + 40 * i, sc + 2 * i, 8);
-                    for (int k = 0; k < QK; k++) out[40 * i + 8 + k] = (uint8_t)(int8_t)(q[i][k] - 32);
-                }
-                continue;
-            }
-            uint16_t dh, mh = 0;
-            int sd[16], sm[8];
-            // q4k keeps m's negation out of the scale: m = -(m16 * min)
-            float neg[8];
-            for (int i = 0; i < 8; i++) neg[i] = -sc[8 + i];
-            const int ok = q4 ? factor_f16(sc, 8, 0, 255, &dh, sd) && factor_f16(neg, 8, 0, 255, &mh, sm)
-                              : factor_f16(sc, 16, -128, 127, &dh, sd);
-            if (!ok) {
-                bad++;
-#pragma omp atomic write
-                failed = 1;
-                continue;
-            }
-            memcpy(out, &dh, 2);
-            if (q4) {
-                memcpy(out + 2, &mh, 2);
-                for (int i = 0; i < 8; i++) {
-                    out[4 + i] = (uint8_t)sd[i];
-                    out[12 + i] = (uint8_t)sm[i];
-                    put_nibbles(out + 20 + 16 * i, q[i]);
-                }
-            } else {
-                for (int t = 0; t < 16; t++) out[2 + t] = (uint8_t)(int8_t)sd[t];
-                for (int i = 0; i < 8; i++) {
-                    uint8_t *blk = out + 18 + 24 * i;
-                    uint64_t hi = 0;
-                    for (int k = 0; k < QK; k++) hi |= (uint64_t)(q[i][k] >> 4) << (2 * k);
-                    put_nibbles(blk, q[i]);
-                    memcpy(blk + 16, &hi, 8);
                 }
             }
         }

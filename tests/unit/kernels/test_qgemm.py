@@ -156,34 +156,6 @@ def test_tiled_layout_keeps_the_weights(qtype, fmt):
     assert odd.tiled() is odd
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_compact_layouts_are_the_same_weights(lib, qtype, monkeypatch):
-    """Q4_K / Q6_K -> q4k / q6k (their scales factored back into float16 x integers; the AMX build tiles Q4_K
-    instead): the same weights in a quarter / a third fewer bytes, bitwise the wide layouts' products at every row
-    count, and back."""
-    from verispec.kernels import qweight
-
-    qw, ref = make_weight(qtype, 40, 768)
-    compact = qw.for_kernels(lib)
-    if lib.isa == "amx" and qtype == "Q4_K":
-        assert compact.fmt == "q4t"
-        return
-    assert compact.fmt == {"Q4_K": "q4k", "Q6_K": "q6k"}[qtype]
-    assert compact.nbytes <= qw.nbytes * {"Q4_K": 0.78, "Q6_K": 0.66}[qtype]
-    assert torch.equal(compact.dequantize(), ref)
-    assert np.array_equal(compact.untiled().blocks, qw.blocks)
-    assert compact.for_kernels(lib) is compact
-    x = torch.randn(40, 768, generator=torch.Generator().manual_seed(1))
-    x[1, ::32] = 1e4
-    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 40):
-        assert torch.equal(compact.matmul(x[:m], lib), qw.matmul(x[:m], lib)), f"{m} rows"
-    # weights whose scales do not factor (Q4_0: a float16 d per 32 weights) stay wide
-    q40, _ = make_weight("Q4_0", 32, 512)
-    assert q40.to_compact(lib, int8=False) is None
-    monkeypatch.setattr(qweight, "FLOAT_COMPACT", {})
-    assert qw.for_kernels(lib).fmt == ("q6" if qtype == "Q6_K" else qweight.float_layout("q4", lib))
-
-
 @pytest.mark.parametrize("isa", ["amx", "avx512", "avx2", None])
 def test_float_layout_follows_the_build(isa):
     """The float32 layout a test expects is asked of the kernels, never assumed: q4t / q8t only on the AMX build."""
@@ -196,7 +168,6 @@ def test_float_layout_follows_the_build(isa):
     assert float_layout("q4", lib) == ("q4t" if tiled else "q4")
     assert float_layout("q8", lib) == ("q8t" if tiled else "q8")
     assert float_layout("q6", lib) == "q6"
-    assert float_layout("q4k", lib) == ("q4t" if tiled else "q4k")
     qw, _ = make_weight("Q4_1", 16, 64)
     if build.kernel_isa() is not None:
         assert qw.for_kernels().fmt == float_layout("q4")
