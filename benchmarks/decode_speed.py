@@ -62,7 +62,11 @@ def measure_bandwidth_gbs(device: torch.device, mb: int = 1024, reps: int = 5) -
 def streamed_bytes(model) -> int:
     """Bytes of weights one decode step reads: parameters plus quantized blocks, the embedding table excluded."""
     params = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-    blocks = sum(m.qweight.nbytes for m in model.modules() if getattr(m, "qweight", None) is not None)
+    blocks = sum(
+        sum(q.nbytes for q in (m.qparts or [m.qweight]))
+        for n, m in model.named_modules()
+        if getattr(m, "quantized", False) and "embed_tokens" not in n
+    )
     return params + blocks
 
 
