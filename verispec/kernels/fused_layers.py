@@ -17,7 +17,19 @@ from verispec.kernels.build import INT8_ISAS, int8_isa, load_qgemm
 from verispec.kernels.qweight import INT8_FMT_CODE
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-FMT_CODE = {"q4": 0, "q8": 1, "q4t": 2, "q8t": 3, "q4v": 4, "q8v": 5, "q6v": 6, "q6": 7, "q4kv": 8, "q6kv": 9}
+FMT_CODE = {
+    "q4": 0,
+    "q8": 1,
+    "q4t": 2,
+    "q8t": 3,
+    "q4v": 4,
+    "q8v": 5,
+    "q6v": 6,
+    "q6": 7,
+    "q4kv": 8,
+    "q6kv": 9,
+    "q5v": 10,
+}
 
 
 class LayerDesc(ctypes.Structure):

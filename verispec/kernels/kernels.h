@@ -18,7 +18,7 @@ void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N,
 void qgemm_q6(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 
 // qgemm_i8.c: the same product with int8 activations (isa: 1 AVX-VNNI, 2 AVX512-VNNI, 3 AMX-INT8, 4 AVX2; fmt: 0 q4v,
-// 1 q8v, 2 q6v, 3 q4kv, 4 q6kv); qgemm_i8_isas: bit isa set for each variant this build holds; quantize_rows_i8: the activation
+// 1 q8v, 2 q6v, 3 q4kv, 4 q6kv, 5 q5v); qgemm_i8_isas: bit isa set for each variant this build holds; quantize_rows_i8: the activation
 // quantization alone (tests), M rows of K + 20 * K / 32 bytes; i8_amx_init: 1 if the OS grants the tile state.
 void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,
               int nthreads);
@@ -60,7 +60,7 @@ void decoder_layers_f32(const struct LayerDesc *layers, int64_t n_layers, const 
                         float *normed_out);
 
 // repack.c: GGUF blocks into the layouts of verispec/kernels/qweight.py at load time (Q4_K -> q4, Q6_K -> q6,
-// q4 -> q4t, q8 -> q8t, q4 / q8 / q6 -> q4v / q8v / q6v, q4 / q6 -> q4kv / q6kv where the scales factor; nsb super-blocks of 256 weights, nb blocks of 32 per row) and q4 / q8 / q6 rows back to
+// q4 -> q4t, q8 -> q8t, q4 / q8 / q6 -> q4v / q8v / q6v, q4 / q6 -> q4kv / q6kv where the scales factor, q8 -> q5v where q fits 5 bits; nsb super-blocks of 256 weights, nb blocks of 32 per row) and q4 / q8 / q6 rows back to
 // float32 (fmt: 0 q4, 1 q8, 2 q6): all N rows, or M chosen rows (an embedding lookup; -> -1, or the index of the
 // first row outside [0, N), then nothing is written).
 void repack_q4k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads);
@@ -69,6 +69,7 @@ void tile_q4(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthrea
 void tile_q8(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads);
 void int8_layout(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads);
 int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads);
+int64_t int8_q5(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads);
 void dequant_rows(int fmt, const uint8_t *src, int64_t N, int64_t nb, float *dst, int nthreads);
 int64_t dequant_gather(int fmt, const uint8_t *src, int64_t N, int64_t nb, const int64_t *rows, int64_t M,
                        float *dst);

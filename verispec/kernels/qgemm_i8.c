@@ -25,6 +25,11 @@
 //       padding, then per block 384 bytes: 4 rows of 64 whose low nibbles hold the low 4 bits of q + 32 for rows
 //       0-3 and high nibbles for rows 4-7, then 2 rows of 64 with their high 2 bits (rows 0-3, rows 4-7; row j in
 //       bits 2 (j % 4)..) (d_h = d * scale: q6v's floats, exactly). 4.6 and 6.6 bits a weight against 6 and 10.
+// and, for q8 weights whose q lie in -16..15 and d is a float16 (Q5_0's), per group and pair of blocks (K a
+// multiple of 64; 5.5 bits a weight against 9):
+//   q5v (704 bytes): each block's 4 rows of 64 (low 4 bits of q + 16: rows 0-3 in the low nibbles, 4-7 in the
+//       high ones), then each block's 64 bytes of 5th bits (bit j: row j's), then each block's float16 d[16]
+//       (dot = sum((q + 16) q_x) - 16 sum(q_x): q8v's integer, and q8v's floats).
 // Per block: dot = sum(q_w * q_x) exactly in int32 (q8v: sum((q_w + 128) q_x) - 128 sum(q_x)), then per column
 //   acc = fma(float(dot), d_w * d_x, acc); q4v: acc = fma(m_w, d_x * sum(q_x), acc)
 // q6v, per half h = 0, 1 of the block (dot_h = sum over its 16 k of (q_w + 32) q_x, minus 32 * sum(q_x)):
@@ -48,13 +53,13 @@
 #define TILE_M 32     // rows swept together over a thread's columns (up to 32 rows read the weights once)
 #define COL_GROUPS 4  // column groups whose weights stay in L1 while TILE_M rows pass
 #define PF_BLOCKS 4   // blocks ahead whose weights the VNNI kernels prefetch (decode steps read them from memory)
-enum { Q4V = 0, Q8V = 1, Q6V = 2, Q4KV = 3, Q6KV = 4 };
+enum { Q4V = 0, Q8V = 1, Q6V = 2, Q4KV = 3, Q6KV = 4, Q5V = 5 };
 enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3, ISA_AVX2 = 4 };
 // bytes per column group and block (q4kv / q6kv: on average; their super-block records are SB(F) bytes)
-#define TB(F) ((F) == Q4V ? 384 : (F) == Q8V ? 576 : (F) == Q6V ? 640 : (F) == Q4KV ? 296 : 424)
-#define SB(F) ((F) == Q4KV ? 2368 : 3392)
-// a column group's (at wg) record of block b's super-block
-#define SB_REC(F, wg, b) ((wg) + ((b) >> 3) * SB(F))
+#define TB(F) ((F) == Q4V ? 384 : (F) == Q8V ? 576 : (F) == Q6V ? 640 : (F) == Q4KV ? 296 : (F) == Q6KV ? 424 : 352)
+#define SB(F) ((F) == Q4KV ? 2368 : (F) == Q6KV ? 3392 : 704)
+// a column group's (at wg) record of block b's super-block (q5v: pair of blocks)
+#define SB_REC(F, wg, b) ((wg) + ((b) >> ((F) == Q5V ? 1 : 3)) * SB(F))
 // where a block's 8 weight rows start (after its scales)
 #define WROWS(F) ((F) == Q8V ? 64 : 128)
 
@@ -419,8 +424,10 @@ int qgemm_i8_isas(void) {
             gemm(Q6V, x, xq, M, K, w, N, y, nthreads);           \
         else if (fmt == Q4KV)                                    \
             gemm(Q4KV, x, xq, M, K, w, N, y, nthreads);          \
-        else                                                     \
+        else if (fmt == Q6KV)                                    \
             gemm(Q6KV, x, xq, M, K, w, N, y, nthreads);          \
+        else                                                     \
+            gemm(Q5V, x, xq, M, K, w, N, y, nthreads);           \
     } while (0)
 
 void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y,

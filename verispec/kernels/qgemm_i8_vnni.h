@@ -19,8 +19,8 @@
 //   acc = fma(float(dot), d_w * d_x, acc)   and for q4v   acc = fma(m_w, d_x * sum(q_x), acc).
 // q6v has two scales per block: the dot of each half (16 k, 4 VDPs) is folded in on its own,
 //   acc = fma(float(dot_0), d0_w * d_x, acc), then acc = fma(float(dot_1), d1_w * d_x, acc).
-// q4kv / q6kv are q4v / q6v with the super-block's scales factored (d_w = float16 d x an integer, exact): the same
-// dots and the same float sequence, only fewer bytes to read.
+// q4kv / q6kv are q4v / q6v with the super-block's scales factored (d_w = float16 d x an integer, exact), q5v is
+// q8v for 5-bit weights: the same dots and the same float sequence, only fewer bytes to read.
 // That per-column float sequence is the contract every int8 variant (this one at either width, and AMX-INT8)
 // follows, so all of them give bitwise the same y, whatever the tile or the number of rows.
 
@@ -29,6 +29,13 @@
 static inline vi PFX(high2)(vi H, int j) {
     const vi m30 = VSET1_I(0x30303030);
     return VAND(j == 0 ? VSLL16(H, 4) : j == 1 ? VSLL16(H, 2) : j == 2 ? H : VSRL16(H, 2), m30);
+}
+
+// q5v: row j's 5th bits (bit j of B's bytes) moved to bit 4 of each byte (16-bit shifts: what crosses into the
+// neighbour byte falls outside the 0x10 mask)
+static inline vi PFX(bit5)(vi B, int j) {
+    const vi m10 = VSET1_I(0x10101010);
+    return VAND(j < 4 ? VSLL16(B, 4 - j) : j == 4 ? B : VSRL16(B, j - 4), m10);
 }
 
 static inline vi PFX(bcast4)(const uint8_t *p) {
@@ -93,6 +100,35 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
                     const vf dx = VSET1_F(XD(x + r * XS, K)[b]);
                     for (int c = 0; c < C; c++) acc[r][c] = VFMA(VCVT(dot[r][c]), VMUL(dh[c], dx), acc[r][c]);
                 }
+            }
+            continue;
+        }
+        if (F == Q5V) {
+            // block b of its pair's record: 4 nibble rows at (b % 2) * 256, 5th bits at 512 + (b % 2) * 64, float16
+            // d at 640 + (b % 2) * 32
+            const vi lo4 = VSET1_I(0x0F0F0F0F);
+            for (int r = 0; r < R; r++) {
+                const vi init = VSET1_I(-(XC(x + r * XS, K)[b] >> 3));
+                for (int c = 0; c < C; c++) dot[r][c] = init;
+            }
+            for (int j = 0; j < 4; j++) {
+                vi lo[CMAX], hi[CMAX];
+                for (int c = 0; c < C; c++) {
+                    const uint8_t *rec = SB_REC(F, wu[c], b), *o = rec + hu[c] * VW * 4;
+                    const vi v = VLOAD_I(o + (b & 1) * 256 + 64 * j), B = VLOAD_I(o + 512 + (b & 1) * 64);
+                    lo[c] = VOR(VAND(v, lo4), PFX(bit5)(B, j));
+                    hi[c] = VOR(VAND(VSRL16(v, 4), lo4), PFX(bit5)(B, j + 4));
+                }
+                for (int r = 0; r < R; r++) {
+                    const vi xl = PFX(bcast4)(xb + r * XS + 4 * j), xh = PFX(bcast4)(xb + r * XS + 16 + 4 * j);
+                    for (int c = 0; c < C; c++) dot[r][c] = VDP2(dot[r][c], lo[c], xl, hi[c], xh);
+                }
+            }
+            vf dw[CMAX];
+            for (int c = 0; c < C; c++) dw[c] = VLOAD_H(SB_REC(F, wu[c], b) + 640 + (b & 1) * 32 + hu[c] * VW * 2);
+            for (int r = 0; r < R; r++) {
+                const vf dx = VSET1_F(XD(x + r * XS, K)[b]);
+                for (int c = 0; c < C; c++) acc[r][c] = VFMA(VCVT(dot[r][c]), VMUL(dw[c], dx), acc[r][c]);
             }
             continue;
         }
@@ -227,8 +263,10 @@ static void PFX(gemm)(const int F, const float *x, uint8_t *xq, int64_t M, int64
                     PFX(row_tiles)(Q6V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
                 else if (F == Q4KV)
                     PFX(row_tiles)(Q4KV, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
-                else
+                else if (F == Q6KV)
                     PFX(row_tiles)(Q6KV, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
+                else
+                    PFX(row_tiles)(Q5V, m1 - m0, xq + m0 * XS, XS, K, w, g * per, ge * per, y + m0 * N, N);
             }
         }
     }

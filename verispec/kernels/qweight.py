@@ -21,6 +21,8 @@ with one scale per 16 q6 blocks):
       float16 per super-block times integers (exact: the same floats), per 16 columns and super-block a 320-byte
       record, then the 8 blocks' rows (q6kv: 6-bit codes as a nibble plane and a 2-bit plane). Layouts:
       qgemm_i8.c's header. 4.6 / 6.6 bits a weight against 6 / 10; the AMX-INT8 kernel does not read them.
+  q5v: q8v for Q5_0 weights (q in -16..15, float16 d; K a multiple of 64): per 16 columns and pair of blocks,
+      nibble rows, a plane of 5th bits and float16 d (qgemm_i8.c's header), 5.5 bits a weight against 9.
   q6 has no AMX-BF16 layout: the 'amx' build multiplies it with qgemm.c's AVX-512 code.
 Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
 """
@@ -41,8 +43,9 @@ BLOCK_BYTES = {"q4": 24, "q8": 36, "q6": 40, "q4t": 24, "q8t": 36, "q4v": 24, "q
 TILED = {"q4": "q4t", "q8": "q8t"}
 INT8 = {"q4": "q4v", "q8": "q8v", "q6": "q6v"}
 # where a Q4_K / Q6_K weight's scales factor: the compact int8-activation layouts (not on the AMX-INT8 tile unit)
-COMPACT = {"q4": "q4kv", "q6": "q6kv"}
-INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2, "q4kv": 3, "q6kv": 4}
+# (and q8 weights whose q fit 5 bits with float16 scales, Q5_0's: q5v)
+COMPACT = {"q4": "q4kv", "q6": "q6kv", "q8": "q5v"}
+INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2, "q4kv": 3, "q6kv": 4, "q5v": 5}
 # q4t / q8t: output columns per AMX tile
 GROUP = 16
 # GGML type names this module repacks
@@ -53,9 +56,11 @@ SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 _C_REPACK = {"Q4_K": ("repack_q4k", "q4"), "Q6_K": ("repack_q6k", "q6")}
 _C_DEQUANT = {"q4": 0, "q8": 1, "q6": 2}
 # bytes per group of 16 columns and block of 32 in the int8-activation layouts (qgemm_i8.c; q4kv / q6kv: on average)
-INT8_BLOCK_BYTES = {"q4": 384, "q8": 576, "q6": 640, "q4kv": 296, "q6kv": 424}
+INT8_BLOCK_BYTES = {"q4": 384, "q8": 576, "q6": 640, "q4kv": 296, "q6kv": 424, "q5v": 352}
 # q4kv / q6kv: bytes per group and super-block of 256, and of the scale record that starts it
 SUPER_RECORD = {"q4kv": (2368, 320), "q6kv": (3392, 320)}
+# weights per record of the compact layouts (K must be a multiple)
+RECORD_K = {"q4kv": 256, "q6kv": 256, "q5v": 64}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -318,6 +323,16 @@ class QuantWeight:
         """q8 / q8t -> d [N, nb, 1] float32 and q [N, nb, 32] int8 in weight order (weight = d * q)."""
         n, k = self.shape
         nb = k // QK
+        if self.fmt == "q5v":
+            b = self.blocks.reshape(n // GROUP, nb // 2, 704)
+            # [G, nb, 16] float16 d, [G, nb, 4, 64] nibbles, [G, nb, 64] 5th bits
+            d = b[..., 640:].copy().view(np.float16).astype(np.float32).reshape(n // GROUP, nb, GROUP)
+            nib = b[..., :512].reshape(n // GROUP, nb, 4, 64)
+            bits = b[..., 512:640].reshape(n // GROUP, nb, 1, 64)
+            j = np.arange(4, dtype=np.uint8)[:, None]
+            rows = [(nib & 0x0F) | (((bits >> j) & 1) << 4), (nib >> 4) | (((bits >> (j + 4)) & 1) << 4)]
+            q = _from_quads(np.concatenate(rows, axis=2), n).astype(np.int8) - np.int8(16)
+            return _from_groups(d, n), q
         if self.fmt == "q8v":
             b = self.blocks.reshape(n // GROUP, nb, 576)
             q = _from_quads(b[..., 64:].reshape(n // GROUP, nb, 8, 64) ^ np.uint8(0x80), n).view(np.int8)
@@ -378,7 +393,7 @@ class QuantWeight:
             # [N, nb, 32]
             w = np.repeat(ds, 16, axis=-1) * q.astype(np.float32)
             return torch.from_numpy(np.ascontiguousarray(w.reshape(n, k)))
-        if self.fmt in ("q8", "q8t", "q8v"):
+        if self.fmt in ("q8", "q8t", "q8v", "q5v"):
             d, q = self._q8_parts()
             return torch.from_numpy((q.astype(np.float32) * d).reshape(n, k))
         d, m, q = self._q4_parts()
@@ -463,24 +478,29 @@ class QuantWeight:
         return QuantWeight(INT8[self.fmt[:2]], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
     def to_compact(self, lib: ctypes.CDLL | None = None) -> QuantWeight | None:
-        """q4 / q6 -> q4kv / q6kv (in C), or None where that cannot be: another layout, rows not of whole
-        super-blocks, N not a multiple of 16, or scales that do not factor (weights not from Q4_K / Q6_K)."""
+        """q4 / q6 -> q4kv / q6kv, q8 -> q5v (in C), or None where that cannot be: another layout, K not a multiple
+        of the record, N not a multiple of 16, scales that do not factor (weights not from Q4_K / Q6_K) or q8
+        weights that are not 5-bit (not from Q5_0)."""
         lib = lib or load_qgemm()
         n, k = self.shape
-        if self.fmt not in COMPACT or k % 256 or n % GROUP or lib is None or not hasattr(lib, "int8_compact"):
+        fmt = COMPACT.get(self.fmt)
+        if fmt is None or k % RECORD_K[fmt] or n % GROUP or lib is None or not hasattr(lib, "int8_q5"):
             return None
-        fmt = COMPACT[self.fmt]
         out = np.empty((n, k // QK * INT8_BLOCK_BYTES[fmt] // GROUP), dtype=np.uint8)
         src = np.ascontiguousarray(self.blocks)
-        bad = lib.int8_compact(
-            _C_DEQUANT[self.fmt], src.ctypes.data, n, k // QK, out.ctypes.data, torch.get_num_threads()
-        )
+        threads = torch.get_num_threads()
+        if fmt == "q5v":
+            bad = lib.int8_q5(src.ctypes.data, n, k // QK, out.ctypes.data, threads)
+        else:
+            bad = lib.int8_compact(
+                _C_DEQUANT[self.fmt], src.ctypes.data, n, k // QK, out.ctypes.data, threads
+            )
         return QuantWeight(fmt, out, self.shape) if bad == 0 else None
 
     def untiled(self) -> QuantWeight:
         """This q4t / q8t / q4v / q8v weight back in the q4 / q8 layout of qgemm.c (the same weights); itself
         otherwise."""
-        if self.fmt in ("q8t", "q8v"):
+        if self.fmt in ("q8t", "q8v", "q5v"):
             return QuantWeight._q8(*self._q8_parts(), self.shape)
         if self.fmt in ("q6v", "q6kv"):
             return QuantWeight._q6(*self._q6_parts(), self.shape)

@@ -294,6 +294,50 @@ int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t
     return bad;
 }
 
+// q8 rows whose q lie in -16..15 with float16 scales (Q5_0 weights) into the int8-activation layout q5v
+// (qgemm_i8.c's header), per group of 16 columns and pair of blocks. -> the number of blocks that do not fit
+// (counted until the first; then dst is incomplete and the caller keeps q8v).
+int64_t int8_q5(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
+    const int64_t G = N / GROUP, np = nb / 2;
+    int64_t bad = 0;
+    int failed = 0;
+#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : bad)
+    for (int64_t g = 0; g < G; g++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop) continue;
+        for (int64_t p = 0; p < np; p++) {
+            uint8_t *out = dst + (g * np + p) * 704;
+            memset(out, 0, 704);
+            for (int i = 0; i < 2; i++)
+                for (int c = 0; c < GROUP; c++) {
+                    const uint8_t *in = src + ((g * GROUP + c) * nb + 2 * p + i) * 36;
+                    float d;
+                    memcpy(&d, in, 4);
+                    const uint16_t h = _cvtss_sh(d, 0);
+                    int ok = d == d && _cvtsh_ss(h) == d;
+                    for (int k = 0; k < QK && ok; k++) ok = (int8_t)in[4 + k] >= -16 && (int8_t)in[4 + k] <= 15;
+                    if (!ok) {
+                        bad++;
+#pragma omp atomic write
+                        failed = 1;
+                        continue;
+                    }
+                    memcpy(out + 640 + 32 * i + 2 * c, &h, 2);
+                    for (int j = 0; j < 4; j++)
+                        for (int k = 0; k < 4; k++) {
+                            const uint8_t lo = (uint8_t)((int8_t)in[4 + 4 * j + k] + 16);
+                            const uint8_t hi = (uint8_t)((int8_t)in[4 + 16 + 4 * j + k] + 16);
+                            out[256 * i + 64 * j + 4 * c + k] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
+                            out[512 + 64 * i + 4 * c + k] |= (uint8_t)(((lo >> 4) << j) | ((hi >> 4) << (j + 4)));
+                        }
+                }
+        }
+    }
+    return bad;
+}
+
 // one q4 / q8 / q6 block (fmt 0 / 1 / 2) to its 32 float32 weights
 static void dequant_block(int fmt, const uint8_t *in, float *out) {
     if (fmt == 0) {

@@ -219,7 +219,8 @@ def test_q6_k_target(tiny_q6_k_gguf, activation_dtype, fmt, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tiny_q4_k_m_gguf(tmp_path_factory) -> str:
-    """A tiny llama in a Q4_K_M file's mix (hidden 256): Q4_K projections, the v projection and LM head in Q6_K."""
+    """A tiny llama in a Q4_K_M file's mix (hidden 256): Q4_K projections, the v projection in Q5_0 (as the 0.5B's
+    q, k, o and MLP are), the LM head in Q6_K."""
     from tests.tiny_models import write_tiny_checkpoint, write_tiny_gguf
 
     root = tmp_path_factory.mktemp("q4km")
@@ -227,14 +228,14 @@ def tiny_q4_k_m_gguf(tmp_path_factory) -> str:
         root / "hf", "llama", seed=11, num_layers=2, hidden_size=256, intermediate_size=512
     )
     return str(
-        write_tiny_gguf(hf, root / "tiny-q4km.gguf", layer_type="Q4_K", head_type="Q6_K", v_type="Q6_K")
+        write_tiny_gguf(hf, root / "tiny-q4km.gguf", layer_type="Q4_K", head_type="Q6_K", v_type="Q5_0")
     )
 
 
 @pytest.mark.skipif(WIDE_I8, reason="the AMX-INT8 kernel keeps the wide layouts")
 def test_compact_layouts_change_no_token(tiny_q4_k_m_gguf, monkeypatch):
-    """int8 activations on a Q4_K_M-style file run q4kv / q6kv (fused) and give the wide layouts' tokens, plain and
-    speculative."""
+    """int8 activations on a Q4_K_M-style file run q4kv / q5v / q6kv (fused) and give the wide layouts' tokens,
+    plain and speculative."""
     from verispec.kernels import qweight
 
     kw = dict(max_model_len=256, max_num_seqs=4, activation_dtype="int8")
@@ -243,14 +244,13 @@ def test_compact_layouts_change_no_token(tiny_q4_k_m_gguf, monkeypatch):
     def run(llm_kw: dict, want: set[str] | None = None) -> list[list[int]]:
         llm = LLM(tiny_q4_k_m_gguf, device="cpu", **kw, **llm_kw)
         if want is not None:
-            fmts = {
-                m.qweight.fmt for m in llm.ckpt.model.modules() if getattr(m, "qweight", None) is not None
-            }
+            layers = [m for m in llm.ckpt.model.modules() if getattr(m, "quantized", False)]
+            fmts = {q.fmt for m in layers for q in (m.qparts or [m.qweight])}
             assert fmts == want
             assert llm.ckpt.model.fused is not None
         return [o.outputs[0].token_ids for o in llm.generate(prompts, SP, use_tqdm=False)]
 
-    ref = run({}, {"q4kv", "q6kv"})
+    ref = run({}, {"q4kv", "q5v", "q6kv"})
     ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
     assert run({"speculative_config": ngram}) == ref
     draft = {"method": "draft_model", "model": tiny_q4_k_m_gguf, "num_speculative_tokens": 3}
@@ -258,4 +258,4 @@ def test_compact_layouts_change_no_token(tiny_q4_k_m_gguf, monkeypatch):
     # the wide layouts (read from the GGUF, not the layout cache)
     monkeypatch.setattr(qweight, "COMPACT", {})
     monkeypatch.setenv("VERISPEC_LAYOUT_CACHE", "0")
-    assert run({}, {"q4v", "q6v"}) == ref
+    assert run({}, {"q4v", "q8v", "q6v"}) == ref

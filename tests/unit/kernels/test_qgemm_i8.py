@@ -164,16 +164,16 @@ def test_int8_layout_keeps_the_weights(qtype):
     assert odd.for_int8() is None
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_0"])
 def test_compact_layouts_are_the_same_weights(variant, qtype):
-    """Q4_K / Q6_K -> q4kv / q6kv (the scales factored back into float16 x integers): the same weights in a
-    quarter / a third fewer bytes, and bitwise q4v's / q6v's products at every row count (AMX-INT8 hands them to
-    AVX512-VNNI)."""
+    """Q4_K / Q6_K -> q4kv / q6kv (the scales factored back into float16 x integers), Q5_0 -> q5v (5-bit codes):
+    the same weights in a quarter / a third / 40% fewer bytes, and bitwise q4v's / q6v's / q8v's products at every
+    row count (AMX-INT8 hands them to AVX512-VNNI)."""
     lib, isa = variant
     qw, ref = make_weight(qtype, 48, 768)
     wide, compact = qw.for_int8(compact=False), qw.to_compact()
-    assert compact.fmt == {"q4": "q4kv", "q6": "q6kv"}[qw.fmt]
-    assert compact.nbytes <= wide.nbytes * {"q4": 0.78, "q6": 0.67}[qw.fmt]
+    assert compact.fmt == {"Q4_K": "q4kv", "Q6_K": "q6kv", "Q5_0": "q5v"}[qtype]
+    assert compact.nbytes <= wide.nbytes * {"Q4_K": 0.78, "Q6_K": 0.67, "Q5_0": 0.62}[qtype]
     assert torch.equal(compact.dequantize(), ref)
     assert np.array_equal(compact.untiled().blocks, qw.blocks)
     assert compact.for_int8() is compact
@@ -185,11 +185,17 @@ def test_compact_layouts_are_the_same_weights(variant, qtype):
 
 
 def test_compact_layouts_only_where_the_scales_factor(lib, monkeypatch):
-    """Q4_0 blocks (a float16 d per 32 weights) do not factor per super-block: q4v. A Q4_K file's weights on the
-    AMX-INT8 kernel keep q4v too (the tile unit reads the wide layouts)."""
+    """Q4_0 blocks (a float16 d per 32 weights) do not factor per super-block: q4v; Q8_0's q are not 5-bit: q8v. A
+    Q4_K file's weights on the AMX-INT8 kernel keep q4v too (the tile unit reads the wide layouts)."""
     q40, _ = make_weight("Q4_0", 32, 512)
     assert q40.to_compact() is None
     assert q40.for_int8().fmt == "q4v"
+    q80, _ = make_weight("Q8_0", 32, 512)
+    assert q80.to_compact() is None
+    assert q80.for_int8().fmt == "q8v"
+    # K not a multiple of 64
+    q50, _ = make_weight("Q5_0", 32, 96)
+    assert q50.for_int8().fmt == "q8v"
     q4k, _ = make_weight("Q4_K", 32, 512)
     assert q4k.for_int8().fmt == "q4kv"
     monkeypatch.setattr(qweight, "int8_isa", lambda lib=None: "amx-int8")
