@@ -58,3 +58,22 @@ def test_bench_plot_without_matplotlib_exits_2(tiny_llama, tmp_path, capsys, mon
 def test_bench_plot_path_is_checked_first(tmp_path, capsys):
     assert main(["bench", "no-such-model", "--plot", str(tmp_path / "b.jpeg")]) == 2
     assert ".png, .svg, .pdf" in capsys.readouterr().err
+
+
+def test_bench_runs_data_parallel_replicas(tiny_llama, tmp_path, capsys, monkeypatch):
+    """`verispec bench -dp 2`: both runs on two replica processes, the speculative counters summed over them, the
+    outputs equal to plain decoding's."""
+    short = [
+        [{"role": "user", "content": "a b c a b c a b c a b"}],
+        [{"role": "user", "content": "1 2 3 1 2 3 1"}],
+    ]
+    monkeypatch.setattr("verispec.bench.build_workload", lambda name, n: short[:n])
+    out = tmp_path / "bench.json"
+    # fixed K, so that the tiny model drafts in its 8 tokens
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "enable_adaptive_verification": false}'
+    argv = ["bench", tiny_llama, "-sc", spec, "-dp", "2", "--num-prompts", "2", "--batch-size", "2"]
+    assert main([*argv, "--max-tokens", "8", "--output", str(out), "--quiet"]) == 0
+    result = json.loads(out.read_text())
+    assert result["identical_outputs"] == 2
+    assert result["spec_run"]["num_draft_tokens"] > 0
+    assert "identical outputs (greedy check): 2/2" in capsys.readouterr().out
