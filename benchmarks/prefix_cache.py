@@ -143,19 +143,14 @@ def shared_system(llms: dict[str, LLM], n: int, max_tokens: int) -> dict:
     return out
 
 
-def capacity(model: str, budget_tokens: int, max_model_len: int) -> dict:
+def capacity(model: str, budget_tokens: int, max_model_len: int, activation_dtype: str = "float32") -> dict:
     """Most requests running at once: 64 requests of 50-1,000 prompt tokens and 64 output tokens in a budget of
     `budget_tokens` tokens of KV."""
-    probe = LLM(model, max_model_len=max_model_len, max_num_seqs=1, enable_prefix_caching=False)
+    kw = dict(max_model_len=max_model_len, enable_prefix_caching=False, activation_dtype=activation_dtype)
+    probe = LLM(model, max_num_seqs=1, **kw)
     per_tok = probe.engine.runner.model.cfg.kv_bytes_per_token
     del probe
-    llm = LLM(
-        model,
-        max_model_len=max_model_len,
-        max_num_seqs=64,
-        kv_cache_memory_bytes=budget_tokens * per_tok,
-        enable_prefix_caching=False,
-    )
+    llm = LLM(model, max_num_seqs=64, kv_cache_memory_bytes=budget_tokens * per_tok, **kw)
     e, most = llm.engine, 0
     sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     for i in range(64):
@@ -188,9 +183,25 @@ def main() -> None:
         action="store_true",
         help="run only the agent loop with --drafter and the cache on (e.g. to compare two builds)",
     )
+    ap.add_argument("--capacity-only", action="store_true", help="run only the capacity measurement")
+    ap.add_argument("--activation-dtype", default="float32", choices=("float32", "int8"))
     ap.add_argument("--output", help="JSON file for the results")
     args = ap.parse_args()
-    kw = dict(max_model_len=4096, max_num_seqs=16, threads=args.threads)
+    kw = dict(
+        max_model_len=4096, max_num_seqs=16, threads=args.threads, activation_dtype=args.activation_dtype
+    )
+    if args.capacity_only:
+        cap = capacity(args.model, 16 * 1024, 1024, args.activation_dtype)
+        print(f"model={args.model} cpu={cpu_model()} activation_dtype={args.activation_dtype}")
+        print(
+            f"capacity in {cap['budget_tokens']} tokens of KV: paged ran {cap['paged_most_running']} requests at "
+            f"once, the slot-major cache holds {cap['slot_major_slots']} ({cap['paged_most_running'] / cap['slot_major_slots']:.1f}x)"
+        )
+        if args.output:
+            Path(args.output).write_text(
+                json.dumps({"cpu": cpu_model(), "args": vars(args), **cap}, indent=2)
+            )
+        return
     if args.drafter_only:
         llm = LLM(args.model, speculative_config=json.loads(args.drafter), **kw)
         run = agent_loop({"on+drafter": llm}, args.max_tokens)["on+drafter"]
@@ -216,7 +227,9 @@ def main() -> None:
     res["agent"] = agent_loop(loops, args.max_tokens)
     peer = agent_loop_llama_cpp(on, args.model, args.threads, args.max_tokens)
     res["shared"] = shared_system({"off": off, "on": on}, args.chats, args.max_tokens // 2)
-    res["capacity"] = None if args.no_capacity else capacity(args.model, 16 * 1024, 1024)
+    res["capacity"] = (
+        None if args.no_capacity else capacity(args.model, 16 * 1024, 1024, args.activation_dtype)
+    )
     t2, ag, sh = res["turn2"], res["agent"], res["shared"]
     print(f"model={args.model} cpu={res['cpu']}")
     print(f"{'measure':<44}{'cache off':>11}{'cache on':>11}{'ratio':>8}")
