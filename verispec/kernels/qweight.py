@@ -42,8 +42,8 @@ QK = 32
 BLOCK_BYTES = {"q4": 24, "q8": 36, "q6": 40, "q4t": 24, "q8t": 36, "q4v": 24, "q8v": 36, "q6v": 40}
 TILED = {"q4": "q4t", "q8": "q8t"}
 INT8 = {"q4": "q4v", "q8": "q8v", "q6": "q6v"}
-# where a Q4_K / Q6_K weight's scales factor: the compact int8-activation layouts (not on the AMX-INT8 tile unit)
-# (and q8 weights whose q fit 5 bits with float16 scales, Q5_0's: q5v)
+# the compact int8-activation layouts (not on the AMX-INT8 tile unit): q4 / q6 weights whose scales factor
+# (Q4_K's / Q6_K's), q8 weights whose q fit 5 bits with float16 scales (Q5_0's)
 COMPACT = {"q4": "q4kv", "q6": "q6kv", "q8": "q5v"}
 INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2, "q4kv": 3, "q6kv": 4, "q5v": 5}
 # q4t / q8t: output columns per AMX tile
@@ -170,7 +170,7 @@ def _from_quads(rows: np.ndarray, n: int) -> np.ndarray:
 
 @dataclass
 class QuantWeight:
-    # "q4" | "q8" | "q6" | "q4t" | "q8t" | "q4v" | "q8v" | "q6v" | "q4kv" | "q6kv"
+    # "q4" | "q8" | "q6" | "q4t" | "q8t" | "q4v" | "q8v" | "q6v" | "q4kv" | "q6kv" | "q5v"
     fmt: str
     # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
     blocks: np.ndarray
@@ -320,7 +320,7 @@ class QuantWeight:
         return d, m, q
 
     def _q8_parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """q8 / q8t -> d [N, nb, 1] float32 and q [N, nb, 32] int8 in weight order (weight = d * q)."""
+        """q8 / q8t / q8v / q5v -> d [N, nb, 1] float32 and q [N, nb, 32] int8 in weight order (weight = d * q)."""
         n, k = self.shape
         nb = k // QK
         if self.fmt == "q5v":
