@@ -490,12 +490,12 @@ class QuantWeight:
         src = np.ascontiguousarray(self.blocks)
         threads = torch.get_num_threads()
         if fmt == "q5v":
-            bad = lib.int8_q5(src.ctypes.data, n, k // QK, out.ctypes.data, threads)
+            failed = lib.int8_q5(src.ctypes.data, n, k // QK, out.ctypes.data, threads)
         else:
-            bad = lib.int8_compact(
+            failed = lib.int8_compact(
                 _C_DEQUANT[self.fmt], src.ctypes.data, n, k // QK, out.ctypes.data, threads
             )
-        return QuantWeight(fmt, out, self.shape) if bad == 0 else None
+        return None if failed else QuantWeight(fmt, out, self.shape)
 
     def untiled(self) -> QuantWeight:
         """This q4t / q8t / q4v / q8v weight back in the q4 / q8 layout of qgemm.c (the same weights); itself

@@ -223,22 +223,39 @@ static int factor_f16(const float *v, int n, int lo, int hi, uint16_t *d16, int 
     return 0;
 }
 
+// A conversion that may not fit (int8_compact, int8_q5) stops once one block fails: the flag is shared by the
+// threads, which skip their remaining column groups (weights of another origin fail at once).
+static int conversion_failed(const int *failed) {
+    int v;
+#pragma omp atomic read
+    v = *failed;
+    return v;
+}
+
+static void fail_conversion(int *failed) {
+#pragma omp atomic write
+    *failed = 1;
+}
+
+// column c's bytes 4c..4c+3 of 4 rows of 64: row j holds the low 4 bits of q[4j..4j+3] in its low nibbles and of
+// q[16+4j..] in its high ones (q4v's rows, and the nibble plane of q6kv / q5v)
+static void put_nibble_rows(uint8_t *rows, int c, const uint8_t *q) {
+    for (int j = 0; j < 4; j++)
+        for (int k = 0; k < 4; k++)
+            rows[64 * j + 4 * c + k] = (uint8_t)((q[4 * j + k] & 15) | ((q[16 + 4 * j + k] & 15) << 4));
+}
+
 // q4 / q6 rows (fmt 0 / 2) made from Q4_K / Q6_K into the compact int8-activation layouts q4kv / q6kv (qgemm_i8.c's
 // header): per group of 16 columns and super-block of 256 weights, a 320-byte record of the columns' float16 d
-// (and q4kv's m) and integer scales, then the 8 blocks' weight rows. -> the number of (column, super-block)
-// whose scales do not factor, counted until the first one is met (then dst is incomplete and the caller keeps q4v /
-// q6v).
+// (and q4kv's m) and integer scales, then the 8 blocks' weight rows. -> 1 where a (column, super-block)'s scales
+// do not factor (then dst is incomplete and the caller keeps q4v / q6v), else 0.
 int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
     const int64_t G = N / GROUP, nsb = nb / 8, in_bytes = fmt == 0 ? 24 : 40, sb_bytes = fmt == 0 ? 2368 : 3392;
     const int rb = fmt == 0 ? 256 : 384;
-    int64_t bad = 0;
-    int failed = 0;  // set once a super-block fails: the rest is skipped (weights from Q4_0 fail at once)
-#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : bad)
+    int failed = 0;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t g = 0; g < G; g++) {
-        int stop;
-#pragma omp atomic read
-        stop = failed;
-        if (stop) continue;
+        if (conversion_failed(&failed)) continue;
         for (int64_t sb = 0; sb < nsb; sb++) {
             uint8_t *out = dst + (g * nsb + sb) * sb_bytes;
             memset(out, 0, (size_t)sb_bytes);
@@ -247,66 +264,56 @@ int64_t int8_compact(int fmt, const uint8_t *src, int64_t N, int64_t nb, uint8_t
                 // [block][k] the weights as stored bytes (q4: 0..15, q6: q + 32)
                 uint8_t q[8][QK];
                 uint16_t dh, mh = 0;
-                int sd[16], sm[8];
+                int sd[16], sm[8], ok;
                 if (fmt == 0) {
                     float d[8], m[8];
                     for (int i = 0; i < 8; i++) get_q4(in + i * in_bytes, &d[i], &m[i], q[i]);
-                    if (!factor_f16(d, 8, 0, 255, &dh, sd) || !factor_f16(m, 8, 0, 255, &mh, sm)) {
-                        bad++;
-#pragma omp atomic write
-                        failed = 1;
-                        continue;
-                    }
-                    for (int i = 0; i < 8; i++) out[64 + 16 * i + c] = (uint8_t)sd[i], out[192 + 16 * i + c] = (uint8_t)sm[i];
+                    ok = factor_f16(d, 8, 0, 255, &dh, sd) && factor_f16(m, 8, 0, 255, &mh, sm);
                 } else {
                     float ds[16];
                     for (int i = 0; i < 8; i++) {
                         memcpy(ds + 2 * i, in + i * in_bytes, 8);
                         for (int k = 0; k < QK; k++) q[i][k] = (uint8_t)((int8_t)in[i * in_bytes + 8 + k] + 32);
                     }
-                    if (!factor_f16(ds, 16, -128, 127, &dh, sd)) {
-                        bad++;
-#pragma omp atomic write
-                        failed = 1;
-                        continue;
-                    }
-                    for (int i = 0; i < 16; i++) out[32 + 16 * i + c] = (uint8_t)(int8_t)sd[i];
+                    ok = factor_f16(ds, 16, -128, 127, &dh, sd);
+                }
+                if (!ok) {
+                    fail_conversion(&failed);
+                    continue;
                 }
                 memcpy(out + 2 * c, &dh, 2);
-                if (fmt == 0) memcpy(out + 32 + 2 * c, &mh, 2);
-                // row j (64 bytes), column c's bytes 4c..4c+3: weights k = 4j..4j+3 in the low nibbles, k = 16+4j.. in
-                // the high ones; q6kv's high 2 bits in two more rows (k < 16, k >= 16), bits 2j..2j+1 for row j
+                if (fmt == 0) {
+                    memcpy(out + 32 + 2 * c, &mh, 2);
+                    for (int i = 0; i < 8; i++) out[64 + 16 * i + c] = (uint8_t)sd[i], out[192 + 16 * i + c] = (uint8_t)sm[i];
+                } else {
+                    for (int i = 0; i < 16; i++) out[32 + 16 * i + c] = (uint8_t)(int8_t)sd[i];
+                }
+                // the nibble rows; q6kv's high 2 bits in two more rows (k < 16, k >= 16), bits 2j..2j+1 for row j
                 for (int i = 0; i < 8; i++) {
                     uint8_t *rows = out + 320 + i * rb;
-                    for (int j = 0; j < 4; j++)
-                        for (int k = 0; k < 4; k++) {
-                            const uint8_t lo = q[i][4 * j + k], hi = q[i][16 + 4 * j + k];
-                            rows[64 * j + 4 * c + k] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
-                            if (fmt == 2) {
-                                rows[256 + 4 * c + k] |= (uint8_t)((lo >> 4) << (2 * j));
-                                rows[320 + 4 * c + k] |= (uint8_t)((hi >> 4) << (2 * j));
+                    put_nibble_rows(rows, c, q[i]);
+                    if (fmt == 2)
+                        for (int j = 0; j < 4; j++)
+                            for (int k = 0; k < 4; k++) {
+                                rows[256 + 4 * c + k] |= (uint8_t)((q[i][4 * j + k] >> 4) << (2 * j));
+                                rows[320 + 4 * c + k] |= (uint8_t)((q[i][16 + 4 * j + k] >> 4) << (2 * j));
                             }
-                        }
                 }
             }
         }
     }
-    return bad;
+    return failed;
 }
 
 // q8 rows whose q lie in -16..15 with float16 scales (Q5_0 weights) into the int8-activation layout q5v
-// (qgemm_i8.c's header), per group of 16 columns and pair of blocks. -> the number of blocks that do not fit
-// (counted until the first; then dst is incomplete and the caller keeps q8v).
+// (qgemm_i8.c's header), per group of 16 columns and pair of blocks. -> 1 where a block does not fit (then dst is
+// incomplete and the caller keeps q8v), else 0.
 int64_t int8_q5(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nthreads) {
     const int64_t G = N / GROUP, np = nb / 2;
-    int64_t bad = 0;
     int failed = 0;
-#pragma omp parallel for num_threads(nthreads) schedule(static) reduction(+ : bad)
+#pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t g = 0; g < G; g++) {
-        int stop;
-#pragma omp atomic read
-        stop = failed;
-        if (stop) continue;
+        if (conversion_failed(&failed)) continue;
         for (int64_t p = 0; p < np; p++) {
             uint8_t *out = dst + (g * np + p) * 704;
             memset(out, 0, 704);
@@ -317,25 +324,27 @@ int64_t int8_q5(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nth
                     memcpy(&d, in, 4);
                     const uint16_t h = _cvtss_sh(d, 0);
                     int ok = d == d && _cvtsh_ss(h) == d;
-                    for (int k = 0; k < QK && ok; k++) ok = (int8_t)in[4 + k] >= -16 && (int8_t)in[4 + k] <= 15;
+                    // q + 16: 0..31
+                    uint8_t q[QK];
+                    for (int k = 0; k < QK && ok; k++) {
+                        ok = (int8_t)in[4 + k] >= -16 && (int8_t)in[4 + k] <= 15;
+                        q[k] = (uint8_t)((int8_t)in[4 + k] + 16);
+                    }
                     if (!ok) {
-                        bad++;
-#pragma omp atomic write
-                        failed = 1;
+                        fail_conversion(&failed);
                         continue;
                     }
                     memcpy(out + 640 + 32 * i + 2 * c, &h, 2);
+                    put_nibble_rows(out + 256 * i, c, q);
+                    // the 5th bits: bit j of byte 4c + k for row j, bit j + 4 for row j + 4
                     for (int j = 0; j < 4; j++)
-                        for (int k = 0; k < 4; k++) {
-                            const uint8_t lo = (uint8_t)((int8_t)in[4 + 4 * j + k] + 16);
-                            const uint8_t hi = (uint8_t)((int8_t)in[4 + 16 + 4 * j + k] + 16);
-                            out[256 * i + 64 * j + 4 * c + k] = (uint8_t)((lo & 15) | ((hi & 15) << 4));
-                            out[512 + 64 * i + 4 * c + k] |= (uint8_t)(((lo >> 4) << j) | ((hi >> 4) << (j + 4)));
-                        }
+                        for (int k = 0; k < 4; k++)
+                            out[512 + 64 * i + 4 * c + k] |=
+                                (uint8_t)(((q[4 * j + k] >> 4) << j) | ((q[16 + 4 * j + k] >> 4) << (j + 4)));
                 }
         }
     }
-    return bad;
+    return failed;
 }
 
 // one q4 / q8 / q6 block (fmt 0 / 1 / 2) to its 32 float32 weights
