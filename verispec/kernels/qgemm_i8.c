@@ -73,11 +73,12 @@ enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3, ISA_AVX2 = 4 };
 #define XH1(row, K) ((const int32_t *)((row) + (K)) + 4 * ((K) / QK))
 
 // A thread's scratch buffers, grown on demand and kept (no allocation per call): SCRATCH_ROWS holds the calling
-// thread's quantized rows, SCRATCH_BTILES each AMX thread's B tiles of one column group.
-enum { SCRATCH_ROWS = 0, SCRATCH_BTILES = 1 };
+// thread's quantized rows, SCRATCH_BTILES each AMX thread's B tiles of one column group, SCRATCH_SCALES their
+// float scales (compact layouts).
+enum { SCRATCH_ROWS = 0, SCRATCH_BTILES = 1, SCRATCH_SCALES = 2 };
 static uint8_t *thread_scratch(int which, size_t bytes) {
-    static __thread void *buf[2];
-    static __thread size_t cap[2];
+    static __thread void *buf[3];
+    static __thread size_t cap[3];
     if (bytes > cap[which]) {
         free(buf[which]);
         cap[which] = (bytes + 4095) / 4096 * 4096;
@@ -214,7 +215,7 @@ static inline __m256i avx2i8_dp_q8(__m256i acc, __m256i w, __m256i s) {
 #include "qgemm_i8_vnni.h"
 #pragma GCC pop_options
 
-// ---- AMX-INT8: 16 rows x 16 columns x one 32-weight block (q6v: half a block) per tile product ----
+// ---- AMX-INT8: 16 rows x 16 columns x one 32-weight block (q6v / q6kv: half a block) per tile product ----
 // The tile unit multiplies a block in a few cycles; storing its 16 x 16 int32 dots and scaling them on AVX-512 (cvt,
 // mul, fma per 16 outputs) is the real cost. So each thread expands a column group's weights once into signed B
 // tiles for every row tile, keeps a row tile's 16 accumulators in registers, and runs the tile unit ahead of the
@@ -227,6 +228,10 @@ static inline __m256i avx2i8_dp_q8(__m256i acc, __m256i w, __m256i s) {
 #define XFEATURE_XTILEDATA 18
 #define AMX_ROWS 16  // rows per A tile; a last partial row tile runs on zero rows past the end
 #define BT_BYTES 512 // one block's B tile: 8 rows x 64 bytes
+// 16 float16 / uint8 / int8 values as floats
+#define LOAD_H16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LOAD_U8_16(p) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define LOAD_S8_16(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
 
 // Linux hands out the tile state only on request: 1 if this process may use AMX.
 int i8_amx_init(void) { return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0; }
@@ -252,18 +257,61 @@ static void i8_configure_tiles(int F) {
 
 // A column group's blocks -> signed int8 B tiles, BT_BYTES each: q4v's nibbles split into rows 0-3 and 4-7, q8v's
 // q + 128 and q6v's q + 32 shifted back (so the product needs no correction term; the dot is the same integer).
-static void amx_expand_group(const int F, const uint8_t *wg, int64_t nb, uint8_t *bt) {
-    const __m512i lo4 = _mm512_set1_epi8(0x0F), off = _mm512_set1_epi8(F == Q8V ? (char)0x80 : 32);
+// The compact layouts expand to the same tiles (q4kv as q4v, q6kv as q6v, q5v as q8v), and their float scales,
+// the wide layouts' floats exactly (the same products as the VNNI kernels'), go to sc: 32 floats a block (d [16],
+// then q4: m [16], q6: d1 [16]).
+static void amx_expand_group(const int F, const uint8_t *wg, int64_t nb, uint8_t *bt, float *sc) {
+    const __m512i lo4 = _mm512_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *src = wg + b * TB(F) + WROWS(F);
         uint8_t *o = bt + b * BT_BYTES;
-        if (F == Q4V) {
+        if (F == Q4V || F == Q4KV) {
+            const uint8_t *src = F == Q4KV ? SB_REC(F, wg, b) + 320 + (b & 7) * 256 : wg + b * TB(F) + WROWS(F);
             for (int j = 0; j < 4; j++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * j));
                 _mm512_store_si512((void *)(o + 64 * j), _mm512_and_si512(v, lo4));
                 _mm512_store_si512((void *)(o + 64 * (j + 4)), _mm512_and_si512(_mm512_srli_epi16(v, 4), lo4));
             }
+            if (F == Q4KV) {
+                // float16 d [16], m [16], uint8 scale [8][16], min [8][16]
+                const uint8_t *rec = SB_REC(F, wg, b);
+                const int64_t k = (b & 7) * 16;
+                _mm512_store_ps(sc + b * 32, _mm512_mul_ps(LOAD_H16(rec), LOAD_U8_16(rec + 64 + k)));
+                _mm512_store_ps(sc + b * 32 + 16, _mm512_mul_ps(LOAD_H16(rec + 32), LOAD_U8_16(rec + 192 + k)));
+            }
+        } else if (F == Q6KV) {
+            // 4 rows of low nibbles (rows 0-3 | rows 4-7 << 4), then the high 2 bits of rows 0-3 and of rows 4-7
+            const uint8_t *rec = SB_REC(F, wg, b), *src = rec + 320 + (b & 7) * 384;
+            const __m512i off = _mm512_set1_epi8(32);
+            const __m512i H0 = _mm512_loadu_si512((const void *)(src + 256));
+            const __m512i H1 = _mm512_loadu_si512((const void *)(src + 320));
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * j));
+                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, lo4), avx512vnni_high2(H0, j));
+                const __m512i hi =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), avx512vnni_high2(H1, j));
+                _mm512_store_si512((void *)(o + 64 * j), _mm512_sub_epi8(lo, off));
+                _mm512_store_si512((void *)(o + 64 * (j + 4)), _mm512_sub_epi8(hi, off));
+            }
+            // float16 d [16], int8 scale [16 halves][16]
+            const __m512 d = LOAD_H16(rec);
+            _mm512_store_ps(sc + b * 32, _mm512_mul_ps(d, LOAD_S8_16(rec + 32 + (b & 7) * 32)));
+            _mm512_store_ps(sc + b * 32 + 16, _mm512_mul_ps(d, LOAD_S8_16(rec + 32 + (b & 7) * 32 + 16)));
+        } else if (F == Q5V) {
+            // its pair's record: 4 nibble rows a block, then each block's 5th bits, then each block's float16 d [16]
+            const uint8_t *rec = SB_REC(F, wg, b), *src = rec + (b & 1) * 256;
+            const __m512i off = _mm512_set1_epi8(16), B = _mm512_loadu_si512((const void *)(rec + 512 + (b & 1) * 64));
+            for (int j = 0; j < 4; j++) {
+                const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * j));
+                const __m512i lo = _mm512_or_si512(_mm512_and_si512(v, lo4), avx512vnni_bit5(B, j));
+                const __m512i hi =
+                    _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(v, 4), lo4), avx512vnni_bit5(B, j + 4));
+                _mm512_store_si512((void *)(o + 64 * j), _mm512_sub_epi8(lo, off));
+                _mm512_store_si512((void *)(o + 64 * (j + 4)), _mm512_sub_epi8(hi, off));
+            }
+            _mm512_store_ps(sc + b * 32, LOAD_H16(rec + 640 + (b & 1) * 32));
         } else {
+            const uint8_t *src = wg + b * TB(F) + WROWS(F);
+            const __m512i off = _mm512_set1_epi8(F == Q8V ? (char)0x80 : 32);
             for (int j = 0; j < 8; j++) {
                 const __m512i v = _mm512_loadu_si512((const void *)(src + 64 * j));
                 _mm512_store_si512((void *)(o + 64 * j), _mm512_sub_epi8(v, off));
@@ -302,9 +350,11 @@ static inline __attribute__((always_inline)) void amx_scale(const int F, __m512 
         _tile_zero(tc);                                         \
         _tile_dpbssd(tc, ta, tb);                               \
     } while (0)
+// F: the tiles' format (q4v / q8v / q6v); the block's float scales at scl + b * SS; pf's blocks are PB bytes.
 static inline __attribute__((always_inline)) void amx_item(const int F, const uint8_t *xq, int64_t XS, int64_t K,
-                                                           const uint8_t *wg, const uint8_t *bt, float *y,
-                                                           int64_t N, int64_t R, const uint8_t *pf) {
+                                                           const float *scl, int64_t SS, const uint8_t *bt,
+                                                           float *y, int64_t N, int64_t R, const uint8_t *pf,
+                                                           int64_t PB) {
     const int UK = F == Q6V ? QK / 2 : QK;
     const int64_t nu = K / UK;
     int32_t cb[2][AMX_ROWS * GROUP] __attribute__((aligned(64)));
@@ -313,7 +363,7 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
     for (int r = 0; r < AMX_ROWS; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nu + 3; s++) {
         if (pf && s < K / QK)
-            for (int l = 0; l < TB(F); l += 64) _mm_prefetch((const char *)(pf + s * TB(F) + l), _MM_HINT_T0);
+            for (int l = 0; l < PB; l += 64) _mm_prefetch((const char *)(pf + s * PB + l), _MM_HINT_T0);
         const int mul = s < nu, st = s >= 2 && s - 2 < nu;
         int32_t *cs = cb[(s - 2) & 1];
         switch (s & 3) {
@@ -337,8 +387,7 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
         const int64_t u = s - 3;
         if (u >= 0) {
             const int64_t b = F == Q6V ? u / 2 : u;
-            amx_scale(F, acc, cb[u & 1], xq, XS, K, b, (const float *)(wg + b * TB(F)), F == Q6V ? (int)(u & 1) : 0,
-                      R);
+            amx_scale(F, acc, cb[u & 1], xq, XS, K, b, scl + b * SS, F == Q6V ? (int)(u & 1) : 0, R);
         }
     }
 #pragma GCC unroll 16
@@ -358,6 +407,9 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
     const int64_t Mp = (M + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
     // rows [0, Ma) on the tile unit, the rest (at most AMX_TAIL_ROWS) on VNNI
     const int64_t Ma = M - M % AMX_ROWS <= AMX_TAIL_ROWS ? M - M % AMX_ROWS : M;
+    // the tiles' format, and where the scales are read: the wide blocks' own floats, or the expanded ones
+    const int FT = F == Q4KV ? Q4V : F == Q6KV ? Q6V : F == Q5V ? Q8V : F, compact = F != FT;
+    const int64_t SS = compact ? 32 : TB(F) / 4;
     memset(xq + M * XS, 0, (size_t)((Mp - M) * XS));
 #pragma omp parallel num_threads(nthreads)
     {
@@ -367,33 +419,43 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
         const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
         if (g0 < g1) {
             uint8_t *bt = thread_scratch(SCRATCH_BTILES, (size_t)(nb * BT_BYTES));
-            i8_configure_tiles(F);
+            float *sc = (float *)thread_scratch(SCRATCH_SCALES, (size_t)(nb * 32 * sizeof(float)));
+            i8_configure_tiles(FT);
             for (int64_t gc = g0; gc < g1; gc += COL_GROUPS) {
                 const int64_t ge = gc + COL_GROUPS < g1 ? gc + COL_GROUPS : g1;
                 for (int64_t g = gc; g < ge; g++) {
                     const uint8_t *wg = w + g * nb * TB(F);
-                    amx_expand_group(F, wg, nb, bt);
+                    amx_expand_group(F, wg, nb, bt, sc);
+                    const float *scl = compact ? sc : (const float *)wg;
                     for (int64_t m0 = 0; m0 < Ma; m0 += AMX_ROWS) {
                         const int64_t R = Ma - m0 < AMX_ROWS ? Ma - m0 : AMX_ROWS;
                         float *yg = y + m0 * N + g * GROUP;
                         // during the group's last row tile, the next group's weights
                         const uint8_t *pf = m0 + AMX_ROWS >= Ma && g + 1 < g1 ? wg + nb * TB(F) : NULL;
-                        if (F == Q4V)
-                            amx_item(Q4V, xq + m0 * XS, XS, K, wg, bt, yg, N, R, pf);
-                        else if (F == Q8V)
-                            amx_item(Q8V, xq + m0 * XS, XS, K, wg, bt, yg, N, R, pf);
+                        if (FT == Q4V)
+                            amx_item(Q4V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+                        else if (FT == Q8V)
+                            amx_item(Q8V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
                         else
-                            amx_item(Q6V, xq + m0 * XS, XS, K, wg, bt, yg, N, R, pf);
+                            amx_item(Q6V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
                     }
                 }
                 if (Ma < M) {
                     // (one AVX-512 vector is one column group)
+                    const uint8_t *xt = xq + Ma * XS;
+                    float *yt = y + Ma * N;
                     if (F == Q4V)
-                        avx512vnni_row_tiles(Q4V, M - Ma, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N);
+                        avx512vnni_row_tiles(Q4V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
                     else if (F == Q8V)
-                        avx512vnni_row_tiles(Q8V, M - Ma, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N);
+                        avx512vnni_row_tiles(Q8V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                    else if (F == Q6V)
+                        avx512vnni_row_tiles(Q6V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                    else if (F == Q4KV)
+                        avx512vnni_row_tiles(Q4KV, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                    else if (F == Q6KV)
+                        avx512vnni_row_tiles(Q6KV, M - Ma, xt, XS, K, w, gc, ge, yt, N);
                     else
-                        avx512vnni_row_tiles(Q6V, M - Ma, xq + Ma * XS, XS, K, w, gc, ge, y + Ma * N, N);
+                        avx512vnni_row_tiles(Q5V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
                 }
             }
             _tile_release();
@@ -435,16 +497,10 @@ void qgemm_i8(int isa, int fmt, const float *x, int64_t M, int64_t K, const uint
     if (M <= 0) return;
     // AMX reads whole row tiles: room for up to 15 zero rows past the end
     uint8_t *xq = thread_scratch(SCRATCH_ROWS, (size_t)((M + 15) * ROW_BYTES(K)) + 64);
-    // the tile unit reads q4v / q8v / q6v only (AMX CPUs keep those layouts)
-    if (isa == ISA_AMX && (M < AMX_MIN_ROWS || fmt >= Q4KV)) isa = ISA_AVX512VNNI;
+    if (isa == ISA_AMX && M < AMX_MIN_ROWS) isa = ISA_AVX512VNNI;
 #if HAVE_AMX_INT8
     if (isa == ISA_AMX) {
-        if (fmt == Q4V)
-            amx_gemm(Q4V, x, xq, M, K, w, N, y, nthreads);
-        else if (fmt == Q8V)
-            amx_gemm(Q8V, x, xq, M, K, w, N, y, nthreads);
-        else
-            amx_gemm(Q6V, x, xq, M, K, w, N, y, nthreads);
+        GEMM_BY_FMT(amx_gemm);
         return;
     }
 #endif

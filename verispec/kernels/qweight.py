@@ -20,7 +20,7 @@ with one scale per 16 q6 blocks):
   q4kv / q6kv: q4v / q6v for Q4_K / Q6_K weights (K a multiple of 256) with their scales factored back into a
       float16 per super-block times integers (exact: the same floats), per 16 columns and super-block a 320-byte
       record, then the 8 blocks' rows (q6kv: 6-bit codes as a nibble plane and a 2-bit plane). Layouts:
-      qgemm_i8.c's header. 4.6 / 6.6 bits a weight against 6 / 10; the AMX-INT8 kernel does not read them.
+      qgemm_i8.c's header. 4.6 / 6.6 bits a weight against 6 / 10 (AMX-INT8 expands them into its tiles).
   q5v: q8v for Q5_0 weights (q in -16..15, float16 d; K a multiple of 64): per 16 columns and pair of blocks,
       nibble rows, a plane of 5th bits and float16 d (qgemm_i8.c's header), 5.5 bits a weight against 9.
   q6 has no AMX-BF16 layout: the 'amx' build multiplies it with qgemm.c's AVX-512 code.
@@ -42,7 +42,7 @@ QK = 32
 BLOCK_BYTES = {"q4": 24, "q8": 36, "q6": 40, "q4t": 24, "q8t": 36, "q4v": 24, "q8v": 36, "q6v": 40}
 TILED = {"q4": "q4t", "q8": "q8t"}
 INT8 = {"q4": "q4v", "q8": "q8v", "q6": "q6v"}
-# the compact int8-activation layouts (not on the AMX-INT8 tile unit): q4 / q6 weights whose scales factor
+# the compact int8-activation layouts: q4 / q6 weights whose scales factor
 # (Q4_K's / Q6_K's), q8 weights whose q fit 5 bits with float16 scales (Q5_0's)
 COMPACT = {"q4": "q4kv", "q6": "q6kv", "q8": "q5v"}
 INT8_FMT_CODE = {"q4v": 0, "q8v": 1, "q6v": 2, "q4kv": 3, "q6kv": 4, "q5v": 5}
@@ -438,7 +438,7 @@ class QuantWeight:
 
     def for_int8(self, native: bool = True, compact: bool = True) -> QuantWeight | None:
         """This weight in a layout of the int8-activation kernels (the same weights): q4kv / q6kv where it came from
-        Q4_K / Q6_K and the kernel is not AMX-INT8 (compact=False: never), else q4v / q8v / q6v; None if its shape
+        Q4_K / Q6_K, q5v where from Q5_0 (compact=False: never), else q4v / q8v / q6v; None if its shape
         does not allow it (N not a multiple of 16). From q4 / q8 / q6 in C where the kernel library is loaded
         (native=False: numpy, the reference the C conversion is tested against; no compact layout)."""
         n, k = self.shape
@@ -448,8 +448,9 @@ class QuantWeight:
             return None
         g, nb = n // GROUP, k // QK
         lib = load_qgemm()
-        if compact and native and lib is not None and int8_isa(lib) != "amx-int8":
-            packed = self.to_compact(lib)
+        if compact and native and lib is not None:
+            # the AMX build's float32 tiles (q4t / q8t) back to the file's blocks first: the compact layouts need them
+            packed = (self.untiled() if self.fmt in TILED.values() else self).to_compact(lib)
             if packed is not None:
                 return packed
         if native and self.fmt in _C_DEQUANT and lib is not None and hasattr(lib, "int8_layout"):

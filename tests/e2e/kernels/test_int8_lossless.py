@@ -185,13 +185,7 @@ def tiny_q6_k_gguf(tmp_path_factory) -> str:
     return str(write_tiny_gguf(hf, root / "tiny-q6k.gguf", layer_type="Q6_K", head_type="Q6_K"))
 
 
-# the int8 layouts of Q4_K / Q6_K weights here: compact, except on the AMX-INT8 tile unit
-WIDE_I8 = int8_isa() == "amx-int8"
-
-
-@pytest.mark.parametrize(
-    ("activation_dtype", "fmt"), [("float32", "q6"), ("int8", "q6v" if WIDE_I8 else "q6kv")]
-)
+@pytest.mark.parametrize(("activation_dtype", "fmt"), [("float32", "q6"), ("int8", "q6kv")])
 def test_q6_k_target(tiny_q6_k_gguf, activation_dtype, fmt, monkeypatch):
     """Q6_K weights stay quantized in both activation dtypes and run fused; speculation (ngram, the model drafting
     for itself) and the module path give the plain fused tokens."""
@@ -232,7 +226,6 @@ def tiny_q4_k_m_gguf(tmp_path_factory) -> str:
     )
 
 
-@pytest.mark.skipif(WIDE_I8, reason="the AMX-INT8 kernel keeps the wide layouts")
 def test_compact_layouts_change_no_token(tiny_q4_k_m_gguf, monkeypatch):
     """int8 activations on a Q4_K_M-style file run q4kv / q5v / q6kv (fused) and give the wide layouts' tokens,
     plain and speculative."""

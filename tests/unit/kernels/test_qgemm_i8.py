@@ -168,7 +168,7 @@ def test_int8_layout_keeps_the_weights(qtype):
 def test_compact_layouts_are_the_same_weights(variant, qtype):
     """Q4_K / Q6_K -> q4kv / q6kv (the scales factored back into float16 x integers), Q5_0 -> q5v (5-bit codes):
     the same weights in a quarter / a third / 40% fewer bytes, and bitwise q4v's / q6v's / q8v's products at every
-    row count (AMX-INT8 hands them to AVX512-VNNI)."""
+    row count (AMX-INT8 from 13 rows: the tiles expanded from the compact blocks)."""
     lib, isa = variant
     qw, ref = make_weight(qtype, 48, 768)
     wide, compact = qw.for_int8(compact=False), qw.to_compact()
@@ -184,9 +184,9 @@ def test_compact_layouts_are_the_same_weights(variant, qtype):
         assert torch.equal(compact.matmul(x[:m], lib, isa), wide.matmul(x[:m], lib, isa)), f"{m} rows"
 
 
-def test_compact_layouts_only_where_the_scales_factor(lib, monkeypatch):
-    """Q4_0 blocks (a float16 d per 32 weights) do not factor per super-block: q4v; Q8_0's q are not 5-bit: q8v. A
-    Q4_K file's weights on the AMX-INT8 kernel keep q4v too (the tile unit reads the wide layouts)."""
+def test_compact_layouts_only_where_the_scales_factor(lib):
+    """Q4_0 blocks (a float16 d per 32 weights) do not factor per super-block: q4v; Q8_0's q are not 5-bit: q8v;
+    every int8 kernel reads the compact layouts (compact=False keeps the wide one)."""
     q40, _ = make_weight("Q4_0", 32, 512)
     assert q40.to_compact() is None
     assert q40.for_int8().fmt == "q4v"
@@ -198,8 +198,9 @@ def test_compact_layouts_only_where_the_scales_factor(lib, monkeypatch):
     assert q50.for_int8().fmt == "q8v"
     q4k, _ = make_weight("Q4_K", 32, 512)
     assert q4k.for_int8().fmt == "q4kv"
-    monkeypatch.setattr(qweight, "int8_isa", lambda lib=None: "amx-int8")
-    assert q4k.for_int8().fmt == "q4v"
+    assert q4k.for_int8(compact=False).fmt == "q4v"
+    # from the AMX build's float32 tiles too
+    assert q4k.tiled().fmt == "q4t" and q4k.tiled().for_int8().fmt == "q4kv"
     # rows not of whole super-blocks
     q6k, _ = make_weight("Q6_K", 32, 256)
     assert QuantWeight(q6k.fmt, q6k.blocks[:, : 4 * 40], (32, 128)).for_int8().fmt == "q6v"
