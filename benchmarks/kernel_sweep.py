@@ -17,6 +17,9 @@ same weights (in the layout each build reads): an A/B that this VM's run-to-run 
 the baseline's int8 kernel too, on the first --int8-isa variant).
     .venv/bin/python benchmarks/kernel_sweep.py [--model smollm2-135m-instruct] [--rows 1,2,4,5,8,16,64,256]
         [--baseline REF] [--baseline-isa avx512] [--int8-isa best|all|none|amx-int8|avx512vnni|avxvnni]
+        [--int8-wide]
+--int8-wide adds the same weights in the wide int8 layouts (q4v / q6v / q8v) on the first int8 variant, with the
+time against the compact ones (q4kv / q6kv / q5v) in the same process.
 """
 
 from __future__ import annotations
@@ -144,6 +147,11 @@ def main() -> None:
         "--baseline-isa", choices=["avx2", "avx512", "amx"], help="build of the baseline (default: ours)"
     )
     ap.add_argument("--int8-isa", default="best", help="best | all | none | a variant of build.INT8_ISAS")
+    ap.add_argument(
+        "--int8-wide",
+        action="store_true",
+        help="also sweep the wide int8 layouts (q4v / q6v / q8v) on the first int8 variant: the compact ones' A/B",
+    )
     ap.add_argument("--step", action="store_true", help="also time the engine's whole forward per row count")
     ap.add_argument("--output", default="bench_results/kernel_sweep.json")
     args = ap.parse_args()
@@ -176,6 +184,10 @@ def main() -> None:
     # the int8 layouts; a weight whose shape has none (N not a multiple of 16) keeps float32 activations, as in a model
     i8_qws = [q.for_int8() or q for q in qws] if i8_isas else []
     i8_head = (head.for_int8() or head) if i8_isas and head is not None else None
+    # --int8-wide: the same weights in the wide int8 layouts (q4v / q6v / q8v), on the first variant
+    wide = bool(args.int8_wide and i8_isas)
+    wide_qws = [q.for_int8(compact=False) or q for q in qws] if wide else []
+    wide_head = (head.for_int8(compact=False) or head) if wide and head is not None else None
     rows = []
     print(
         f"model={args.model} weights={len(qws)} threads={torch.get_num_threads()} kernels={ours_lib.isa} "
@@ -190,6 +202,8 @@ def main() -> None:
     if base_int8:
         extra += f" {'base int8 ms':>15} {'x':>5}"
     extra += "".join(f" {isa + ' ms':>16} {'GMAC/s':>7} {'head ms':>8}" for isa in i8_isas)
+    if wide:
+        extra += f" {'wide ms':>9} {'x':>5} {'head ms':>8} {'x':>5}"
     print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7} {'head ms':>8}{extra}")
     for m in [int(x) for x in args.rows.split(",")]:
         xs = {k: torch.randn(m, k) for k in {q.shape[1] for q in qws}}
@@ -212,6 +226,13 @@ def main() -> None:
             ]
             sweeps[f"int8_{isa}_head"] = (
                 [lambda x=xh, isa=isa: i8_head.matmul(x, ours_lib, isa)] if i8_head is not None else []
+            )
+        if wide:
+            sweeps["int8_wide"] = [
+                lambda q=q, x=xs[q.shape[1]]: q.matmul(x, ours_lib, i8_isas[0]) for q in wide_qws
+            ]
+            sweeps["int8_wide_head"] = (
+                [lambda x=xh: wide_head.matmul(x, ours_lib, i8_isas[0])] if wide_head is not None else []
             )
         t = {k: (v if sweeps[k] else float("nan")) for k, v in best_sweeps(sweeps, args.reps).items()}
         ours, mkl, ours_head = t["qgemm"], t["mkl"], t["head"]
@@ -241,6 +262,11 @@ def main() -> None:
             r[f"int8_{isa}_gmacs"] = m * macs_per_row / r[f"int8_{isa}_s"] / 1e9
             line += f" {r[f'int8_{isa}_s'] * 1e3:>16.1f} {r[f'int8_{isa}_gmacs']:>7.1f}"
             line += f" {r[f'int8_{isa}_head_s'] * 1e3:>8.2f}"
+        if wide:
+            r["int8_wide_s"], r["int8_wide_head_s"] = t["int8_wide"], t["int8_wide_head"]
+            first = f"int8_{i8_isas[0]}"
+            line += f" {t['int8_wide'] * 1e3:>9.1f} {t['int8_wide'] / t[first]:>4.2f}x"
+            line += f" {t['int8_wide_head'] * 1e3:>8.2f} {t['int8_wide_head'] / t[first + '_head']:>4.2f}x"
         rows.append(r)
         print(line)
     by_rows = {r["rows"]: r for r in rows}

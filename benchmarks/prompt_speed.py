@@ -4,7 +4,8 @@
 
 The prompt is the first --prompt-tokens tokens of a source file of this repository (real code), the same token ids
 to every engine; one output token; median of --repeats. llama.cpp runs if llama-cpp-python is installed
-(benchmarks/llama_cpp_peer.py), timing its `eval` of the ids.
+(benchmarks/llama_cpp_peer.py), timing its `eval` of the ids; --peer-extra-buffers gives it its default extra
+buffer types (on an AMX CPU: its AMX-INT8 kernels for Q4_K / Q6_K / Q8_0 weights).
 """
 
 from __future__ import annotations
@@ -39,8 +40,15 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=900)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--peer-extra-buffers",
+        action="store_true",
+        help="llama.cpp with its extra buffer types (its AMX repacking on AMX CPUs, llama.cpp's default; "
+        "llama_cpp_peer.py turns them off by default)",
+    )
     ap.add_argument("--output", help="JSON file for the results")
     args = ap.parse_args()
+    llama_cpp_peer.EXTRA_BUFFERS = args.peer_extra_buffers
     rows, ids = [], None
     sp = SamplingParams(temperature=0, max_tokens=1)
     for dtype in ("float32", "int8"):
@@ -65,7 +73,8 @@ def main() -> None:
             peer.reset()
             peer.eval(ids)
 
-        rows.append({"engine": "llama.cpp", "tok_s": len(ids) / timed(run, args.repeats)})
+        name = "llama.cpp" + (" (extra buffers)" if args.peer_extra_buffers else "")
+        rows.append({"engine": name, "tok_s": len(ids) / timed(run, args.repeats)})
     print(f"\n{args.model}, a {len(ids)}-token prompt, {args.threads} threads; CPU: {cpu_model()}")
     print("| engine | prompt tok/s |\n| --- | --- |")
     for r in rows:
