@@ -399,6 +399,8 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
 // top), over COL_GROUPS column groups at a time while their weights are still in cache: the tile unit's loads,
 // products and stores cost as much for 1 row as for 16, and the scaling of one row is a serial chain.
 #define AMX_TAIL_ROWS 4
+// quantized rows per pass over the weights (bytes): about a third of a Sapphire Rapids core's 2 MB L2
+#define AMX_CHUNK_BYTES (768 * 1024)
 
 // xq holds M rows rounded up to whole row tiles (the extra rows zero).
 static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_t K, const uint8_t *w, int64_t N,
@@ -410,6 +412,8 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
     // the tiles' format, and where the scales are read: the wide blocks' own floats, or the expanded ones
     const int FT = F == Q4KV ? Q4V : F == Q6KV ? Q6V : F == Q5V ? Q8V : F, compact = F != FT;
     const int64_t SS = compact ? 32 : TB(F) / 4;
+    const int64_t MC = AMX_CHUNK_BYTES / XS / AMX_ROWS * AMX_ROWS > AMX_ROWS ? AMX_CHUNK_BYTES / XS / AMX_ROWS * AMX_ROWS
+                                                                             : AMX_ROWS;
     memset(xq + M * XS, 0, (size_t)((Mp - M) * XS));
 #pragma omp parallel num_threads(nthreads)
     {
@@ -421,41 +425,46 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
             uint8_t *bt = thread_scratch(SCRATCH_BTILES, (size_t)(nb * BT_BYTES));
             float *sc = (float *)thread_scratch(SCRATCH_SCALES, (size_t)(nb * 32 * sizeof(float)));
             i8_configure_tiles(FT);
-            for (int64_t gc = g0; gc < g1; gc += COL_GROUPS) {
-                const int64_t ge = gc + COL_GROUPS < g1 ? gc + COL_GROUPS : g1;
-                for (int64_t g = gc; g < ge; g++) {
-                    const uint8_t *wg = w + g * nb * TB(F);
-                    amx_expand_group(F, wg, nb, bt, sc);
-                    const float *scl = compact ? sc : (const float *)wg;
-                    for (int64_t m0 = 0; m0 < Ma; m0 += AMX_ROWS) {
-                        const int64_t R = Ma - m0 < AMX_ROWS ? Ma - m0 : AMX_ROWS;
-                        float *yg = y + m0 * N + g * GROUP;
-                        // during the group's last row tile, the next group's weights
-                        const uint8_t *pf = m0 + AMX_ROWS >= Ma && g + 1 < g1 ? wg + nb * TB(F) : NULL;
-                        if (FT == Q4V)
-                            amx_item(Q4V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
-                        else if (FT == Q8V)
-                            amx_item(Q8V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
-                        else
-                            amx_item(Q6V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+            // row chunks of MC rows, each over all of the thread's column groups (their tiles expanded again per
+            // chunk): a chunk's quantized rows stay in L2 while the groups pass, where all M rows would not
+            for (int64_t mc = 0; mc == 0 || mc < Ma; mc += MC) {
+                const int64_t me = mc + MC < Ma ? mc + MC : Ma;
+                for (int64_t gc = g0; gc < g1; gc += COL_GROUPS) {
+                    const int64_t ge = gc + COL_GROUPS < g1 ? gc + COL_GROUPS : g1;
+                    for (int64_t g = gc; g < ge && mc < me; g++) {
+                        const uint8_t *wg = w + g * nb * TB(F);
+                        amx_expand_group(F, wg, nb, bt, sc);
+                        const float *scl = compact ? sc : (const float *)wg;
+                        for (int64_t m0 = mc; m0 < me; m0 += AMX_ROWS) {
+                            const int64_t R = me - m0 < AMX_ROWS ? me - m0 : AMX_ROWS;
+                            float *yg = y + m0 * N + g * GROUP;
+                            // during the group's last row tile, the next group's weights
+                            const uint8_t *pf = m0 + AMX_ROWS >= me && g + 1 < g1 ? wg + nb * TB(F) : NULL;
+                            if (FT == Q4V)
+                                amx_item(Q4V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+                            else if (FT == Q8V)
+                                amx_item(Q8V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+                            else
+                                amx_item(Q6V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+                        }
                     }
-                }
-                if (Ma < M) {
-                    // (one AVX-512 vector is one column group)
-                    const uint8_t *xt = xq + Ma * XS;
-                    float *yt = y + Ma * N;
-                    if (F == Q4V)
-                        avx512vnni_row_tiles(Q4V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
-                    else if (F == Q8V)
-                        avx512vnni_row_tiles(Q8V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
-                    else if (F == Q6V)
-                        avx512vnni_row_tiles(Q6V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
-                    else if (F == Q4KV)
-                        avx512vnni_row_tiles(Q4KV, M - Ma, xt, XS, K, w, gc, ge, yt, N);
-                    else if (F == Q6KV)
-                        avx512vnni_row_tiles(Q6KV, M - Ma, xt, XS, K, w, gc, ge, yt, N);
-                    else
-                        avx512vnni_row_tiles(Q5V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                    if (mc == 0 && Ma < M) {
+                        // (one AVX-512 vector is one column group)
+                        const uint8_t *xt = xq + Ma * XS;
+                        float *yt = y + Ma * N;
+                        if (F == Q4V)
+                            avx512vnni_row_tiles(Q4V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                        else if (F == Q8V)
+                            avx512vnni_row_tiles(Q8V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                        else if (F == Q6V)
+                            avx512vnni_row_tiles(Q6V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                        else if (F == Q4KV)
+                            avx512vnni_row_tiles(Q4KV, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                        else if (F == Q6KV)
+                            avx512vnni_row_tiles(Q6KV, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                        else
+                            avx512vnni_row_tiles(Q5V, M - Ma, xt, XS, K, w, gc, ge, yt, N);
+                    }
                 }
             }
             _tile_release();

@@ -317,6 +317,19 @@ def test_long_prompts_keep_every_row(variant):
         assert torch.equal(whole[i : i + 1], qv.matmul(x[i : i + 1], lib, isa))
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_long_rows_in_chunks_keep_every_row(variant, qtype):
+    """Rows long enough that AMX-INT8 runs the rows in chunks (each chunk's quantized rows kept in cache, the
+    weights passed again per chunk): every row, in any chunk or the VNNI tail, equals the row computed alone."""
+    lib, isa = variant
+    qw, _ = make_weight(qtype, 32, 8192)
+    qv = qw.for_int8()
+    x = torch.randn(150, 8192, generator=torch.Generator().manual_seed(4))
+    whole = qv.matmul(x, lib, isa)
+    for i in (0, 47, 48, 63, 64, 95, 96, 143, 144, 149):
+        assert torch.equal(whole[i : i + 1], qv.matmul(x[i : i + 1], lib, isa)), f"row {i}"
+
+
 def test_no_int8_kernel_is_a_clear_error(monkeypatch):
     """Without an int8 kernel (no kernel library) the product refuses with a ValueError saying what it needs."""
     qw, _ = make_weight("Q8_0", 16, 64)
