@@ -60,6 +60,9 @@ class Dense(nn.Module):
             raise ValueError(f"shards {self.shards} do not add up to out_features={out_features}")
         self._packed: torch.Tensor | None = None
         self.qweight: QuantWeight | None = None
+        # keep quantized weights in the file's blocks (q4 / q8 / q6), not the float32 kernels' layout (the AMX
+        # build's q4t / q8t tiles): set on a model about to take int8 activations, whose layouts are made from them
+        self.file_layout = False
         # the shards kept quantized apart, in row order, where their formats differ (a Q4_K_M file's q / k / v)
         self.qparts: list[QuantWeight] | None = None
         # quantized weights (or shards) held by weight_loader until finish_loading
@@ -120,13 +123,13 @@ class Dense(nn.Module):
         """Keep `weight` [out, in] in its quantized blocks (in the layout this CPU's kernels run fastest); the
         float32 parameter is released."""
         assert tuple(weight.shape) == (self.out_features, self.in_features), weight.shape
-        self.qweight, self._packed = weight.for_kernels(), None
+        self.qweight, self._packed = (weight if self.file_layout else weight.for_kernels()), None
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
     def load_parts(self, parts: list[QuantWeight]) -> None:
         """Keep the shards `parts` (in row order) each in its quantized blocks; the float32 parameter is released."""
         assert sum(p.shape[0] for p in parts) == self.out_features, [p.shape for p in parts]
-        self.qparts, self._packed = [p.for_kernels() for p in parts], None
+        self.qparts, self._packed = [p if self.file_layout else p.for_kernels() for p in parts], None
         self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
     @property
@@ -218,6 +221,14 @@ def quantize_dense_layers(module: nn.Module) -> int:
                 setattr(parent, name, dense)
                 n += 1
     return n + sum(m.quantize_q8() for m in module.modules() if isinstance(m, Dense))
+
+
+def keep_file_layouts(module: nn.Module) -> None:
+    """Every Dense layer of `module` keeps the weights it loads in the file's blocks (Dense.file_layout): for a model
+    that takes int8 activations next, whose layouts are made from those blocks in C."""
+    for m in module.modules():
+        if isinstance(m, Dense):
+            m.file_layout = True
 
 
 def use_int8_activations(module: nn.Module) -> int:

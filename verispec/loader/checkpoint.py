@@ -15,7 +15,7 @@ from verispec.distributed.shard import Shard, check_divisible
 from verispec.kernels import build
 from verispec.kernels.arena import move_weights_to_huge_pages
 from verispec.kernels.qweight import QuantWeight, kernels_available
-from verispec.layers.linear import keeps_quantized
+from verispec.layers.linear import keep_file_layouts, keeps_quantized
 from verispec.layers.linear import use_int8_activations as convert
 from verispec.layers.rotary import rope_inv_freq
 from verispec.loader import layout_cache
@@ -132,6 +132,8 @@ def load_checkpoint(
         net, cached = _build(cfg, shard, tp, device, dt), None
         tensors = load_gguf(path, keep_quantized=True).tensors
     if cached is None:
+        if activation_dtype == "int8":
+            keep_file_layouts(net)
         load_decoder_weights(net, tensors, str(path), shard)
         # the layers hold what they keep: the checkpoint's copies go before the huge-page copy
         del tensors

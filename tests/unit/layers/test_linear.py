@@ -51,3 +51,22 @@ def test_a_moved_layer_drops_its_packed_weight():
     torch.testing.assert_close(layer.forward(x.bfloat16()), (x.bfloat16() @ layer.weight.T))
     layer.to(torch.float32)
     torch.testing.assert_close(layer.forward(x), expected, rtol=1e-2, atol=5e-2)
+
+
+def test_file_layout_keeps_the_files_blocks():
+    """A model about to take int8 activations keeps the file's q4 blocks (its int8 layouts are made from them), not
+    the float32 kernels' layout (q4t tiles on the AMX build)."""
+    from tests.quant_blocks import make_weight
+    from verispec.kernels.qweight import kernels_available
+    from verispec.layers.linear import keep_file_layouts
+
+    if not kernels_available():
+        pytest.skip("no kernel library here")
+    qw, _ = make_weight("Q4_K", 32, 256)
+    plain, kept = Dense(256, 32), Dense(256, 32)
+    keep_file_layouts(kept)
+    plain.load_quantized(qw)
+    kept.load_quantized(qw)
+    assert kept.qweight.fmt == "q4"
+    assert plain.qweight.fmt == qw.for_kernels().fmt
+    assert torch.equal(kept.qweight.dequantize(), plain.qweight.dequantize())
