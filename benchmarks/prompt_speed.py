@@ -5,7 +5,8 @@
 The prompt is the first --prompt-tokens tokens of a source file of this repository (real code), the same token ids
 to every engine; one output token; median of --repeats. llama.cpp runs if llama-cpp-python is installed
 (benchmarks/llama_cpp_peer.py), timing its `eval` of the ids; --peer-extra-buffers gives it its default extra
-buffer types (on an AMX CPU: its AMX-INT8 kernels for Q4_K / Q6_K / Q8_0 weights).
+buffer types (on an AMX CPU: its AMX-INT8 kernels for Q4_K / Q6_K / Q8_0 weights; with llama-cpp-python 0.3.36 they
+die with SIGSEGV on Qwen2.5-Coder-1.5B Q4_K_M as on SmolLM2, so the peer's default stays off).
 """
 
 from __future__ import annotations
