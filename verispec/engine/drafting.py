@@ -100,6 +100,8 @@ class Drafter:
         # nothing asked of any request: the drafter is not called
         prop = proposer.propose(spec, ask) if any(ask) else Proposal([[] for _ in spec])
         seconds = time.perf_counter() - t
+        if prop.hindsight is not None:
+            planner.hindsight(ids, prop.hindsight)
         read = sum(backlog) - sum(proposer.backlog(r) for r in spec) if backlog else None
         planner.observe_draft_time(max(ask, default=0), seconds, read)
         return ask, prop, seconds

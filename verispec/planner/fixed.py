@@ -64,6 +64,9 @@ class FixedPlanner:
     ) -> None:
         pass
 
+    def hindsight(self, request_ids: list[str], picks) -> None:
+        pass
+
     def remove(self, request_id: str) -> None:
         pass
 

@@ -37,7 +37,6 @@ def plan_lengths(
     base_rows: int | None = None,
     discount: float = 1.0,
     speedup: float | None = None,
-    entry: Sequence[float] | None = None,
 ) -> list[int]:
     """Per-request draft lengths maximising expected tokens per second.
 
@@ -54,9 +53,6 @@ def plan_lengths(
     faster than the engine commits them on average, so a step with good drafts takes more of them than its own
     ratio would when other steps have none). A speedup under 1 counts as 1: plain decoding is always within reach.
 
-    entry[b]: seconds request b adds to the step once it drafts at all (a drafter with a forward of its own first
-    reads the positions committed since it last drafted for it); default none.
-
     step_cost must not decrease with rows and draft_cost must not be negative: the scan stops once the gains left
     could not beat the best so far even at the next row count's step cost (most steps stop after a few rows).
     """
@@ -67,18 +63,12 @@ def plan_lengths(
         room = min(room, max(0, max_rows - base))
     plain = step_cost(base) + draft_cost(0)
     r = None if speedup is None else max(speedup, 1.0) * base / plain
-    # a request whose entry costs more tokens (at the plain or long-run rate) than all its drafts could add is left
-    # out before the greedy allocation, which would otherwise take its first draft and price the others with it
-    out = set()
-    if entry is not None:
-        rate = base / plain if r is None else r
-        out = {i for i, (row, e) in enumerate(zip(gains, entry)) if discount * sum(row) <= rate * e}
     # every (gain, request) in the order the greedy allocation takes them; ties keep shallower drafts first
-    pairs = [(g, i) for i, row in enumerate(gains) if i not in out for g in row]
+    pairs = [(g, i) for i, row in enumerate(gains) for g in row]
     order = sorted(pairs, key=itemgetter(0), reverse=True)[:room]
     # tokens per second, or tokens - r * seconds
     best_n, best = 0, base / plain if r is None else base - r * plain
-    tokens, longest, taken, entered = float(base), 0, [0] * b, 0.0
+    tokens, longest, taken = float(base), 0, [0] * b
     # the discounted gains not yet taken
     left = discount * sum(g for g, _ in order)
     for n, (g, i) in enumerate(order, start=1):
@@ -91,9 +81,7 @@ def plan_lengths(
         left -= g * discount
         depth = taken[i] = taken[i] + 1
         longest = depth if depth > longest else longest
-        if depth == 1 and entry is not None:
-            entered += entry[i]
-        seconds = floor + draft_cost(longest) + entered
+        seconds = floor + draft_cost(longest)
         v = tokens / seconds if r is None else tokens - r * seconds
         if v > best:
             best_n, best = n, v
@@ -196,9 +184,10 @@ GAIN_DISCOUNT = 0.9
 # drafts (EAGLE's catch-up, a draft model's prefill): its seconds per position read are learned from asks that read at
 # least this many positions, where reading is most of the time
 _READ_FIT_POSITIONS = 32
-# a plan spreads a request's reading over its steps left, at most this many: drafting often stops again (a probe, a
-# short copied span), and the next draft reads the positions committed meanwhile
-_READ_HORIZON = 16
+# a request's reading pays if drafting saves more over its tokens left, counted over at most this many of its
+# drafting steps: drafting may stop again (a probe, a short copied span), and the next draft reads the positions
+# committed meanwhile
+_READ_HORIZON = 64
 # the engine's recent speedup (`DraftPlanner.speedup`): per-step decay of its sums (about the last 50 steps), and the
 # steps seen before it is used (until then a step maximises its own tokens per second)
 _SPEEDUP_DECAY = 0.98
@@ -261,6 +250,11 @@ class DraftPlanner:
         # per request verifying this step, its first draft past the verified ones (token, confidence): if every
         # verified draft is accepted, the step's bonus token judges it
         self.next_draft: dict[str, tuple[int, float | None]] = {}
+        # per request, (depth, step, token): its newest committed token, the draft position that token judges in
+        # hindsight (the depth its last decode step reached with every verified draft accepted; 0 after a step
+        # without drafts) and that step's number
+        self.newest: dict[str, tuple[int, int, int]] = {}
+        self.observed_steps = 0
         # drafting seconds per request asked (moving average), requests this step's ask drafted for, and the
         # drafting time that shadow drafts may still spend (SHADOW_BUDGET of every step's cost)
         self.request_draft_seconds = 0.0
@@ -271,6 +265,8 @@ class DraftPlanner:
         # above are kept net of reading), and what reading each request's backlog would cost at this step's ask
         self.read_seconds = 0.0
         self.reading: dict[str, float] = {}
+        # seconds this step's ask spent reading (counted in the recent speedup by observe_step)
+        self.read_spent = 0.0
         self.shadow_credit = 0.0
         self.turns = 0
         # planned steps in a row that verified nothing, steps left to skip planning, and whether this step skipped it
@@ -303,14 +299,17 @@ class DraftPlanner:
             # nothing drafted
             return
         if read is not None and read >= _READ_FIT_POSITIONS:
-            per = max(0.0, seconds - self.draft_cost(k)) / read
+            self.read_spent = max(0.0, seconds - self.draft_cost(k))
+            per = self.read_spent / read
             old = self.read_seconds
             self.read_seconds = per if not old else old + 0.2 * (per - old)
             return
+        if read is not None:
+            self.read_spent = self.read_seconds * read
         if self.fresh and not (read is not None and self.read_seconds):
             return
         if read is not None:
-            seconds = max(0.0, seconds - self.read_seconds * read)
+            seconds = max(0.0, seconds - self.read_spent)
         old = self.draft_seconds.get(k)
         self.draft_seconds[k] = seconds if old is None else old + 0.2 * (seconds - old)
         if self.asked:
@@ -354,8 +353,8 @@ class DraftPlanner:
         worth: per request, what its tokens are worth to a closed batch (`token_worth`); None in an open one.
         backlog: per request, the positions a drafter with a forward of its own would read before drafting for it
         (priced at the learned seconds per position read; None: not counted). steps_left: per request, the most
-        decode steps it has left: reading once serves the drafts after it, so a plan weighs a step's share of it
-        over at most _READ_HORIZON of them (a probe, the whole)."""
+        decode steps it has left: reading once serves the drafts after it, so it is weighed against what drafting
+        saves over them (`_reading_pays`; a probe pays the whole from its credit)."""
         self.caps = dict(zip(request_ids, caps))
         if self.skips(request_ids):
             return [0] * len(caps)
@@ -365,11 +364,15 @@ class DraftPlanner:
             self.probe_drafting = self.request_draft_seconds
             reading = [self.read_seconds * n for n in backlog] if backlog is not None else []
             self.reading = dict(zip(request_ids, reading))
-            left = steps_left or [1] * len(reading)
-            entry = [x / max(1, min(n, _READ_HORIZON)) for x, n in zip(reading, left)] if backlog else None
             gains = [self.acceptance.gains(rid, c) for rid, c in zip(request_ids, caps)]
             cost = self._cost(batch_rows, self._most_rows(batch_rows, caps))
-            lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth, entry)
+            lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth)
+            if backlog is not None:
+                left = steps_left or [1] * len(reading)
+                pays = self._reading_pays(gains, lengths, reading, left, cost, batch_rows, worth)
+                if not all(pays):
+                    gains = [g if ok else [] for g, ok in zip(gains, pays)]
+                    lengths = self._plan(gains, cost, self.draft_cost, batch_rows, worth)
             out = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
             if not self.draft_seconds and backlog is not None:
                 # nothing measured yet: one request (the least to read) drafts first, plan or probe, so that the
@@ -394,6 +397,37 @@ class DraftPlanner:
             lengths = self._probe(request_ids, lengths, caps, cost, batch_rows + sum(lengths), count=False)
         out = [cap if k > 0 else 0 for k, cap in zip(lengths, caps)]
         self.asked = sum(1 for k in out if k)
+        return out
+
+    def _reading_pays(
+        self,
+        gains: list[list[float]],
+        lengths: list[int],
+        reading: list[float],
+        left: list[int],
+        cost: Callable[[int], float],
+        batch_rows: int,
+        worth: list[float] | None,
+    ) -> list[bool]:
+        """Per request, whether its drafter's reading (seconds, once) pays for itself over the tokens it has left:
+        drafting as planned without it, a token costs the request's share of the plain step plus what its drafts
+        add to the step, over the tokens the step commits for it; the seconds saved per token against plain
+        decoding, times its tokens left (at most _READ_HORIZON steps of them: drafting may stop again, and the
+        positions committed meanwhile are read again), must exceed the reading. One-time costs are weighed over the
+        request and not per step: a step's share of them would make a request that has not yet drafted look
+        dearer every step it waits, and it would never start."""
+        plain = cost(batch_rows)
+        share = plain / max(1, batch_rows)
+        out = []
+        for b, (g, k, x, n) in enumerate(zip(gains, lengths, reading, left)):
+            if x <= 0:
+                out.append(True)
+                continue
+            w = 1.0 if worth is None else worth[b]
+            tokens = 1.0 + GAIN_DISCOUNT * w * sum(g[:k])
+            extra = cost(batch_rows + k) - plain + self.draft_cost(k)
+            saved = share - (share + extra) / tokens
+            out.append(k > 0 and x < min(n, _READ_HORIZON * tokens) * saved)
         return out
 
     def _shadow_asks(
@@ -538,14 +572,13 @@ class DraftPlanner:
         draft_cost: Callable[[int], float],
         batch_rows: int,
         worth: list[float] | None = None,
-        entry: list[float] | None = None,
     ):
         """plan_lengths with this planner's row limit, GAIN_DISCOUNT and the engine's recent speedup; in a closed
         batch (worth given) each request's gains weighed by its worth."""
         if worth is not None:
             gains = [[g * w for g in row] for row, w in zip(gains, worth)]
         speedup = self.speedup()
-        return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, speedup, entry)
+        return plan_lengths(gains, cost, draft_cost, self.max_rows, batch_rows, GAIN_DISCOUNT, speedup)
 
     def token_worth(self, left: list[int], runs: float = 1.0) -> list[float]:
         """closed_batch_worth for a step whose requests (all of them, in order) have these steps left, priced
@@ -559,7 +592,9 @@ class DraftPlanner:
         """A decode step that committed `tokens`, scoring `rows` rows (plain_rows without drafts) after drafting up
         to longest_draft tokens. Its seconds are the cost models' (the ones the plan weighs them against)."""
         cost = self._cost(plain_rows)
-        seconds = cost(rows) + self.draft_cost(longest_draft)
+        # reading a backlog counts too: the engine's rate pays for every catch-up it took
+        seconds = cost(rows) + self.draft_cost(longest_draft) + self.read_spent
+        self.read_spent = 0.0
         # in units of the plain step at this batch size: tokens per row, seconds per plain step
         self.step_tokens = self.step_tokens * _SPEEDUP_DECAY + tokens / plain_rows
         self.step_seconds = self.step_seconds * _SPEEDUP_DECAY + seconds / cost(plain_rows)
@@ -669,6 +704,7 @@ class DraftPlanner:
 
     def remove(self, request_id: str) -> None:
         self.acceptance.remove(request_id)
+        self.newest.pop(request_id, None)
         self.shadows.pop(request_id, None)
         self.next_draft.pop(request_id, None)
         self.known.discard(request_id)
@@ -688,16 +724,36 @@ class DraftPlanner:
         step teaches per node and per accepted depth."""
         tree = spec.tree
         self.step_cost.observe(rows, seconds, drafted=tree is not None or any(spec.draft_token_ids))
+        self.observed_steps += 1
         if tree is not None:
             self._observe_tree_step(request_ids, tree, confidence, step)
             return
         self.observe_step(len(request_ids) + sum(step.num_accepted), rows, longest_ask, len(request_ids))
         for b, (rid, d, n) in enumerate(zip(request_ids, spec.draft_token_ids, step.num_accepted)):
+            # (a cheap drafter's next draft judges the bonus token's depth already)
+            judged = rid in self.next_draft
             if d:
                 self.observe(rid, len(d), n, confidence[b] if confidence else None, step.tokens[b])
             else:
                 # drafts it did not verify are judged against the token it commits
                 self.committed(rid, step.tokens[b])
+            if n == len(d) and not judged and len(step.tokens[b]) > n:
+                self.newest[rid] = (n, self.observed_steps, step.tokens[b][n])
+
+    def hindsight(self, request_ids: list[str], picks: Sequence[tuple[int, float | None] | None]) -> None:
+        """A drafter with a forward of its own re-reads a request's newest committed token when it catches up: its
+        greedy pick for that token from the context before it (and its confidence) is the draft it would have made
+        there, at the depth the last decode step reached with every verified draft accepted (the bonus token; 0
+        after a step without drafts). Judged against the token, it teaches that depth at no cost: without it, the
+        depths past a request's planned drafts would not be seen again once an early rejection had put them low.
+        Only the newest step's token is judged (a request whose drafter skipped a step has a newer token)."""
+        for rid, pick in zip(request_ids, picks):
+            newest = self.newest.pop(rid, None)
+            if pick is None or newest is None or newest[1] != self.observed_steps:
+                continue
+            depth, _, token = newest
+            if depth < self.k:
+                self.acceptance.observe_one(rid, depth, pick[0] == token, pick[1])
 
     def _observe_tree_step(self, request_ids: list[str], tree, confidence, step: StepTokens) -> None:
         if confidence is not None and tree.host_parent is not None:

@@ -76,6 +76,9 @@ class Proposal:
     # (suffix decoding's frequency ratios; a dynamic tree's node: its draft probability, if its parent was); the
     # planner calibrates it. None: no estimate
     confidence: list[list[float]] | None = None
+    # per request, (token, confidence): a drafter's greedy pick for the request's newest committed token from the
+    # context before it, read off its catch-up forward (None: not made); the planner judges it in hindsight
+    hindsight: list[tuple[int, float] | None] | None = None
 
 
 class Proposer(Protocol):
@@ -127,7 +130,14 @@ def scatter(sub: Proposal, rows: list[int], n: int) -> Proposal:
         # [n, K, V]
         probs = sub.draft_probs.new_zeros(n, *sub.draft_probs.shape[1:])
         probs[rows] = sub.draft_probs
-    return Proposal(drafts, probs, confidence=None if sub.confidence is None else confidence)
+    hindsight = None
+    if sub.hindsight is not None:
+        hindsight = [None] * n
+        for j, i in enumerate(rows):
+            hindsight[i] = sub.hindsight[j]
+    return Proposal(
+        drafts, probs, confidence=None if sub.confidence is None else confidence, hindsight=hindsight
+    )
 
 
 def argmax_drafts(draft, head_in: torch.Tensor, rows: list[int], counts: list[int]) -> Proposal:

@@ -21,6 +21,9 @@ context leaves no room in the draft cache for the drafts gets none.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from itertools import accumulate
+
 import torch
 
 from verispec.proposers.base import Proposal, ProposerNeeds, scatter
@@ -171,13 +174,21 @@ class DraftModelProposer:
             return Proposal([])
         if self.mask_token is not None:
             return self._propose_parallel(reqs, k_max, k)
-        # logits [B, V] at each request's newest token
-        out = self.runner.run(self._catch_up_rows(reqs))
-        self._mark_drafted(reqs)
         params = [r.params for r in reqs]
         st = S.SamplingTensors.from_params(params, self.runner.device, self.vocab)
+        rows = self._catch_up_rows(reqs)
+        # drafts that are the argmax (one-hot, in the target's vocabulary): the catch-up also scores the row before
+        # each newest token, whose pick the planner judges in hindsight
+        judge = self.map is None and (st.all_greedy or not self.sample_drafts)
+        if judge:
+            rows = [replace(r, logits_from=r.logits_from - 1) if r.logits_from else r for r in rows]
+        # logits [B, V] at each request's newest token (and [H, V] before it, H = the requests judged)
+        logits, before = self._split_catch_up(self.runner.run(rows).logits, rows)
+        # the requests whose catch-up scored the position before their newest token
+        judged = [i for i, r in enumerate(rows) if len(r.token_ids) - r.logits_from == 2]
+        self._mark_drafted(reqs)
         tokens, probs, confidence = [], [], []
-        logits = self._restrict(out.logits)
+        logits = self._restrict(logits)
         for i in range(k):
             # [B, V]
             q = S.logits_to_probs(logits, st)
@@ -195,11 +206,37 @@ class DraftModelProposer:
             if i + 1 < k:
                 rows = [RowInput(self.slot[r.request_id], self.computed[r.request_id] + i, [0]) for r in reqs]
                 logits = self._restrict(self._step(rows, tok))
-        # [2, B, K] drafts and their confidence: the step's one host sync
+        picks = None
+        if before is not None:
+            # [B]: -1 where the catch-up scored the newest token alone
+            pick = torch.full_like(tokens[0], -1)
+            pick_conf = torch.zeros_like(confidence[0])
+            idx = torch.tensor(judged, device=pick.device)
+            tok = S.greedy(before)
+            pick[idx], pick_conf[idx] = tok, draft_confidence(before, tok)
+            tokens, confidence = tokens + [pick], confidence + [pick_conf]
+        # [2, B, K (+1)] drafts and their confidence (and the picks in hindsight): the step's one host sync
         both = torch.stack([torch.stack(tokens, dim=1).double(), torch.stack(confidence, dim=1)]).tolist()
         drafts = [[int(t) for t in d[:c]] for d, c in zip(both[0], k_max)]
         conf = [c_row[:c] for c_row, c in zip(both[1], k_max)]
-        return Proposal(drafts, torch.stack(probs, dim=1) if self.keep_probs else None, confidence=conf)
+        if before is not None:
+            picks = [(int(d[-1]), c[-1]) if d[-1] >= 0 else None for d, c in zip(both[0], both[1])]
+        probs_out = torch.stack(probs, dim=1) if self.keep_probs else None
+        return Proposal(drafts, probs_out, confidence=conf, hindsight=picks)
+
+    @staticmethod
+    def _split_catch_up(
+        logits: torch.Tensor, rows: list[RowInput]
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[N, V] logits of catch-up rows scoring one or two positions each -> ([B, V] at each newest token, [H, V]
+        at the position before it for the H rows scoring two, or None when none does)."""
+        counts = [len(r.token_ids) - r.logits_from for r in rows]
+        if all(c == 1 for c in counts):
+            return logits, None
+        ends = list(accumulate(counts))
+        last = torch.tensor([e - 1 for e in ends], device=logits.device)
+        prev = torch.tensor([e - 2 for e, c in zip(ends, counts) if c == 2], device=logits.device)
+        return logits.index_select(0, last), logits.index_select(0, prev)
 
     def _propose_parallel(self, reqs: list[Request], k_max: list[int], k: int) -> Proposal:
         """All k drafts from one forward: catch-up tokens, then k - 1 mask tokens; logits at the last k positions."""

@@ -115,6 +115,43 @@ def test_draft_model_chain_is_the_draft_models_own_greedy_continuation(tiny_llam
     assert [d for _, d in calls] == [o.outputs[0].token_ids for o in expected]
 
 
+@pytest.mark.parametrize("draft_name, least", [("tiny_draft", 2), ("tiny_llama", 6)])
+def test_draft_model_hindsight_picks_are_its_greedy_choice_for_the_newest_token(
+    tiny_llama, draft_name, least, request
+):
+    """The catch-up also scores the row before each request's newest committed token: the pick it reports there
+    (which the planner judges in hindsight) must be the draft model's own greedy choice for that token from the
+    context before it, as plain decoding with the draft model gives it. A weak draft (its drafts rejected) makes
+    picks at each prompt's catch-up; the target as its own draft (every draft accepted) at every step."""
+    tiny_draft = request.getfixturevalue(draft_name)
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        speculative_config={"method": "draft_model", "model": tiny_draft, "num_speculative_tokens": 4},
+    )
+    calls, propose = [], llm.engine.proposer.propose
+
+    def spy_propose(reqs, k_max):
+        out = propose(reqs, k_max)
+        picks = out.hindsight or [None] * len(reqs)
+        calls.extend((r.tokens_from(0)[:-1], p[0]) for r, p in zip(reqs, picks) if p is not None)
+        return out
+
+    llm.engine.proposer.propose = spy_propose
+    prompts = [{"prompt_token_ids": list(range(5, 40))}, {"prompt_token_ids": [9, 10, 11, 9, 10, 11, 12]}]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)
+    draft = LLM(tiny_draft, max_model_len=256, max_num_seqs=4)
+    expected = draft.generate(
+        [{"prompt_token_ids": t} for t, _ in calls],
+        SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+        use_tqdm=False,
+    )
+    assert len(calls) >= least
+    assert [p for _, p in calls] == [o.outputs[0].token_ids[0] for o in expected]
+
+
 def test_eagle3_draft_follows_a_quantized_targets_weights(tiny_llama, tiny_eagle3, monkeypatch):
     """With a target kept on quantized blocks the draft's float layers become Q8_0 blocks too; the drafts change a
     little (they are a quantized draft's), the output does not."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -21,6 +22,7 @@ from verispec.planner.goodput import (
     schedule_cap,
 )
 from verispec.planner.step_cost import StepCostModel
+from verispec.sample.metadata import SpecDecodeMetadata, StepTokens
 
 
 def linear_cost(base: float, per_row: float):
@@ -893,3 +895,49 @@ def test_a_first_draft_after_an_accepted_one_is_estimated_by_the_streak():
     plain.observe_one("hit", 0, True)
     plain.observe_one("miss", 0, False)
     assert plain.requests["hit"].last_hit is None
+
+
+def _verified(planner: DraftPlanner, rid: str, drafts: list[int], tokens: list[int]) -> None:
+    """One decode step of one request: its drafts verified, `tokens` committed (the accepted drafts, then one)."""
+    accepted = len(tokens) - 1
+    planner.observe_verified(
+        [rid],
+        SpecDecodeMetadata([drafts]),
+        None,
+        StepTokens([tokens], [accepted], None, 5),
+        1 + len(drafts),
+        0.1,
+        4,
+    )
+
+
+def test_hindsight_judges_the_depth_the_newest_token_reached():
+    """A drafter with a forward reads each newest token again at its catch-up: its pick there is the draft it would
+    have made at the depth the last step reached with every verified draft accepted. A request whose second draft
+    was rejected early and that has verified one draft a step since learns its second position from those picks
+    (without them the estimate would stay where the rejections put it); a pick for an older step's token, or after
+    a rejection, teaches nothing."""
+    planner = DraftPlanner(4, FixedCost(0.01), drafter_runs_forward=True, max_rows=64)
+    for _ in range(3):
+        _verified(planner, "a", [1, 2], [1, 9])
+    low = planner.acceptance.conditional("a", 2)[1]
+    for _ in range(20):
+        _verified(planner, "a", [1], [1, 2])
+        planner.hindsight(["a"], [(2, None)])
+    assert planner.acceptance.conditional("a", 2)[1] > low + 0.3
+    # a pick after a rejection (its newest token is the target's correction), which is also a step late for the
+    # step before: ignored (a twin planner that gets the same steps without it ends with the same estimates)
+    twin = DraftPlanner(4, FixedCost(0.01), drafter_runs_forward=True, max_rows=64)
+    for p, picks in ((planner, True), (twin, False)):
+        p.acceptance = copy.deepcopy(planner.acceptance)
+        _verified(p, "a", [1], [1, 2])
+        _verified(p, "a", [1], [7])
+        if picks:
+            p.hindsight(["a"], [(5, None)])
+    high = twin.acceptance.conditional("a", 2)[1]
+    assert planner.acceptance.conditional("a", 2)[1] == pytest.approx(high)
+    # a wrong pick at the depth reached lowers it
+    for p in (planner, twin):
+        _verified(p, "a", [1], [1, 2])
+    planner.hindsight(["a"], [(5, None)])
+    assert planner.acceptance.conditional("a", 2)[1] < twin.acceptance.conditional("a", 2)[1] - 0.05
