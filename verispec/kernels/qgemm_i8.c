@@ -74,11 +74,11 @@ enum { ISA_AVXVNNI = 1, ISA_AVX512VNNI = 2, ISA_AMX = 3, ISA_AVX2 = 4 };
 
 // A thread's scratch buffers, grown on demand and kept (no allocation per call): SCRATCH_ROWS holds the calling
 // thread's quantized rows, SCRATCH_BTILES each AMX thread's B tiles of one column group, SCRATCH_SCALES their
-// float scales (compact layouts).
-enum { SCRATCH_ROWS = 0, SCRATCH_BTILES = 1, SCRATCH_SCALES = 2 };
+// float scales (compact layouts), SCRATCH_ATILES the calling thread's quantized rows in AMX row-tile order.
+enum { SCRATCH_ROWS = 0, SCRATCH_BTILES = 1, SCRATCH_SCALES = 2, SCRATCH_ATILES = 3 };
 static uint8_t *thread_scratch(int which, size_t bytes) {
-    static __thread void *buf[3];
-    static __thread size_t cap[3];
+    static __thread void *buf[4];
+    static __thread size_t cap[4];
     if (bytes > cap[which]) {
         free(buf[which]);
         cap[which] = (bytes + 4095) / 4096 * 4096;
@@ -324,39 +324,57 @@ static void amx_expand_group(const int F, const uint8_t *wg, int64_t nb, uint8_t
 // the first R rows of a C tile stored at c (a last partial row tile scales only its real rows: the scaling, not
 // the product, is the cost). sd: which scale row of the block (q6v: its half).
 static inline __attribute__((always_inline)) void amx_scale(const int F, __m512 acc[AMX_ROWS], const int32_t *c,
-                                                            const uint8_t *xq, int64_t XS, int64_t K, int64_t b,
-                                                            const float *blkd, int sd, int64_t R) {
+                                                            const float *xd, const float *xs, const float *blkd,
+                                                            int sd, int64_t R) {
     const __m512 dw = _mm512_loadu_ps(blkd + sd * GROUP), mw = _mm512_loadu_ps(blkd + GROUP);
 #pragma GCC unroll 16
     for (int r = 0; r < AMX_ROWS; r++) {
         if (r >= R) break;
-        const uint8_t *row = xq + r * XS;
         const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(c + GROUP * r)));
-        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(XD(row, K)[b])), acc[r]);
-        if (F == Q4V) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(XSUM(row, K)[b]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(dw, _mm512_set1_ps(xd[r])), acc[r]);
+        if (F == Q4V) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r]), acc[r]);
     }
 }
 
-// One row tile (16 quantized rows at xq) x one column group (scales in wg, B tiles in bt) over every block; the
+// A row tile in tile order (amx_tile_rows): per block, its 16 rows' 32 int8 (512 bytes: the A tile, stride 32), then
+// per block the 16 rows' float d, then their float d * sum(q): every operand of a block's product and scaling is
+// one contiguous read (row-major rows put each of the 16 rows, and each of their scales, on its own cache line).
+#define AT_BYTES(nb) ((nb) * (BT_BYTES + 2 * AMX_ROWS * (int64_t)sizeof(float)))
+
+static void amx_tile_rows(const uint8_t *xq, int64_t XS, int64_t K, uint8_t *at) {
+    const int64_t nb = K / QK;
+    float *d = (float *)(at + nb * BT_BYTES), *s = d + nb * AMX_ROWS;
+    for (int r = 0; r < AMX_ROWS; r++) {
+        const uint8_t *row = xq + r * XS;
+        for (int64_t b = 0; b < nb; b++) {
+            _mm256_store_si256((__m256i *)(at + b * BT_BYTES + 32 * r), _mm256_loadu_si256((const __m256i *)(row + b * QK)));
+            d[b * AMX_ROWS + r] = XD(row, K)[b];
+            s[b * AMX_ROWS + r] = XSUM(row, K)[b];
+        }
+    }
+}
+
+// One row tile (16 quantized rows in tile order at at) x one column group (scales in wg, B tiles in bt) over every block; the
 // first R rows of the result go to y. pf: the next group's weights to prefetch meanwhile (or NULL): with few rows
 // a group's products are short, and its weights come from memory. The unit of work is a block (q6v: a half block,
 // with its own scale). Storing a C tile is the slow part (a kilobyte per 8192 multiply-adds), so the tile unit runs
 // ahead: step s multiplies unit s, stores unit s - 2 and scales unit s - 3 (stored a step earlier), over A/B tile
 // pairs 0/2 and 1/3 and C tiles 4-7 in turn.
-#define AMX_PRODUCT(ta, tb, tc, u)                              \
-    do {                                                        \
-        _tile_loadd(ta, xq + (u) * UK, XS);                     \
+#define AMX_PRODUCT(ta, tb, tc, u)                                            \
+    do {                                                                      \
+        _tile_loadd(ta, at + (u) * UK / QK * BT_BYTES + (u) * UK % QK, 32);   \
         _tile_loadd(tb, bt + (u) * (BT_BYTES * UK / QK), 64);   \
         _tile_zero(tc);                                         \
         _tile_dpbssd(tc, ta, tb);                               \
     } while (0)
 // F: the tiles' format (q4v / q8v / q6v); the block's float scales at scl + b * SS; pf's blocks are PB bytes.
-static inline __attribute__((always_inline)) void amx_item(const int F, const uint8_t *xq, int64_t XS, int64_t K,
+static inline __attribute__((always_inline)) void amx_item(const int F, const uint8_t *at, int64_t K,
                                                            const float *scl, int64_t SS, const uint8_t *bt,
                                                            float *y, int64_t N, int64_t R, const uint8_t *pf,
                                                            int64_t PB) {
     const int UK = F == Q6V ? QK / 2 : QK;
-    const int64_t nu = K / UK;
+    const int64_t nu = K / UK, nb = K / QK;
+    const float *xd = (const float *)(at + nb * BT_BYTES), *xs = xd + nb * AMX_ROWS;
     int32_t cb[2][AMX_ROWS * GROUP] __attribute__((aligned(64)));
     __m512 acc[AMX_ROWS];
 #pragma GCC unroll 16
@@ -387,7 +405,8 @@ static inline __attribute__((always_inline)) void amx_item(const int F, const ui
         const int64_t u = s - 3;
         if (u >= 0) {
             const int64_t b = F == Q6V ? u / 2 : u;
-            amx_scale(F, acc, cb[u & 1], xq, XS, K, b, scl + b * SS, F == Q6V ? (int)(u & 1) : 0, R);
+            amx_scale(F, acc, cb[u & 1], xd + b * AMX_ROWS, xs + b * AMX_ROWS, scl + b * SS,
+                      F == Q6V ? (int)(u & 1) : 0, R);
         }
     }
 #pragma GCC unroll 16
@@ -415,10 +434,15 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
     const int64_t MC = AMX_CHUNK_BYTES / XS / AMX_ROWS * AMX_ROWS > AMX_ROWS ? AMX_CHUNK_BYTES / XS / AMX_ROWS * AMX_ROWS
                                                                              : AMX_ROWS;
     memset(xq + M * XS, 0, (size_t)((Mp - M) * XS));
+    // the rows on the tile unit, in tile order
+    const int64_t tiles = (Ma + AMX_ROWS - 1) / AMX_ROWS;
+    uint8_t *at = thread_scratch(SCRATCH_ATILES, (size_t)(tiles * AT_BYTES(nb)));
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++) quantize_row(x + m * K, K, xq + m * XS);
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < tiles; i++) amx_tile_rows(xq + i * AMX_ROWS * XS, XS, K, at + i * AT_BYTES(nb));
         const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
         const int64_t g0 = groups * t / T, g1 = groups * (t + 1) / T;
         if (g0 < g1) {
@@ -438,14 +462,15 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
                         for (int64_t m0 = mc; m0 < me; m0 += AMX_ROWS) {
                             const int64_t R = me - m0 < AMX_ROWS ? me - m0 : AMX_ROWS;
                             float *yg = y + m0 * N + g * GROUP;
+                            const uint8_t *xa = at + m0 / AMX_ROWS * AT_BYTES(nb);
                             // during the group's last row tile, the next group's weights
                             const uint8_t *pf = m0 + AMX_ROWS >= me && g + 1 < g1 ? wg + nb * TB(F) : NULL;
                             if (FT == Q4V)
-                                amx_item(Q4V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+                                amx_item(Q4V, xa, K, scl, SS, bt, yg, N, R, pf, TB(F));
                             else if (FT == Q8V)
-                                amx_item(Q8V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+                                amx_item(Q8V, xa, K, scl, SS, bt, yg, N, R, pf, TB(F));
                             else
-                                amx_item(Q6V, xq + m0 * XS, XS, K, scl, SS, bt, yg, N, R, pf, TB(F));
+                                amx_item(Q6V, xa, K, scl, SS, bt, yg, N, R, pf, TB(F));
                         }
                     }
                     if (mc == 0 && Ma < M) {
