@@ -147,6 +147,10 @@ class SpeculativeConfig:
     # cross-tokenizer drafting (TLI): the draft model has its own vocabulary; it proposes only tokens both
     # vocabularies hold, mapped to the target's ids (method draft_model only)
     use_heterogeneous_vocab: bool = False
+    # verispec: the draft model's LM head computes only these token ids (FR-Spec; llama.cpp's --spec-draft-vocab):
+    # ids 0 .. N-1, or a file of little-endian int32 ids; the special ids are always kept (method draft_model only)
+    draft_vocab_size: int | None = None
+    draft_vocab_file: str | None = None
     rejection_sample_method: str = "strict"
     synthetic_acceptance_rate: float | None = None
     # resolved: "probabilistic" for methods with a draft distribution (this build's behaviour: random requests
@@ -603,7 +607,26 @@ def _check_ranges(values: dict[str, Any]) -> None:
             "use_heterogeneous_vocab only works with method='draft_model' (a draft model with its own "
             f"tokenizer), got method='{values['method']}'; remove the key or set it to false"
         )
+    _check_draft_vocab(values)
     _check_rejection_sampling(values)
+
+
+def _check_draft_vocab(values: dict[str, Any]) -> None:
+    size, path = values["draft_vocab_size"], values["draft_vocab_file"]
+    if size is None and path is None:
+        return
+    key = "draft_vocab_size" if size is not None else "draft_vocab_file"
+    if values["method"] != "draft_model":
+        raise ValueError(
+            f"{key} trims a draft model's LM head and only works with method='draft_model', "
+            f"got method='{values['method']}'; remove the key"
+        )
+    if size is not None and path is not None:
+        raise ValueError("set one of draft_vocab_size and draft_vocab_file, not both")
+    if size is not None and size < 1:
+        raise ValueError(
+            f"draft_vocab_size must be a positive int (the token ids the draft keeps), got {size}"
+        )
 
 
 def _check_schedule(schedule: Any) -> tuple[tuple[int, int, int], ...] | None:

@@ -12,6 +12,7 @@ import torch
 from verispec.config import ModelConfig, model_config_from_hf
 from verispec.drafts import shipped_draft
 from verispec.layers.linear import keeps_quantized, quantize_dense_layers, use_int8_activations
+from verispec.layers.trimmed_head import trim_head
 from verispec.loader.aliases import ALIASES
 from verispec.loader.checkpoint import fuse_if_enabled, load_checkpoint, read_lm_head, resolve_model_path
 from verispec.loader.drafts import (
@@ -32,6 +33,7 @@ from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerNe
 from verispec.proposers.custom import build_custom_proposer
 from verispec.proposers.dflash import DFlashProposer
 from verispec.proposers.draft_model import DraftModelProposer
+from verispec.proposers.draft_vocab import draft_vocab_ids
 from verispec.proposers.dspark import DSparkProposer
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.extract_hidden_states import HiddenStatesExtractor, hidden_states_folder
@@ -80,6 +82,7 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
             f"speculative_config.model {cfg.model!r} has vocab_size={dv} but the target model has {tv}; "
             "draft_model needs the same vocabulary, or use_heterogeneous_vocab: true to draft across tokenizers"
         )
+    _trim_draft_head(cfg, draft, draft.tokenizer if hetero else ctx.target.tokenizer)
     # the target's precision (Q8_0 blocks for float layers, int8 activations), then the layers fused on those weights
     _follow_target_weights(draft.model, ctx)
     fuse_if_enabled(draft.model)
@@ -115,6 +118,25 @@ def _draft_model(cfg: SpeculativeConfig, ctx: DraftContext) -> Proposer:
         vocab_map,
         target if cache.block_table is getattr(target, "block_table", None) else None,
     )
+
+
+def _trim_draft_head(cfg: SpeculativeConfig, draft, tokenizer) -> None:
+    """draft_vocab_size / draft_vocab_file: the draft's LM head over those ids and the tokenizer's special ones."""
+
+    if cfg.draft_vocab_size is None and cfg.draft_vocab_file is None:
+        return
+    special = []
+    if tokenizer is not None:
+        special = [*tokenizer.eos_token_ids, tokenizer.bos_token_id, tokenizer.pad_token_id]
+        special += list(tokenizer.backend.get_added_tokens_decoder())
+    keep = draft_vocab_ids(
+        draft.config.vocab_size,
+        cfg.draft_vocab_size,
+        cfg.draft_vocab_file,
+        [i for i in special if i is not None],
+    )
+    if keep is not None:
+        draft.model.lm_head = trim_head(draft.model.lm_head, keep)
 
 
 def heterogeneous_vocab_map(target, draft, name: str):

@@ -1,0 +1,102 @@
+"""A draft model whose LM head keeps part of the vocabulary (`draft_vocab_size`, `draft_vocab_file`): every draft
+is a kept id, and the output is plain decoding's, greedy token for token and sampled in law."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import helpers
+from verispec import LLM, SamplingParams
+from verispec.layers.trimmed_head import TrimmedHead
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def _spec(draft: str, **extra) -> dict:
+    return {"method": "draft_model", "model": draft, "num_speculative_tokens": 3, **extra}
+
+
+def _record_drafts(llm: LLM) -> list[int]:
+    drafts: list[int] = []
+    prop = llm.engine.proposer
+    propose = prop.propose
+
+    def recording(reqs, k_max):
+        out = propose(reqs, k_max)
+        drafts.extend(t for row in out.token_ids for t in row)
+        return out
+
+    prop.propose = recording
+    return drafts
+
+
+@pytest.mark.parametrize("activation_dtype", ["float32", "int8"])
+def test_a_trimmed_draft_head_drafts_kept_ids_and_changes_nothing(tiny_gguf, tiny_llama, activation_dtype):
+    """tiny_llama drafts for its own GGUF (a strong draft: most drafts accepted) with half its vocabulary kept."""
+    prompts = {b: helpers.prompts(b, seed=b) for b in (1, 4)}
+    kw = dict(max_model_len=256, max_num_seqs=4, activation_dtype=activation_dtype)
+    plain = LLM(tiny_gguf, **kw)
+    reference = {
+        b: [o.outputs[0].token_ids for o in plain.generate(p, GREEDY, use_tqdm=False)]
+        for b, p in prompts.items()
+    }
+    llm = LLM(tiny_gguf, speculative_config=_spec(tiny_gguf, draft_vocab_size=160), **kw)
+    head = llm.engine.proposer.runner.model.lm_head
+    assert isinstance(head, TrimmedHead)
+    keep = set(head.keep.tolist())
+    assert 160 <= len(keep) < llm.engine.runner.model.cfg.vocab_size
+    drafts = _record_drafts(llm)
+    for b, p in prompts.items():
+        assert [o.outputs[0].token_ids for o in llm.generate(p, GREEDY, use_tqdm=False)] == reference[b]
+    assert drafts and set(drafts) <= keep
+    spec = llm.engine.counters.spec
+    assert 0 < spec.num_accepted_tokens < spec.num_draft_tokens
+
+
+def test_a_draft_vocabulary_file(tiny_llama, tmp_path):
+    path = tmp_path / "draft_vocab.bin"
+    ids = np.arange(0, 300, 3, dtype="<i4")
+    ids.tofile(path)
+    prompts = helpers.prompts(4, seed=3)
+    plain = LLM(tiny_llama, max_model_len=256, max_num_seqs=4)
+    reference = [o.outputs[0].token_ids for o in plain.generate(prompts, GREEDY, use_tqdm=False)]
+    llm = LLM(
+        tiny_llama,
+        max_model_len=256,
+        max_num_seqs=4,
+        speculative_config=_spec(tiny_llama, draft_vocab_file=str(path)),
+    )
+    keep = set(llm.engine.proposer.runner.model.lm_head.keep.tolist())
+    assert set(ids.tolist()) <= keep and len(keep) < 312
+    drafts = _record_drafts(llm)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == reference
+    assert drafts and set(drafts) <= keep
+
+
+@pytest.mark.parametrize("rule", ["strict", "probabilistic"])
+def test_sampled_output_follows_the_target_with_a_trimmed_draft_head(tiny_llama, rule):
+    """The draft's q is zero outside the kept ids; the rejection sampler must still give the target's law."""
+    llm = LLM(
+        tiny_llama,
+        max_model_len=64,
+        max_num_seqs=16,
+        seed=0,
+        speculative_config=_spec(
+            tiny_llama, draft_vocab_size=96, rejection_sample_method=rule, enable_adaptive_verification=False
+        ),
+    )
+    helpers.assert_second_token_law(llm)
+
+
+def test_the_key_is_refused_for_other_methods(tiny_llama):
+    with pytest.raises(ValueError, match="draft_vocab_size trims a draft model's LM head"):
+        LLM(
+            tiny_llama,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 3, "draft_vocab_size": 64},
+        )
+
+
+def test_a_missing_vocabulary_file_is_a_clear_error(tiny_llama, tmp_path):
+    with pytest.raises(ValueError, match="speculative_config.draft_vocab_file .* cannot be read"):
+        LLM(tiny_llama, speculative_config=_spec(tiny_llama, draft_vocab_file=str(tmp_path / "none.bin")))

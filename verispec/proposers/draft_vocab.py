@@ -1,0 +1,59 @@
+"""Which token ids a draft model's LM head keeps (`draft_vocab_size` / `draft_vocab_file`, layers/trimmed_head.py).
+
+`draft_vocab_size: N` keeps ids 0 .. N-1: byte-level BPE vocabularies number their tokens in merge order, so the low
+ids are the frequent ones (HumanEval's prompts and solutions under Qwen2.5's tokenizer: 96% of tokens below 32,768,
+98.7% below 65,536). `draft_vocab_file` reads a frequency-ranked set instead, in llama.cpp's `--spec-draft-vocab`
+format (little-endian int32 ids). Either way the tokenizer's special ids (end of turn, end of text) are added, and
+the set is padded with the lowest missing ids to a multiple of 16 rows (the int8 kernels' column group).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# rows per column group of the int8 kernels: a trimmed head keeps a multiple of it
+ROW_GROUP = 16
+
+
+def read_vocab_file(path: str, vocab_size: int) -> np.ndarray:
+    """llama.cpp's draft-vocabulary file (little-endian int32 token ids) -> the ids [n] int64; ValueError naming
+    speculative_config.draft_vocab_file for a missing, empty, ragged or out-of-range file."""
+    key = "speculative_config.draft_vocab_file"
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{key} {path!r} cannot be read: {e.strerror or e}") from None
+    if not raw or len(raw) % 4:
+        raise ValueError(
+            f"{key} {path!r} is not a draft vocabulary: {len(raw)} bytes, expected little-endian int32 token ids "
+            "(a non-empty multiple of 4 bytes)"
+        )
+    ids = np.frombuffer(raw, dtype="<i4").astype(np.int64)
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise ValueError(
+            f"{key} {path!r} holds token id {int(bad[0])}, outside the draft's vocabulary [0, {vocab_size})"
+        )
+    return ids
+
+
+def draft_vocab_ids(
+    vocab_size: int, size: int | None = None, path: str | None = None, always: Iterable[int] = ()
+) -> torch.Tensor | None:
+    """The sorted ids [n] int64 a trimmed head keeps: 0 .. size-1 (or the file's ids), plus `always`, padded to a
+    multiple of ROW_GROUP; None when that is the whole vocabulary (nothing to trim)."""
+    chosen = read_vocab_file(path, vocab_size) if path is not None else np.arange(min(size or 0, vocab_size))
+    extra = np.array([i for i in always if 0 <= i < vocab_size], dtype=np.int64)
+    keep = np.union1d(chosen, extra)
+    if keep.size + (-keep.size) % ROW_GROUP >= vocab_size:
+        return None
+    missing = (-keep.size) % ROW_GROUP
+    if missing:
+        # the lowest ids not yet kept
+        free = np.setdiff1d(np.arange(keep.size + missing), keep)[:missing]
+        keep = np.union1d(keep, free)
+    return torch.from_numpy(keep)
