@@ -103,9 +103,18 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def variants(spec: dict, fixed: list[int]) -> list[tuple[str, dict]]:
-    """The planner run of `spec`, then one fixed-K run per K of the sweep."""
-    name = spec.get("method", str(spec.get("model")))
+def spec_names(specs: list[dict]) -> list[str]:
+    """Each config's label: its method, numbered from the second config of the same method on ("draft_model #2")."""
+    names: list[str] = []
+    for spec in specs:
+        name = spec.get("method", str(spec.get("model")))
+        seen = sum(n.split(" #")[0] == name for n in names)
+        names.append(f"{name} #{seen + 1}" if seen else name)
+    return names
+
+
+def variants(spec: dict, fixed: list[int], name: str) -> list[tuple[str, dict]]:
+    """The planner run of `spec` (labelled `name`), then one fixed-K run per K of the sweep."""
     out = [(f"{name} planner", spec | {"enable_adaptive_verification": True})]
     for k in fixed:
         out.append(
@@ -128,7 +137,9 @@ def run_cell(args, workload: str, batch: int, temperature: float, specs: list[di
     convs = build_workload(workload, num)
     prompts = chat_prompt_ids(tok, convs)
     sp = bench_params(temperature, args.max_tokens)
-    configs = [("plain", None)] + [v for spec in specs for v in variants(spec, args.fixed_k)]
+    configs = [("plain", None)] + [
+        v for spec, name in zip(specs, spec_names(specs)) for v in variants(spec, args.fixed_k, name)
+    ]
     rounds: dict[str, list[dict]] = {label: [] for label, _ in configs}
     texts: dict[str, list] = {}
 
@@ -210,13 +221,12 @@ def summarize(cell: dict, specs: list[dict]) -> list[str]:
     bound = prompt_ceiling(BenchResult(**{f.name: plain[f.name] for f in fields(BenchResult)}))
     ceiling = f"{bound[1]:>9.2f}x" if bound else f"{'-':>10}"
     lines = []
-    for spec in specs:
-        name = spec.get("method", str(spec.get("model")))
+    for name in spec_names(specs):
         planner = runs[f"{name} planner"]
         fixed = [r for label, r in runs.items() if label.startswith(f"{name} K=")]
         best = max(fixed, key=lambda r: r["ratio_to_plain"]) if fixed else None
         text = (
-            f"{cell['workload']:<12}{cell['batch_size']:>6}{cell['temperature']:>6.1f}  {name:<12}"
+            f"{cell['workload']:<12}{cell['batch_size']:>6}{cell['temperature']:>6.1f}  {name:<16}"
             f"{planner['ratio_to_plain']:>9.2f}x"
         )
         if best is not None:
@@ -302,7 +312,7 @@ def main() -> None:
         setup += f", prompts per turn {args.prompts_per_turn}"
     print(f"\nCPU: {cpu_model()}, threads={torch.get_num_threads()}, {device_name(args.device)}, {setup}")
     head = (
-        f"{'workload':<12}{'batch':>6}{'T':>6}  {'method':<12}{'planner':>10}{'best K':>10}{'K':>4}"
+        f"{'workload':<12}{'batch':>6}{'T':>6}  {'method':<16}{'planner':>10}{'best K':>10}{'K':>4}"
         f"{'plan/best':>12}{'mean K':>9}{'ceiling':>10}"
     )
     print(head + "\n" + "-" * len(head))

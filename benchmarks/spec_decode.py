@@ -131,7 +131,7 @@ def main() -> None:
     ]
     if args.fixed_k:
         fixed = [int(k) for k in args.fixed_k.split(",") if k.strip()]
-        specs = [config for spec in specs for _, config in variants(spec, fixed)]
+        specs = [config for spec in specs for _, config in variants(spec, fixed, "")]
     kw = dict(
         max_num_seqs=args.batch_size,
         max_model_len=2048,
