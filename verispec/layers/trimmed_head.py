@@ -47,7 +47,9 @@ def trim_head(head: Dense, keep: torch.Tensor) -> TrimmedHead:
         dense.load_quantized(rows)
         # int8 activations where the head had them
         if head.qweight.fmt in INT8_FMT_CODE and not dense.use_int8_activations():
-            raise ValueError(f"a trimmed head of {n} rows cannot take int8 activations (not a multiple of 16)")
+            raise ValueError(
+                f"a trimmed head of {n} rows cannot take int8 activations (not a multiple of 16)"
+            )
     else:
         weight = head.weight.detach()
         if head.qparts is not None or weight.numel() == 0:

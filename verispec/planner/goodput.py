@@ -280,13 +280,20 @@ class DraftPlanner:
 
     def draft_cost(self, k: int) -> float:
         """Estimated drafting seconds when the longest draft is k: measured, or scaled from the nearest measured k
-        (drafting runs one forward per draft token), 0 before any measurement."""
+        (drafting runs one forward per draft token), 0 before any measurement. Either way at most what the other
+        measured lengths bound it by: a longer draft costs no less (so k costs at most any longer one's time), and
+        drafting costs at most in proportion to its length (at most j's time x k / j for a shorter j). A length
+        measured once in a slow spell of the machine would otherwise look dear, never be asked for again, and keep
+        that figure for good."""
         if k == 0 or not self.draft_seconds:
             return 0.0
         if k in self.draft_seconds:
-            return self.draft_seconds[k]
-        near = min(self.draft_seconds, key=lambda j: abs(j - k))
-        return self.draft_seconds[near] * k / near if near else 0.0
+            own = self.draft_seconds[k]
+        else:
+            near = min(self.draft_seconds, key=lambda j: abs(j - k))
+            own = self.draft_seconds[near] * k / near
+        bounds = [t if j > k else t * k / j for j, t in self.draft_seconds.items() if j != k]
+        return min([own, *bounds])
 
     def observe_draft_time(self, k: int, seconds: float, read: int | None = None) -> None:
         """The drafting time of this step's ask, whose longest draft was k. read: the positions a drafter with a

@@ -941,3 +941,34 @@ def test_hindsight_judges_the_depth_the_newest_token_reached():
         _verified(p, "a", [1], [1, 2])
     planner.hindsight(["a"], [(5, None)])
     assert planner.acceptance.conditional("a", 2)[1] < twin.acceptance.conditional("a", 2)[1] - 0.05
+
+
+# the drafting time measured, not patched out
+@pytest.mark.row_cost(None)
+def test_a_length_measured_in_a_slow_spell_does_not_look_dear_for_good():
+    """Each draft length's time is learned only when it is asked for: one measured during a stall of the machine
+    must not price that length out forever. The other lengths bound it: a longer draft costs no less, and drafting
+    costs at most in proportion to its length."""
+    planner = DraftPlanner(4, FixedCost(0.0), drafter_runs_forward=True, max_rows=64)
+    # (a request's first ask is left out: test_drafting_time_of_a_requests_first_step_is_not_its_cost)
+    planner.ask(["a"], [4], 1)
+    planner.observe_draft_time(4, 100.0)
+    planner.ask(["a"], [4], 1)
+    planner.observe_draft_time(4, 0.1)
+    planner.ask(["a"], [4], 1)
+    # a stall: 1 s for four drafts
+    planner.observe_draft_time(4, 1.0)
+    assert planner.draft_cost(4) == pytest.approx(0.28)
+    planner.ask(["a"], [4], 1)
+    planner.observe_draft_time(1, 0.02)
+    # four drafts at most four times one's 20 ms
+    assert planner.draft_cost(4) == pytest.approx(0.08)
+    # two: in proportion to one, and never above four's
+    assert planner.draft_cost(2) == pytest.approx(0.04)
+    planner.ask(["a"], [4], 1)
+    planner.observe_draft_time(2, 0.5)
+    assert planner.draft_cost(2) == pytest.approx(0.04)
+    # one measured dear in a stall: bounded by two's and four's times
+    planner.ask(["a"], [4], 1)
+    planner.observe_draft_time(1, 5.0)
+    assert planner.draft_cost(1) <= planner.draft_cost(2) <= planner.draft_cost(4)
