@@ -69,6 +69,8 @@ def test_every_reference_key_is_accepted():
         "eagle_topk",
         "num_draft_tokens",
         "dspark_confidence_threshold",
+        "draft_vocab_size",
+        "draft_vocab_file",
     }
     assert ALLOWED_KEYS == expected
     fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
@@ -876,3 +878,32 @@ def test_heterogeneous_vocab_defaults_off_takes_a_bool_and_needs_draft_model():
             make({**other, "use_heterogeneous_vocab": True})
     # false is accepted with any method
     assert make({**NGRAM, "use_heterogeneous_vocab": False}).use_heterogeneous_vocab is False
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        ({"draft_vocab_size": 0}, "draft_vocab_size must be a positive int"),
+        (
+            {"draft_vocab_size": 64, "draft_vocab_file": "v.bin"},
+            "set one of draft_vocab_size and draft_vocab_file",
+        ),
+        ({"draft_vocab_size": "64"}, "speculative_config key 'draft_vocab_size' must be an int or null"),
+    ],
+)
+def test_draft_vocab_keys_are_checked(extra, match):
+    with pytest.raises(ValueError, match=match):
+        make({"method": "draft_model", "model": "d", "num_speculative_tokens": 3, **extra})
+    assert (
+        make(
+            {"method": "draft_model", "model": "d", "num_speculative_tokens": 3, "draft_vocab_size": 64}
+        ).draft_vocab_size
+        == 64
+    )
+
+
+def test_draft_vocab_keys_belong_to_draft_model():
+    with pytest.raises(
+        ValueError, match="draft_vocab_file trims a draft model's LM head and only works with"
+    ):
+        make({"method": "ngram", "num_speculative_tokens": 3, "draft_vocab_file": "v.bin"})
