@@ -51,9 +51,9 @@ def trim_head(head: Dense, keep: torch.Tensor) -> TrimmedHead:
                 f"a trimmed head of {n} rows cannot take int8 activations (not a multiple of 16)"
             )
     else:
-        weight = head.weight.detach()
-        if head.qparts is not None or weight.numel() == 0:
+        if head.qparts is not None:
             raise ValueError("cannot trim an LM head kept in quantized parts")
+        weight = head.weight.detach()
         with torch.no_grad():
             dense.weight = nn.Parameter(
                 weight.index_select(0, keep.to(weight.device)).clone(), requires_grad=False
@@ -62,6 +62,5 @@ def trim_head(head: Dense, keep: torch.Tensor) -> TrimmedHead:
     if head.bias is not None:
         with torch.no_grad():
             dense.bias.copy_(head.bias.detach()[keep.to(head.bias.device)])
-    return TrimmedHead(
-        dense, keep.to(head.weight.device if head.qweight is None else "cpu"), head.out_features
-    )
+    # (a quantized head's weight is an empty CPU tensor: the ids stay on the CPU with its blocks)
+    return TrimmedHead(dense, keep.to(head.weight.device), head.out_features)

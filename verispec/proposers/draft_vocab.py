@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 # rows per column group of the int8 kernels: a trimmed head keeps a multiple of it
-ROW_GROUP = 16
+from verispec.kernels.qweight import GROUP as ROW_GROUP
 
 
 def read_vocab_file(path: str, vocab_size: int) -> np.ndarray:
@@ -49,9 +49,9 @@ def draft_vocab_ids(
     chosen = read_vocab_file(path, vocab_size) if path is not None else np.arange(min(size or 0, vocab_size))
     extra = np.array([i for i in always if 0 <= i < vocab_size], dtype=np.int64)
     keep = np.union1d(chosen, extra)
-    if keep.size + (-keep.size) % ROW_GROUP >= vocab_size:
-        return None
     missing = (-keep.size) % ROW_GROUP
+    if keep.size + missing >= vocab_size:
+        return None
     if missing:
         # the lowest ids not yet kept
         free = np.setdiff1d(np.arange(keep.size + missing), keep)[:missing]
