@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from verispec.config import ModelConfig
-from verispec.kernels.qweight import BLOCK_BYTES, Q6K_BYTES, QK, QuantWeight
+from verispec.kernels.qweight import BLOCK_BYTES, QK, QuantWeight
 
 # the MLP's columns and the vocabulary go to ranks in multiples of this: whole quantized blocks along the input of
 # down_proj, and row counts the tiled / int8 layouts take (multiples of 16)
@@ -142,12 +142,6 @@ def slice_tensor(value, dim: int, lo: int, hi: int):
         return QuantWeight(value.fmt, value.blocks[lo:hi], (hi - lo, k))
     if lo % QK or hi % QK:
         raise ValueError(f"cannot cut a quantized weight's columns at {lo}:{hi} (blocks of {QK})")
-    if value.fmt == "q6k":
-        if lo % 256 == 0 and hi % 256 == 0:
-            blocks = np.ascontiguousarray(value.blocks[:, lo // 256 * Q6K_BYTES : hi // 256 * Q6K_BYTES])
-            return QuantWeight(value.fmt, blocks, (n, hi - lo))
-        # a cut inside a super-block: its 32-weight blocks in q6
-        value = value.as_q6()
     per = BLOCK_BYTES[value.fmt]
     blocks = np.ascontiguousarray(value.blocks[:, lo // QK * per : hi // QK * per])
     return QuantWeight(value.fmt, blocks, (n, hi - lo))

@@ -11,12 +11,11 @@ struct LayerDesc;
 struct ModelDims;
 struct ShmComm;
 
-// qgemm.c: y [M, N] = x [M, K] @ W^T, float32 activations, W in the q4 / q8 / q6 / q6k layouts of
+// qgemm.c: y [M, N] = x [M, K] @ W^T, float32 activations, W in the q4 / q8 / q6 layouts of
 // verispec/kernels/qweight.py.
 void qgemm_q4(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 void qgemm_q8(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 void qgemm_q6(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
-void qgemm_q6k(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads);
 
 // qgemm_i8.c: the same product with int8 activations (isa: 1 AVX-VNNI, 2 AVX512-VNNI, 3 AMX-INT8, 4 AVX2; fmt: 0 q4v,
 // 1 q8v, 2 q6v, 3 q4kv, 4 q6kv, 5 q5v); qgemm_i8_isas: bit isa set for each variant this build holds; quantize_rows_i8: the activation
@@ -62,7 +61,7 @@ void decoder_layers_f32(const struct LayerDesc *layers, int64_t n_layers, const 
 
 // repack.c: GGUF blocks into the layouts of verispec/kernels/qweight.py at load time (Q4_K -> q4, Q6_K -> q6,
 // q4 -> q4t, q8 -> q8t, q4 / q8 / q6 -> q4v / q8v / q6v, q4 / q6 -> q4kv / q6kv where the scales factor, q8 -> q5v where q fits 5 bits; nsb super-blocks of 256 weights, nb blocks of 32 per row) and q4 / q8 / q6 rows back to
-// float32 (fmt: 0 q4, 1 q8, 2 q6, 3 q6k): all N rows, or M chosen rows (an embedding lookup; -> -1, or the index of the
+// float32 (fmt: 0 q4, 1 q8, 2 q6): all N rows, or M chosen rows (an embedding lookup; -> -1, or the index of the
 // first row outside [0, N), then nothing is written).
 void repack_q4k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads);
 void repack_q6k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads);

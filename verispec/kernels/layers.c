@@ -26,7 +26,7 @@
 
 typedef struct LayerDesc {
     const uint8_t *w_qkv, *w_o, *w_gate_up, *w_down;  // quantized blocks (qweight.py layouts)
-    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 q4, 1 q8, 2 q4t, 3 q8t, 4 q4v, 5 q8v, 6 q6v, 7 q6, 8 q4kv, 9 q6kv, 10 q5v, 11 q6k
+    int32_t f_qkv, f_o, f_gate_up, f_down;             // 0 q4, 1 q8, 2 q4t, 3 q8t, 4 q4v, 5 q8v, 6 q6v, 7 q6, 8 q4kv, 9 q6kv, 10 q5v
     const float *b_qkv;                                // [F] or NULL
     const float *norm_in, *norm_post;                  // [hidden]
     void *kv;                                          // this layer's paged cache [blocks, 2 Hkv, bs, D]
@@ -55,8 +55,6 @@ static void qgemm(const ModelDims *m, int32_t fmt, const float *x, int64_t M, in
         qgemm_i8(m->i8_isa, fmt - 5, x, M, K, w, N, y, nt);
     else if (fmt == 7)
         qgemm_q6(x, M, K, w, N, y, nt);
-    else if (fmt == 11)
-        qgemm_q6k(x, M, K, w, N, y, nt);
     else if (fmt == 0)
         qgemm_q4(x, M, K, w, N, y, nt);
     else if (fmt == 1)

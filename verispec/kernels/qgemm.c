@@ -8,10 +8,6 @@
 //       weight = d * q + m.
 //   q8: float d, int8 q[32]             (36 bytes); weight j = d * q[j].
 //   q6: float d0, float d1, int8 q[32]  (40 bytes); weight j = d_(j/16) * q[j] (Q6_K: q in -32..31, d = d * scale).
-//   q6k: GGUF's Q6_K super-blocks as they lie in the file (210 bytes per 256 weights: ql[128], qh[64], int8
-//       scales[16], float16 d); block b of a row is 32-weight block b % 8 of super-block b / 8, and its weights and
-//       scales come out as q6's exactly (d * scale, an exact float32 product, times q), so q6k's products are q6's
-//       bit for bit, from 6.6 bits a weight instead of 10.
 // With that nibble order one 64-bit broadcast + one per-lane variable shift puts every weight's nibble in the low
 // bits of its own lane (no cross-lane shuffle on AVX2; AVX-512 then looks the 16 possible values of a block up with
 // one vpermps). Every weight comes out as exactly the float32 value gguf.quants.dequantize gives (d*q is exact, so
@@ -33,15 +29,6 @@
 #define BSIZE_q4 24
 #define BSIZE_q8 36
 #define BSIZE_q6 40
-// bytes of a row of K weights, and an address in block b of a row (to prefetch)
-#define ROW_BYTES_q4(K) ((K) / QK * BSIZE_q4)
-#define ROW_BYTES_q8(K) ((K) / QK * BSIZE_q8)
-#define ROW_BYTES_q6(K) ((K) / QK * BSIZE_q6)
-#define ROW_BYTES_q6k(K) ((K) / 256 * 210)
-#define PF_AT_q4(row, b) ((row) + (b) * BSIZE_q4)
-#define PF_AT_q8(row, b) ((row) + (b) * BSIZE_q8)
-#define PF_AT_q6(row, b) ((row) + (b) * BSIZE_q6)
-#define PF_AT_q6k(row, b) ((row) + ((b) >> 3) * 210 + ((b) & 7) * 26)
 
 static inline float load_f32(const uint8_t *p) {
     float f;
@@ -53,25 +40,6 @@ static inline int64_t load_i64(const uint8_t *p) {
     int64_t v;
     memcpy(&v, p, 8);
     return v;
-}
-
-// Q6_K block b % 8 of the super-block of block b: its 32 codes q in -32..31 (int8, weight order) and the scales of
-// its two 16-weight halves, d * scale (repack.c's repack_q6k unpacks the same bits into q6)
-static inline __m256i q6k_codes(const uint8_t *row, int64_t b, float ds[2]) {
-    const uint8_t *sb = row + (b >> 3) * 210;
-    const int j = (int)(b & 7), n = j >> 2, t = j & 3;
-    // low 4 bits: the low (t < 2) or high nibbles of ql's 32 bytes; high 2 bits: bits 2t of qh's 32 bytes
-    const __m256i L = _mm256_loadu_si256((const __m256i *)(sb + 64 * n + 32 * (t & 1)));
-    const __m256i H = _mm256_loadu_si256((const __m256i *)(sb + 128 + 32 * n));
-    const __m256i lo = _mm256_and_si256(_mm256_srl_epi16(L, _mm_cvtsi32_si128(4 * (t >> 1))), _mm256_set1_epi8(0x0F));
-    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(H, _mm_cvtsi32_si128(2 * t)), _mm256_set1_epi8(0x03));
-    uint16_t h;
-    memcpy(&h, sb + 208, 2);
-    const float d = _cvtsh_ss(h);
-    const int8_t *sc = (const int8_t *)(sb + 192 + 2 * j);
-    ds[0] = d * (float)sc[0];
-    ds[1] = d * (float)sc[1];
-    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
 }
 
 #if defined(__AVX512F__)
@@ -120,8 +88,7 @@ static inline void vsum_n(const __m512 *a, int n, float *out) {
 }
 #define HAVE_VSUM_N 1
 
-static inline void dequant_q4(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    const uint8_t *b = row + blk * BSIZE_q4;
+static inline void dequant_q4(const uint8_t *b, vf w[QK / VL]) {
     const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 table = _mm512_fmadd_ps(_mm512_set1_ps(load_f32(b)), iota, _mm512_set1_ps(load_f32(b + 4)));
     const __m512i shifts = _mm512_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12, 16, 16, 20, 20, 24, 24, 28, 28);
@@ -131,8 +98,7 @@ static inline void dequant_q4(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
     }
 }
 
-static inline void dequant_q8(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    const uint8_t *b = row + blk * BSIZE_q8;
+static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
     const __m512 d = _mm512_set1_ps(load_f32(b));
     for (int h = 0; h < 2; h++) {
         const __m128i q = _mm_loadu_si128((const __m128i *)(b + 4 + 16 * h));
@@ -140,18 +106,11 @@ static inline void dequant_q8(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
     }
 }
 
-static inline void dequant_q6(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    const uint8_t *b = row + blk * BSIZE_q6;
+static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
     for (int h = 0; h < 2; h++) {
         const __m128i q = _mm_loadu_si128((const __m128i *)(b + 8 + 16 * h));
         w[h] = _mm512_mul_ps(_mm512_set1_ps(load_f32(b + 4 * h)), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
     }
-}
-static inline void dequant_q6k(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    float ds[2];
-    const __m256i q = q6k_codes(row, blk, ds);
-    w[0] = _mm512_mul_ps(_mm512_set1_ps(ds[0]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))));
-    w[1] = _mm512_mul_ps(_mm512_set1_ps(ds[1]), _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1))));
 }
 #else
 #define VL 8
@@ -175,8 +134,7 @@ static inline float vsum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-static inline void dequant_q4(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    const uint8_t *b = row + blk * BSIZE_q4;
+static inline void dequant_q4(const uint8_t *b, vf w[QK / VL]) {
     const __m256 d = _mm256_set1_ps(load_f32(b)), m = _mm256_set1_ps(load_f32(b + 4));
     const __m256i lo = _mm256_setr_epi32(0, 0, 4, 4, 8, 8, 12, 12), hi = _mm256_setr_epi32(16, 16, 20, 20, 24, 24, 28, 28);
     const __m256i mask = _mm256_set1_epi32(15);
@@ -187,8 +145,7 @@ static inline void dequant_q4(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
     }
 }
 
-static inline void dequant_q8(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    const uint8_t *b = row + blk * BSIZE_q8;
+static inline void dequant_q8(const uint8_t *b, vf w[QK / VL]) {
     const __m256 d = _mm256_set1_ps(load_f32(b));
     for (int i = 0; i < 4; i++) {
         const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 4 + 8 * i));
@@ -196,21 +153,10 @@ static inline void dequant_q8(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
     }
 }
 
-static inline void dequant_q6(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    const uint8_t *b = row + blk * BSIZE_q6;
+static inline void dequant_q6(const uint8_t *b, vf w[QK / VL]) {
     for (int i = 0; i < 4; i++) {
         const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 8 + 8 * i));
         w[i] = _mm256_mul_ps(_mm256_set1_ps(load_f32(b + 4 * (i / 2))), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-    }
-}
-static inline void dequant_q6k(const uint8_t *row, int64_t blk, vf w[QK / VL]) {
-    float ds[2];
-    const __m256i q = q6k_codes(row, blk, ds);
-    for (int h = 0; h < 2; h++) {
-        const __m128i qh = h ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q);
-        const __m256 d = _mm256_set1_ps(ds[h]);
-        w[2 * h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qh)));
-        w[2 * h + 1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qh, 8))));
     }
 }
 #endif
@@ -241,8 +187,8 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
         for (int64_t b = 0; b < K / QK; b++) {                                                              \
             vf wv[C][QK / VL];                                                                              \
             for (int c = 0; c < C; c++) {                                                                   \
-                _mm_prefetch((const char *)PF_AT_##T(w + (2 * C + c) * row_bytes, b), _MM_HINT_T0);            \
-                dequant_##T(w + c * row_bytes, b, wv[c]);                                                   \
+                _mm_prefetch((const char *)(w + (2 * C + c) * row_bytes + b * BSIZE_##T), _MM_HINT_T0);         \
+                dequant_##T(w + c * row_bytes + b * BSIZE_##T, wv[c]);                                      \
             }                                                                                               \
             for (int r = 0; r < R; r++)                                                                     \
                 for (int i = 0; i < QK / VL; i++) {                                                         \
@@ -277,7 +223,7 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
         switch (M) { ROW_TILES(ROWS_CASE, T) }                                                              \
     }                                                                                                       \
     void qgemm_##T(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *y, int nthreads) { \
-        const int64_t row_bytes = ROW_BYTES_##T(K);                                                         \
+        const int64_t row_bytes = K / QK * BSIZE_##T;                                                       \
         const int64_t nitems = (N + NCOLS - 1) / NCOLS;                                                     \
         _Pragma("omp parallel num_threads(nthreads)") {                                                     \
             /* TILE_M rows at a time (their x stays in L1) over all columns; static schedule: each thread */  \
@@ -299,4 +245,3 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
 DEFINE_QGEMM(q4)
 DEFINE_QGEMM(q8)
 DEFINE_QGEMM(q6)
-DEFINE_QGEMM(q6k)

@@ -23,11 +23,7 @@ with one scale per 16 q6 blocks):
       qgemm_i8.c's header. 4.6 / 6.6 bits a weight against 6 / 10 (AMX-INT8 expands them into its tiles).
   q5v: q8v for Q5_0 weights (q in -16..15, float16 d; K a multiple of 64): per 16 columns and pair of blocks,
       nibble rows, a plane of 5th bits and float16 d (qgemm_i8.c's header), 5.5 bits a weight against 9.
-  q6k: Q6_K weights as the file holds them (K a multiple of 256): per row, super-blocks of 210 bytes (ql [128],
-      qh [64], int8 scales [16], float16 d), 6.6 bits a weight against q6's 10; qgemm.c unpacks each 32-weight
-      block into q6's values exactly, so its products are q6's bit for bit. What Q6_K becomes where the kernel
-      library is loaded (`as_q6()` gives q6, from which the int8 layouts are made).
-  q6 / q6k have no AMX-BF16 layout: the 'amx' build multiplies them with qgemm.c's AVX-512 code.
+  q6 has no AMX-BF16 layout: the 'amx' build multiplies it with qgemm.c's AVX-512 code.
 Every weight dequantizes to exactly the float32 value `gguf.quants.dequantize` gives for the original block.
 """
 
@@ -57,12 +53,8 @@ GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")
 # K must be a multiple of this (default: QK)
 SUPER_BLOCK = {"Q4_K": 256, "Q6_K": 256}
 # the kernel library's repacking (repack.c) of these types, and the layout it writes
-_C_REPACK = {"Q4_K": ("repack_q4k", "q4")}
-_C_DEQUANT = {"q4": 0, "q8": 1, "q6": 2, "q6k": 3}
-# the float32 kernels' layouts whose rows are the file's rows (stacked, reordered and cut as they are)
-FILE_ROW_FORMATS = ("q4", "q8", "q6", "q6k")
-# q6k: bytes per super-block of 256 weights
-Q6K_BYTES = 210
+_C_REPACK = {"Q4_K": ("repack_q4k", "q4"), "Q6_K": ("repack_q6k", "q6")}
+_C_DEQUANT = {"q4": 0, "q8": 1, "q6": 2}
 # bytes per group of 16 columns and block of 32 in the int8-activation layouts (qgemm_i8.c; q4kv / q6kv: on average)
 INT8_BLOCK_BYTES = {"q4": 384, "q8": 576, "q6": 640, "q4kv": 296, "q6kv": 424, "q5v": 352}
 # q4kv / q6kv: bytes per group and super-block of 256, and of the scale record that starts it
@@ -178,9 +170,9 @@ def _from_quads(rows: np.ndarray, n: int) -> np.ndarray:
 
 @dataclass
 class QuantWeight:
-    # "q4" | "q8" | "q6" | "q6k" | "q4t" | "q8t" | "q4v" | "q8v" | "q6v" | "q4kv" | "q6kv" | "q5v"
+    # "q4" | "q8" | "q6" | "q4t" | "q8t" | "q4v" | "q8v" | "q6v" | "q4kv" | "q6kv" | "q5v"
     fmt: str
-    # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous (q6k: [N, K/256 * 210])
+    # [N, K/32 * BLOCK_BYTES[fmt]] uint8, C-contiguous
     blocks: np.ndarray
     # (N, K) = (out_features, in_features)
     shape: tuple[int, int]
@@ -219,9 +211,6 @@ class QuantWeight:
         if ggml_type == "Q4_1":
             b = raw.reshape(n, k // QK, 20)
             return cls._q4(_f16(b[..., 0:2]), _f16(b[..., 2:4]), b[..., 4:], shape)
-        if ggml_type == "Q6_K" and load_qgemm() is not None:
-            # the float32 kernels read its blocks as they lie
-            return cls("q6k", np.ascontiguousarray(raw.reshape(n, k // 256 * Q6K_BYTES)), shape)
         if ggml_type in _C_REPACK and load_qgemm() is not None:
             name, fmt = _C_REPACK[ggml_type]
             out = np.empty((n, k // QK * BLOCK_BYTES[fmt]), dtype=np.uint8)
@@ -358,12 +347,10 @@ class QuantWeight:
         return b[..., 0:4].copy().view(np.float32), b[..., 4:].view(np.int8)
 
     def _q6_parts(self) -> tuple[np.ndarray, np.ndarray]:
-        """q6 / q6k / q6v / q6kv -> ds [N, nb, 2] float32 and q [N, nb, 32] int8 in weight order (weight j =
-        ds[j // 16] * q[j])."""
+        """q6 / q6v / q6kv -> ds [N, nb, 2] float32 and q [N, nb, 32] int8 in weight order (weight j = ds[j // 16] *
+        q[j])."""
         n, k = self.shape
         nb = k // QK
-        if self.fmt == "q6k":
-            return _q6_k_blocks(self.blocks.reshape(n, k // 256, Q6K_BYTES))
         if self.fmt == "q6kv":
             rec, d16, blk = self._super_records()
             # [G, nsb, 16 halves, 16 columns] -> [G, nb, 2, 16]
@@ -401,7 +388,7 @@ class QuantWeight:
                 _C_DEQUANT[self.fmt], self._ptr, n, k // QK, out.data_ptr(), torch.get_num_threads()
             )
             return out
-        if self.fmt in ("q6", "q6k", "q6v", "q6kv"):
+        if self.fmt in ("q6", "q6v", "q6kv"):
             ds, q = self._q6_parts()
             # [N, nb, 32]
             w = np.repeat(ds, 16, axis=-1) * q.astype(np.float32)
@@ -459,8 +446,6 @@ class QuantWeight:
             return self
         if n % GROUP:
             return None
-        if self.fmt == "q6k":
-            return self.as_q6(native).for_int8(native, compact)
         g, nb = n // GROUP, k // QK
         lib = load_qgemm()
         if compact and native and lib is not None:
@@ -494,12 +479,10 @@ class QuantWeight:
         return QuantWeight(INT8[self.fmt[:2]], np.ascontiguousarray(out.reshape(n, -1)), self.shape)
 
     def to_compact(self, lib: ctypes.CDLL | None = None) -> QuantWeight | None:
-        """q4 / q6 / q6k -> q4kv / q6kv, q8 -> q5v (in C), or None where that cannot be: another layout, K not a multiple
+        """q4 / q6 -> q4kv / q6kv, q8 -> q5v (in C), or None where that cannot be: another layout, K not a multiple
         of the record, N not a multiple of 16, scales that do not factor (weights not from Q4_K / Q6_K) or q8
         weights that are not 5-bit (not from Q5_0)."""
         lib = lib or load_qgemm()
-        if self.fmt == "q6k":
-            return self.as_q6().to_compact(lib)
         n, k = self.shape
         fmt = COMPACT.get(self.fmt)
         if fmt is None or k % RECORD_K[fmt] or n % GROUP or lib is None or not hasattr(lib, "int8_q5"):
@@ -514,20 +497,6 @@ class QuantWeight:
                 _C_DEQUANT[self.fmt], src.ctypes.data, n, k // QK, out.ctypes.data, threads
             )
         return None if failed else QuantWeight(fmt, out, self.shape)
-
-    def as_q6(self, native: bool = True) -> QuantWeight:
-        """This q6k weight in the q6 layout (the same weights; in C where the kernel library is loaded, else
-        numpy); itself for any other layout."""
-        if self.fmt != "q6k":
-            return self
-        n, k = self.shape
-        lib = load_qgemm() if native else None
-        if lib is None:
-            return QuantWeight._q6(*self._q6_parts(), self.shape)
-        out = np.empty((n, k // QK * BLOCK_BYTES["q6"]), dtype=np.uint8)
-        src = np.ascontiguousarray(self.blocks)
-        lib.repack_q6k(src.ctypes.data, n, k // 256, out.ctypes.data, torch.get_num_threads())
-        return QuantWeight("q6", out, self.shape)
 
     def untiled(self) -> QuantWeight:
         """This q4t / q8t / q4v / q8v weight back in the q4 / q8 layout of qgemm.c (the same weights); itself
@@ -548,14 +517,14 @@ class QuantWeight:
         return self.tiled() if getattr(lib, "isa", None) == "amx" else self.untiled()
 
     def take_rows(self, order: np.ndarray) -> QuantWeight:
-        assert self.fmt in FILE_ROW_FORMATS, "reorder rows before tiling"
+        assert self.fmt in ("q4", "q8", "q6"), "reorder rows before tiling"
         return QuantWeight(self.fmt, np.ascontiguousarray(self.blocks[order]), self.shape)
 
     @staticmethod
     def cat(parts: list[QuantWeight]) -> QuantWeight | None:
         """Rows of several weights stacked (fused qkv / gate_up), or None if their formats or K differ."""
         fmts, ks = {p.fmt for p in parts}, {p.shape[1] for p in parts}
-        assert fmts <= set(FILE_ROW_FORMATS), "stack rows before tiling"
+        assert fmts <= {"q4", "q8", "q6"}, "stack rows before tiling"
         if len(fmts) != 1 or len(ks) != 1:
             return None
         n = sum(p.shape[0] for p in parts)

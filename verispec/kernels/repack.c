@@ -80,31 +80,23 @@ void repack_q4k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nt
     }
 }
 
-// Q6_K super-block b's 32-weight block c (0..7): d * scale of its two halves and its codes q + 32 as stored (0..63)
-static void q6k_block(const uint8_t *b, int c, float ds[2], uint8_t q[QK]) {
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *scales = (const int8_t *)(b + 192);
-    const float d = half_to_float(b + 208);
-    ds[0] = d * (float)scales[2 * c];
-    ds[1] = d * (float)scales[2 * c + 1];
-    const int half = c >> 2, shift = (c >> 1) & 1, sub = c & 1, s2 = c & 3;
-    for (int w = 0; w < QK; w++) {
-        const int l = (ql[half * 64 + sub * 32 + w] >> (4 * shift)) & 15;
-        const int h = (qh[half * 32 + w] >> (2 * s2)) & 3;
-        q[w] = (uint8_t)(l | (h << 4));
-    }
-}
-
 void repack_q6k(const uint8_t *src, int64_t N, int64_t nsb, uint8_t *dst, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
         for (int64_t s = 0; s < nsb; s++) {
+            const uint8_t *b = src + (n * nsb + s) * 210, *ql = b, *qh = b + 128;
+            const int8_t *scales = (const int8_t *)(b + 192);
+            float d = half_to_float(b + 208);
             for (int c = 0; c < 8; c++) {
-                uint8_t *out = dst + ((n * nsb + s) * 8 + c) * 40, q[QK];
-                float ds[2];
-                q6k_block(src + (n * nsb + s) * 210, c, ds, q);
+                uint8_t *out = dst + ((n * nsb + s) * 8 + c) * 40;
+                float ds[2] = {d * (float)scales[2 * c], d * (float)scales[2 * c + 1]};
                 memcpy(out, ds, 8);
-                for (int w = 0; w < QK; w++) out[8 + w] = (uint8_t)(int8_t)((int)q[w] - 32);
+                int half = c >> 2, shift = (c >> 1) & 1, sub = c & 1, s2 = c & 3;
+                for (int w = 0; w < QK; w++) {
+                    int l = (ql[half * 64 + sub * 32 + w] >> (4 * shift)) & 15;
+                    int h = (qh[half * 32 + w] >> (2 * s2)) & 3;
+                    out[8 + w] = (uint8_t)(int8_t)((l | (h << 4)) - 32);
+                }
             }
         }
     }
@@ -355,19 +347,8 @@ int64_t int8_q5(const uint8_t *src, int64_t N, int64_t nb, uint8_t *dst, int nth
     return failed;
 }
 
-// q4 / q8 / q6 bytes per block
-static const int64_t BLOCK_BYTES[3] = {24, 36, 40};
-
-// block b of a q4 / q8 / q6 / q6k row (fmt 0 / 1 / 2 / 3) to its 32 float32 weights
-static void dequant_block(int fmt, const uint8_t *row, int64_t b, float *out) {
-    if (fmt == 3) {
-        float ds[2];
-        uint8_t q[QK];
-        q6k_block(row + (b >> 3) * 210, (int)(b & 7), ds, q);
-        for (int i = 0; i < QK; i++) out[i] = ds[i >> 4] * (float)((int)q[i] - 32);
-        return;
-    }
-    const uint8_t *in = row + b * BLOCK_BYTES[fmt];
+// one q4 / q8 / q6 block (fmt 0 / 1 / 2) to its 32 float32 weights
+static void dequant_block(int fmt, const uint8_t *in, float *out) {
     if (fmt == 0) {
         float d, m;
         uint8_t q[QK];
@@ -384,15 +365,12 @@ static void dequant_block(int fmt, const uint8_t *row, int64_t b, float *out) {
     }
 }
 
-// bytes of a row of nb blocks
-static int64_t row_bytes(int fmt, int64_t nb) {
-    return fmt == 3 ? nb / 8 * 210 : nb * BLOCK_BYTES[fmt];
-}
+static const int64_t BLOCK_BYTES[3] = {24, 36, 40};
 
 void dequant_rows(int fmt, const uint8_t *src, int64_t N, int64_t nb, float *dst, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        for (int64_t b = 0; b < nb; b++) dequant_block(fmt, src + n * row_bytes(fmt, nb), b, dst + (n * nb + b) * QK);
+        for (int64_t b = 0; b < nb; b++) dequant_block(fmt, src + (n * nb + b) * BLOCK_BYTES[fmt], dst + (n * nb + b) * QK);
     }
 }
 
@@ -401,8 +379,8 @@ int64_t dequant_gather(int fmt, const uint8_t *src, int64_t N, int64_t nb, const
     for (int64_t i = 0; i < M; i++)
         if (rows[i] < 0 || rows[i] >= N) return i;
     for (int64_t i = 0; i < M; i++) {
-        const uint8_t *row = src + rows[i] * row_bytes(fmt, nb);
-        for (int64_t b = 0; b < nb; b++) dequant_block(fmt, row, b, dst + (i * nb + b) * QK);
+        const uint8_t *row = src + rows[i] * nb * BLOCK_BYTES[fmt];
+        for (int64_t b = 0; b < nb; b++) dequant_block(fmt, row + b * BLOCK_BYTES[fmt], dst + (i * nb + b) * QK);
     }
     return -1;
 }

@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.kernels.qweight import FILE_ROW_FORMATS, QuantWeight
+from verispec.kernels.qweight import QuantWeight
 from verispec.layers.linear import runs_quantized
 from verispec.layers.weight_loader import Tensor, default_weight_loader
 
 # the layouts whose rows a lookup dequantizes (repack.c's dequant_gather)
-ROW_FORMATS = FILE_ROW_FORMATS
+ROW_FORMATS = ("q4", "q8", "q6")
 
 
 class Embedding(nn.Module):

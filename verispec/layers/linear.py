@@ -60,7 +60,7 @@ class Dense(nn.Module):
             raise ValueError(f"shards {self.shards} do not add up to out_features={out_features}")
         self._packed: torch.Tensor | None = None
         self.qweight: QuantWeight | None = None
-        # keep quantized weights in the file's blocks (q4 / q8 / q6 / q6k), not the float32 kernels' layout (the AMX
+        # keep quantized weights in the file's blocks (q4 / q8 / q6), not the float32 kernels' layout (the AMX
         # build's q4t / q8t tiles): set on a model about to take int8 activations, whose layouts are made from them
         self.file_layout = False
         # the shards kept quantized apart, in row order, where their formats differ (a Q4_K_M file's q / k / v)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from verispec.kernels.qweight import FILE_ROW_FORMATS, INT8_FMT_CODE, QuantWeight
+from verispec.kernels.qweight import INT8_FMT_CODE, QuantWeight
 from verispec.layers.linear import Dense
 
 
@@ -39,9 +39,9 @@ def trim_head(head: Dense, keep: torch.Tensor) -> TrimmedHead:
     dense = Dense(hidden, n, bias=head.bias is not None)
     dense.file_layout = head.file_layout
     if head.qweight is not None:
-        # the file's blocks (q4 / q8 / q6 / q6k), whatever layout the kernels had them in
+        # the file's blocks (q4 / q8 / q6), whatever layout the kernels had them in
         base = head.qweight.untiled()
-        if base.fmt not in FILE_ROW_FORMATS:
+        if base.fmt not in ("q4", "q8", "q6"):
             raise ValueError(f"cannot trim an LM head in the {base.fmt} layout")
         rows = QuantWeight(base.fmt, base.blocks[keep.numpy()].copy(), (n, hidden))
         dense.load_quantized(rows)

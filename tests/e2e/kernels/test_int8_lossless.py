@@ -185,7 +185,7 @@ def tiny_q6_k_gguf(tmp_path_factory) -> str:
     return str(write_tiny_gguf(hf, root / "tiny-q6k.gguf", layer_type="Q6_K", head_type="Q6_K"))
 
 
-@pytest.mark.parametrize(("activation_dtype", "fmt"), [("float32", "q6k"), ("int8", "q6kv")])
+@pytest.mark.parametrize(("activation_dtype", "fmt"), [("float32", "q6"), ("int8", "q6kv")])
 def test_q6_k_target(tiny_q6_k_gguf, activation_dtype, fmt, monkeypatch):
     """Q6_K weights stay quantized in both activation dtypes and run fused; speculation (ngram, the model drafting
     for itself) and the module path give the plain fused tokens."""

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from tests.helpers import model_config
-from tests.quant_blocks import make_weight
 from verispec.config import ModelConfig
 from verispec.distributed.shard import Shard, check_divisible, slice_tensor, split_sizes
 from verispec.kernels.qweight import QuantWeight
@@ -108,15 +107,3 @@ def test_quantized_columns_are_cut_at_whole_blocks():
     with pytest.raises(ValueError, match="blocks of 32"):
         slice_tensor(q, 1, 16, 160)
     assert isinstance(cut.blocks, np.ndarray) and cut.blocks.flags.c_contiguous
-
-
-def test_q6_k_columns_cut_at_super_blocks_or_as_q6():
-    """Q6_K's file blocks (q6k) are cut between super-blocks as they are, and inside one as q6's 32-weight blocks:
-    the same weights either way."""
-    qw, ref = make_weight("Q6_K", 16, 768)
-    whole = slice_tensor(qw, 1, 256, 768)
-    assert whole.fmt == "q6k" and torch.equal(whole.dequantize(), ref[:, 256:768])
-    inside = slice_tensor(qw, 1, 384, 768)
-    assert inside.fmt == "q6" and torch.equal(inside.dequantize(), ref[:, 384:768])
-    rows = slice_tensor(qw, 0, 3, 9)
-    assert rows.fmt == "q6k" and torch.equal(rows.dequantize(), ref[3:9])

@@ -227,22 +227,3 @@ def test_q8_quantizer_matches_ggufs():
     ours = QuantWeight.quantize_q8(w).dequantize()
     assert torch.equal(ours, ref)
     assert (ours - w).abs().max() <= w.abs().max() / 127
-
-
-def test_q6_k_runs_from_the_files_blocks(lib):
-    """Q6_K stays in the file's super-blocks (q6k: 6.6 bits a weight) and every product, lookup and stacking is
-    bitwise what q6 (its 32-weight blocks, 10 bits a weight) gives: same values, same summation order."""
-    qw, ref = make_weight("Q6_K", 48, 768, seed=5)
-    assert qw.fmt == "q6k" and qw.nbytes * 40 == qw.as_q6().nbytes * 26.25
-    q6 = qw.as_q6()
-    assert q6.fmt == "q6" and torch.equal(q6.dequantize(), ref)
-    x = torch.randn(40, 768, generator=torch.Generator().manual_seed(7))
-    for m in (1, 2, 3, 4, 5, 6, 7, 9, 13, 32, 40):
-        assert torch.equal(product(qw, x[:m], lib), product(q6, x[:m], lib)), f"{m} rows"
-    ids = torch.tensor([47, 0, 5, 5])
-    assert torch.equal(qw.rows(ids), ref[ids])
-    b, rb = make_weight("Q6_K", 16, 768, seed=6)
-    fused = QuantWeight.cat([qw, b])
-    assert fused.fmt == "q6k" and torch.equal(fused.dequantize(), torch.cat([ref, rb]))
-    order = np.arange(48)[::-1].copy()
-    assert torch.equal(qw.take_rows(order).dequantize(), ref[order])

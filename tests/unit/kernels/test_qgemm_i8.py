@@ -152,12 +152,11 @@ def test_int8_layout_keeps_the_weights(qtype):
     cannot."""
     qw, ref = make_weight(qtype, 48, 256)
     v = qw.for_int8(compact=False)
-    assert v.fmt == {"q4": "q4v", "q8": "q8v", "q6k": "q6v"}[qw.fmt]
+    assert v.fmt == {"q4": "q4v", "q8": "q8v", "q6": "q6v"}[qw.fmt]
     assert torch.equal(v.dequantize(), ref)
     # the C conversion (repack.c: int8_layout) is the numpy one, byte for byte
     assert np.array_equal(v.blocks, qw.for_int8(native=False).blocks)
-    # back to the float32 kernels' 32-weight blocks (Q6_K's: q6)
-    assert np.array_equal(v.untiled().blocks, qw.as_q6().blocks)
+    assert np.array_equal(v.untiled().blocks, qw.blocks)
     assert v.for_int8() is v
     if qw.tiled().fmt != qw.fmt:
         assert torch.equal(qw.tiled().for_int8().dequantize(), ref)
@@ -176,7 +175,7 @@ def test_compact_layouts_are_the_same_weights(variant, qtype):
     assert compact.fmt == {"Q4_K": "q4kv", "Q6_K": "q6kv", "Q5_0": "q5v"}[qtype]
     assert compact.nbytes <= wide.nbytes * {"Q4_K": 0.78, "Q6_K": 0.67, "Q5_0": 0.62}[qtype]
     assert torch.equal(compact.dequantize(), ref)
-    assert np.array_equal(compact.untiled().blocks, qw.as_q6().blocks)
+    assert np.array_equal(compact.untiled().blocks, qw.blocks)
     assert compact.for_int8() is compact
     x = torch.randn(40, 768, generator=torch.Generator().manual_seed(3)) * 2
     x[0] = 0
