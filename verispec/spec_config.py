@@ -147,7 +147,7 @@ class SpeculativeConfig:
     # cross-tokenizer drafting (TLI): the draft model has its own vocabulary; it proposes only tokens both
     # vocabularies hold, mapped to the target's ids (method draft_model only)
     use_heterogeneous_vocab: bool = False
-    # verispec: the draft model's LM head computes only these token ids (FR-Spec; llama.cpp's --spec-draft-vocab):
+    # verispec: the draft model's LM head computes only these token ids (FR-Spec, VocabTrim):
     # ids 0 .. N-1, or a file of little-endian int32 ids; the special ids are always kept (method draft_model only)
     draft_vocab_size: int | None = None
     draft_vocab_file: str | None = None
