@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -37,10 +38,14 @@ import torch
 
 def best_sweeps(sweeps: dict[str, list], reps: int) -> dict[str, float]:
     """name -> the best of reps timings of one sweep (its functions called in order). The sweeps take turns, one
-    timing each per round, so a busy spell of this shared VM falls on all of them alike."""
+    timing each per round, so a busy spell of this shared VM falls on all of them alike; the order is shuffled each
+    round."""
     best = {name: float("inf") for name in sweeps}
-    for _ in range(reps):
-        for name, fns in sweeps.items():
+    names = list(sweeps)
+    for i in range(reps):
+        # each round in another order, so that no sweep always follows the same one (the tile unit's or not)
+        for name in random.Random(i).sample(names, len(names)):
+            fns = sweeps[name]
             t = time.perf_counter()
             for f in fns:
                 f()
