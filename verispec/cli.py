@@ -1,15 +1,21 @@
-"""`verispec generate | bench | audit | serve`. User errors: one line on stderr and exit code 2, never a traceback."""
+"""`verispec generate | bench | audit | serve | draft-vocab`. User errors: one line on stderr and exit code 2, never a
+traceback."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from pathlib import Path
+
+import numpy as np
 
 from verispec import LLM, SamplingParams, __version__, progress
 from verispec.audit import ALPHA, format_table, run_audit
 from verispec.bench import run_bench
 from verispec.engine.args import EngineArgs
+from verispec.loader.checkpoint import load_tokenizer
+from verispec.proposers.draft_vocab import rank_vocab, write_vocab_file
 from verispec.server.cli import add_serve_args, run_server
 
 
@@ -107,6 +113,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_draft_vocab(args: argparse.Namespace) -> int:
+    """A draft_vocab_file from text like what the model will write: its ids, most frequent first, then the lowest
+    others."""
+    if args.size < 1:
+        raise ValueError(f"--size must be at least 1, got {args.size}")
+    missing = [f for f in args.files if not Path(f).is_file()]
+    if missing:
+        raise ValueError(f"no such file: {', '.join(missing)}")
+    tok = load_tokenizer(args.model)
+    text = (Path(f).read_text(encoding="utf-8", errors="replace") for f in args.files)
+    corpus = np.array([i for t in text for i in tok.encode(t, add_special_tokens=False)], dtype=np.int64)
+    ids = rank_vocab(corpus, args.size, tok.vocab_size)
+    write_vocab_file(args.output, ids)
+    seen = min(int(np.unique(corpus).size), ids.size)
+    print(
+        f"{args.output}: {ids.size} ids, {seen} of them from {corpus.size} tokens in {len(args.files)} files"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="verispec", description="Speculative-decoding LLM engine configured like vLLM")
@@ -157,6 +183,17 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-tokens", type=int, default=32, help="greedy tokens per prompt")
     a.add_argument("--quiet", action="store_true", help="no progress bars")
     a.set_defaults(func=cmd_audit)
+    v = sub.add_parser(
+        "draft-vocab",
+        help="write a draft_vocab_file from text like what the model will write",
+        description="The ids the files hold under the model's tokenizer, most frequent first, then the lowest "
+        "others, --size in all, as little-endian int32 (speculative_config.draft_vocab_file of a draft_model).",
+    )
+    v.add_argument("model", help="the draft model: a named model, a .gguf file or an HF folder")
+    v.add_argument("files", nargs="+", help="text files (read as UTF-8)")
+    v.add_argument("--size", type=int, required=True, help="token ids to keep")
+    v.add_argument("-o", "--output", required=True, help="the file to write")
+    v.set_defaults(func=cmd_draft_vocab)
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server")
     add_serve_args(s)
     s.set_defaults(func=run_server)

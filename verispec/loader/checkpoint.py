@@ -52,6 +52,16 @@ def resolve_model_path(model: str) -> Path:
     return path
 
 
+def load_tokenizer(model: str) -> Tokenizer:
+    """The tokenizer of a model name, .gguf file or HF folder, without reading its weights."""
+    path = resolve_model_path(model)
+    if path.is_file():
+        return load_gguf(path, with_tensors=False).tokenizer
+    if not (path / "tokenizer.json").is_file():
+        raise ValueError(f"{model}: no tokenizer.json in the folder")
+    return Tokenizer.from_hf_dir(path)
+
+
 def pick_dtype(dtype: str | torch.dtype, device: torch.device, hf_config: dict) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype

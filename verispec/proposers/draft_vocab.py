@@ -3,7 +3,7 @@
 `draft_vocab_size: N` keeps ids 0 .. N-1: byte-level BPE vocabularies number their tokens in merge order, so the low
 ids are the frequent ones (HumanEval's prompts and solutions under Qwen2.5's tokenizer: 96% of tokens below 32,768,
 98.7% below 65,536). `draft_vocab_file` reads a chosen set instead: a file of little-endian int32 token ids
-(`rank_vocab` + `write_vocab_file`, or scripts/draft_vocab.py, make one from a corpus: its most frequent ids, then
+(`rank_vocab` + `write_vocab_file`, or `verispec draft-vocab`, make one from a corpus: its most frequent ids, then
 the lowest others). Either way the tokenizer's special ids (end of turn, end of text) are added, and the set is
 padded with the lowest missing ids to a multiple of 16 rows (the int8 kernels' column group).
 """

@@ -3,15 +3,12 @@ is a kept id, and the output is plain decoding's, greedy token for token and sam
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from tests import helpers
 from verispec import LLM, SamplingParams
+from verispec.cli import main
 from verispec.layers.trimmed_head import TrimmedHead
 from verispec.proposers.draft_vocab import read_vocab_file
 
@@ -79,19 +76,16 @@ def test_a_draft_vocabulary_file(tiny_llama, tmp_path):
     assert drafts and set(drafts) <= keep
 
 
-def test_scripts_draft_vocab_writes_a_file_the_engine_reads(tiny_llama, tmp_path):
-    """scripts/draft_vocab.py: a corpus's ids, most frequent first, in a file draft_vocab_file takes; exit code 2 for
-    a missing corpus file."""
+def test_verispec_draft_vocab_writes_a_file_the_engine_reads(tiny_llama, tmp_path, capsys):
+    """`verispec draft-vocab`: a corpus's ids, most frequent first, in a file draft_vocab_file takes; exit code 2 and
+    one line for a missing corpus file, a size below 1 or an unknown model."""
     text = tmp_path / "corpus.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 3)
     out = tmp_path / "vocab.bin"
-    script = Path(__file__).resolve().parents[3] / "scripts" / "draft_vocab.py"
-    run = [sys.executable, str(script), "--model", tiny_llama, "--size", "64", "-o", str(out)]
-    done = subprocess.run([*run, str(text)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    assert main(["draft-vocab", tiny_llama, str(text), "--size", "64", "-o", str(out)]) == 0
     llm = LLM(tiny_llama, max_model_len=128, max_num_seqs=1)
     ids = read_vocab_file(str(out), llm.engine.runner.model.cfg.vocab_size)
-    corpus = llm.tokenizer.encode(text.read_text())
+    corpus = llm.tokenizer.encode(text.read_text(), add_special_tokens=False)
     assert ids.size == 64 and ids[0] == max(set(corpus), key=lambda i: (corpus.count(i), -i))
     assert set(corpus) <= set(ids.tolist())
     spec = LLM(
@@ -101,8 +95,15 @@ def test_scripts_draft_vocab_writes_a_file_the_engine_reads(tiny_llama, tmp_path
         speculative_config=_spec(tiny_llama, draft_vocab_file=str(out)),
     )
     assert set(ids.tolist()) <= set(spec.engine.proposer.runner.model.lm_head.keep.tolist())
-    missing = subprocess.run([*run, str(tmp_path / "nope.txt")], capture_output=True, text=True, timeout=120)
-    assert missing.returncode == 2 and "no such file" in missing.stderr
+    capsys.readouterr()
+    for argv, message in (
+        ([tiny_llama, str(tmp_path / "nope.txt"), "--size", "8"], "no such file"),
+        ([tiny_llama, str(text), "--size", "0"], "--size must be at least 1"),
+        ([str(tmp_path / "no-model"), str(text), "--size", "8"], "not found"),
+    ):
+        assert main(["draft-vocab", *argv, "-o", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("rule", ["strict", "probabilistic"])
