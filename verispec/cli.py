@@ -122,10 +122,16 @@ def cmd_draft_vocab(args: argparse.Namespace) -> int:
     if missing:
         raise ValueError(f"no such file: {', '.join(missing)}")
     tok = load_tokenizer(args.model)
-    text = (Path(f).read_text(encoding="utf-8", errors="replace") for f in args.files)
+    try:
+        text = [Path(f).read_text(encoding="utf-8", errors="replace") for f in args.files]
+    except OSError as e:
+        raise ValueError(f"cannot read {e.filename}: {e.strerror}") from None
     corpus = np.array([i for t in text for i in tok.encode(t, add_special_tokens=False)], dtype=np.int64)
     ids = rank_vocab(corpus, args.size, tok.vocab_size)
-    write_vocab_file(args.output, ids)
+    try:
+        write_vocab_file(args.output, ids)
+    except OSError as e:
+        raise ValueError(f"cannot write {args.output}: {e.strerror}") from None
     seen = min(int(np.unique(corpus).size), ids.size)
     print(
         f"{args.output}: {ids.size} ids, {seen} of them from {corpus.size} tokens in {len(args.files)} files"

@@ -78,7 +78,7 @@ def test_a_draft_vocabulary_file(tiny_llama, tmp_path):
 
 def test_verispec_draft_vocab_writes_a_file_the_engine_reads(tiny_llama, tmp_path, capsys):
     """`verispec draft-vocab`: a corpus's ids, most frequent first, in a file draft_vocab_file takes; exit code 2 and
-    one line for a missing corpus file, a size below 1 or an unknown model."""
+    one line for a missing corpus file, a size below 1, an unknown model or an output it cannot write."""
     text = tmp_path / "corpus.txt"
     text.write_text("def add(a, b):\n    return a + b\n" * 3)
     out = tmp_path / "vocab.bin"
@@ -100,8 +100,10 @@ def test_verispec_draft_vocab_writes_a_file_the_engine_reads(tiny_llama, tmp_pat
         ([tiny_llama, str(tmp_path / "nope.txt"), "--size", "8"], "no such file"),
         ([tiny_llama, str(text), "--size", "0"], "--size must be at least 1"),
         ([str(tmp_path / "no-model"), str(text), "--size", "8"], "not found"),
+        ([tiny_llama, str(text), "--size", "8", "-o", str(tmp_path / "no-dir" / "v.bin")], "cannot write"),
     ):
-        assert main(["draft-vocab", *argv, "-o", str(out)]) == 2
+        argv = argv if "-o" in argv else [*argv, "-o", str(out)]
+        assert main(["draft-vocab", *argv]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and err.count("\n") == 1
 
