@@ -100,6 +100,7 @@ def test_verispec_draft_vocab_writes_a_file_the_engine_reads(tiny_llama, tmp_pat
         ([tiny_llama, str(tmp_path / "nope.txt"), "--size", "8"], "no such file"),
         ([tiny_llama, str(text), "--size", "0"], "--size must be at least 1"),
         ([str(tmp_path / "no-model"), str(text), "--size", "8"], "not found"),
+        ([str(tmp_path), str(text), "--size", "8"], "no tokenizer.json"),
         ([tiny_llama, str(text), "--size", "8", "-o", str(tmp_path / "no-dir" / "v.bin")], "cannot write"),
     ):
         argv = argv if "-o" in argv else [*argv, "-o", str(out)]
