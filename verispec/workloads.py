@@ -48,7 +48,8 @@ def _humaneval_rows() -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def _humaneval(n: int, skip: int = 0) -> list[str]:
+def humaneval_texts(n: int, skip: int = 0) -> list[str]:
+    """HumanEval's problems skip .. skip + n - 1, each its prompt and canonical solution; [] without the package."""
     return [r["prompt"] + r["canonical_solution"] for r in _humaneval_rows()[skip : skip + n]]
 
 
@@ -132,7 +133,7 @@ _RECORD_TOPICS = [
 def build_workload(name: str, n: int) -> list[list[dict]]:
     """Returns n conversations (lists of chat messages)."""
     if name == "code-edit":
-        code = _humaneval(n) or _code_snippets(n)
+        code = humaneval_texts(n) or _code_snippets(n)
         return [
             [{"role": "user", "content": f"{_EDITS[i % len(_EDITS)]}\n\n```python\n{c}```"}]
             for i, c in enumerate(code)

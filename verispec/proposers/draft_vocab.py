@@ -42,6 +42,16 @@ def read_vocab_file(path: str, vocab_size: int) -> np.ndarray:
     return ids
 
 
+def special_ids(tokenizer) -> list[int]:
+    """The ids a trimmed head always keeps: end of turn / text, bos, pad and the added tokens ([] without a
+    tokenizer)."""
+    if tokenizer is None:
+        return []
+    ids = [*tokenizer.eos_token_ids, tokenizer.bos_token_id, tokenizer.pad_token_id]
+    ids += list(tokenizer.backend.get_added_tokens_decoder())
+    return [i for i in ids if i is not None]
+
+
 def draft_vocab_ids(
     vocab_size: int, size: int | None = None, path: str | None = None, always: Iterable[int] = ()
 ) -> torch.Tensor | None:

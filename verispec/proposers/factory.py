@@ -33,7 +33,7 @@ from verispec.proposers.base import DraftContext, Proposal, Proposer, ProposerNe
 from verispec.proposers.custom import build_custom_proposer
 from verispec.proposers.dflash import DFlashProposer
 from verispec.proposers.draft_model import DraftModelProposer
-from verispec.proposers.draft_vocab import draft_vocab_ids
+from verispec.proposers.draft_vocab import draft_vocab_ids, special_ids
 from verispec.proposers.dspark import DSparkProposer
 from verispec.proposers.eagle import EagleProposer
 from verispec.proposers.extract_hidden_states import HiddenStatesExtractor, hidden_states_folder
@@ -125,15 +125,8 @@ def _trim_draft_head(cfg: SpeculativeConfig, draft, tokenizer) -> None:
 
     if cfg.draft_vocab_size is None and cfg.draft_vocab_file is None:
         return
-    special = []
-    if tokenizer is not None:
-        special = [*tokenizer.eos_token_ids, tokenizer.bos_token_id, tokenizer.pad_token_id]
-        special += list(tokenizer.backend.get_added_tokens_decoder())
     keep = draft_vocab_ids(
-        draft.config.vocab_size,
-        cfg.draft_vocab_size,
-        cfg.draft_vocab_file,
-        [i for i in special if i is not None],
+        draft.config.vocab_size, cfg.draft_vocab_size, cfg.draft_vocab_file, special_ids(tokenizer)
     )
     if keep is not None:
         draft.model.lm_head = trim_head(draft.model.lm_head, keep)
