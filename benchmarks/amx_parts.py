@@ -25,6 +25,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from adaptive_k import cpu_model
+
+from verispec.kernels import build
+from verispec.kernels.qweight import INT8_FMT_CODE
 
 # One timing loop per part; `main` runs part argv[1] for argv[2] products and prints its seconds.
 C_SOURCE = r"""
@@ -144,13 +148,12 @@ def q4v_weights(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
 
 def kernel_ns(rows: int, k: int, n: int, reps: int) -> float:
     """verispec's AMX-INT8 kernel on q4v weights, one thread: best ns per 16 x 16 x 32 product."""
-    from verispec.kernels import build
-
+    amx = build.INT8_ISAS["amx-int8"][0]
     lib = build.load_qgemm()
     if (
         lib is None
         or not hasattr(lib, "qgemm_i8")
-        or not (lib.qgemm_i8_isas() >> 3 & 1)
+        or not (lib.qgemm_i8_isas() >> amx & 1)
         or not lib.i8_amx_init()
     ):
         raise SystemExit("the kernel library has no AMX-INT8 variant on this CPU")
@@ -162,7 +165,17 @@ def kernel_ns(rows: int, k: int, n: int, reps: int) -> float:
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        lib.qgemm_i8(3, 0, ptr(x.ctypes.data), rows, k, ptr(w.ctypes.data), n, ptr(y.ctypes.data), 1)
+        lib.qgemm_i8(
+            amx,
+            INT8_FMT_CODE["q4v"],
+            ptr(x.ctypes.data),
+            rows,
+            k,
+            ptr(w.ctypes.data),
+            n,
+            ptr(y.ctypes.data),
+            1,
+        )
         best = min(best, time.perf_counter() - t)
     products = -(-rows // 16) * (k // 32) * (n // 16)
     return best / products * 1e9
@@ -177,13 +190,10 @@ def main() -> None:
     ap.add_argument("--products", type=int, default=2_000_000)
     ap.add_argument("--output", default="bench_results/amx_parts.json")
     args = ap.parse_args()
-    flags = Path("/proc/cpuinfo").read_text()
-    if "amx_int8" not in flags:
+    if not build.INT8_ISAS["amx-int8"][1] <= build._cpu_flags():
         print("this CPU has no AMX-INT8", file=sys.stderr)
         raise SystemExit(2)
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in flags.splitlines() if line.startswith("model name")), "?"
-    )
+    cpu = cpu_model()
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "parts.c", Path(tmp) / "parts"
         src.write_text(C_SOURCE)
