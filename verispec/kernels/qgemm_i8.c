@@ -162,9 +162,10 @@ void quantize_rows_i8(const float *x, int64_t M, int64_t K, uint8_t *out, int nt
 #define VCVT(a) _mm512_cvtepi32_ps(a)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define RMAX 5
+// up to 8 rows over two vectors: 6 to 16 rows expand each weight block once or twice instead of two to four times
+#define RMAX 8
 #define CMAX 4
-#define TILES(X, F) X(F, 1, 4) X(F, 2, 4) X(F, 3, 2) X(F, 4, 2) X(F, 5, 2)
+#define TILES(X, F) X(F, 1, 4) X(F, 2, 4) X(F, 3, 2) X(F, 4, 2) X(F, 5, 2) X(F, 6, 2) X(F, 7, 2) X(F, 8, 2)
 #include "qgemm_i8_vnni.h"
 #pragma GCC pop_options
 
@@ -502,8 +503,9 @@ static void amx_gemm(const int F, const float *x, uint8_t *xq, int64_t M, int64_
 int i8_amx_init(void) { return 0; }
 #endif
 
-// Fewer rows than this run on AVX512-VNNI when AMX-INT8 is asked for (the same results: see the top).
-#define AMX_MIN_ROWS 13
+// Fewer rows than this run on AVX512-VNNI when AMX-INT8 is asked for (the same results: see the top); its 8-row
+// tiles keep up with the tile unit to about 40 rows (benchmarks/kernel_sweep.py --int8-isa all).
+#define AMX_MIN_ROWS 33
 
 int qgemm_i8_isas(void) {
     return (HAVE_AVXVNNI << ISA_AVXVNNI) | (1 << ISA_AVX512VNNI) | (HAVE_AMX_INT8 << ISA_AMX) | (1 << ISA_AVX2);

@@ -230,7 +230,7 @@ static inline __attribute__((always_inline)) void PFX(rows)(const int F, int64_t
 }
 
 // Rows [0, R) x vectors [u0, u1): as few register tiles as RMAX allows (each one expands the weights again), their
-// rows as even as possible (9 rows with RMAX 5: 5 + 4, not 4 + 4 + 1).
+// rows as even as possible (9 rows with RMAX 8: 5 + 4, not 8 + 1).
 static inline __attribute__((always_inline)) void PFX(row_tiles)(const int F, int64_t R, const uint8_t *x,
                                                                  int64_t XS, int64_t K, const uint8_t *w, int64_t u0,
                                                                  int64_t u1, float *y, int64_t N) {

@@ -168,7 +168,7 @@ def test_int8_layout_keeps_the_weights(qtype):
 def test_compact_layouts_are_the_same_weights(variant, qtype):
     """Q4_K / Q6_K -> q4kv / q6kv (the scales factored back into float16 x integers), Q5_0 -> q5v (5-bit codes):
     the same weights in a quarter / a third / 40% fewer bytes, and bitwise q4v's / q6v's / q8v's products at every
-    row count (AMX-INT8 from 13 rows: the tiles expanded from the compact blocks)."""
+    row count (AMX-INT8 from 33 rows: the tiles expanded from the compact blocks)."""
     lib, isa = variant
     qw, ref = make_weight(qtype, 48, 768)
     wide, compact = qw.for_int8(compact=False), qw.to_compact()
@@ -261,7 +261,7 @@ def test_extreme_activations(variant, qtype):
 
 @pytest.mark.parametrize("qtype", TYPES)
 def test_rows_do_not_depend_on_the_batch(variant, qtype):
-    """Bitwise: a row alone equals the same row inside batches of every size 1..64 (AMX-INT8 takes over from 9
+    """Bitwise: a row alone equals the same row inside batches of every size 1..64 (AMX-INT8 takes over from 33
     rows, in 16-row tiles) and with one thread or two."""
     lib, isa = variant
     qw, _ = make_weight(qtype, 48, 256)
