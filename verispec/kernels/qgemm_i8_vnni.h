@@ -222,6 +222,11 @@ static inline __attribute__((always_inline)) void PFX(tile)(const int F, const i
         for (; u < u1; u++) PFX(tile)(F, R, 1, x, XS, K, w, u, y, N);                                       \
         break;
 
+// Every row count 1..RMAX needs its case (a missing one would compute nothing), no tile wider than CMAX vectors.
+#define PFX_TILE_BIT(F, R, CT) | (1ull << (R)) | ((CT) > CMAX ? 1ull : 0)
+_Static_assert((0 TILES(PFX_TILE_BIT, 0)) == (2ull << RMAX) - 2, "TILES must list row counts 1..RMAX, CT <= CMAX");
+#undef PFX_TILE_BIT
+
 static inline __attribute__((always_inline)) void PFX(rows)(const int F, int64_t R, const uint8_t *x, int64_t XS,
                                                             int64_t K, const uint8_t *w, int64_t u0, int64_t u1,
                                                             float *y, int64_t N) {
