@@ -17,9 +17,11 @@ same weights (in the layout each build reads): an A/B that this VM's run-to-run 
 the baseline's int8 kernel too, on the first --int8-isa variant).
     .venv/bin/python benchmarks/kernel_sweep.py [--model smollm2-135m-instruct] [--rows 1,2,4,5,8,16,64,256]
         [--baseline REF] [--baseline-isa avx512] [--int8-isa best|all|none|amx-int8|avx512vnni|avxvnni]
-        [--int8-wide]
+        [--int8-wide] [--cached]
 --int8-wide adds the same weights in the wide int8 layouts (q4v / q6v / q8v) on the first int8 variant, with the
 time against the compact ones (q4kv / q6kv / q5v) in the same process.
+--cached adds the first int8 variant with every weight replaced by the first one of its shape and layout: the same
+calls with the weights in cache, so the ratio says what streaming them from memory costs at each row count.
 """
 
 from __future__ import annotations
@@ -157,6 +159,12 @@ def main() -> None:
         action="store_true",
         help="also sweep the wide int8 layouts (q4v / q6v / q8v) on the first int8 variant: the compact ones' A/B",
     )
+    ap.add_argument(
+        "--cached",
+        action="store_true",
+        help="also sweep the first int8 variant with every weight replaced by the first one of its shape and layout "
+        "(the same calls, weights from cache): what streaming them from memory costs at each row count",
+    )
     ap.add_argument("--step", action="store_true", help="also time the engine's whole forward per row count")
     ap.add_argument("--output", default="bench_results/kernel_sweep.json")
     args = ap.parse_args()
@@ -193,6 +201,10 @@ def main() -> None:
     wide = bool(args.int8_wide and i8_isas)
     wide_qws = [q.for_int8(compact=False) or q for q in qws] if wide else []
     wide_head = (head.for_int8(compact=False) or head) if wide and head is not None else None
+    # --cached: each int8 weight's stand-in, the first of its shape and layout (a few MB in all: they stay cached)
+    cached = bool(args.cached and i8_isas)
+    first_of = {}
+    cached_qws = [first_of.setdefault((q.shape, q.fmt), q) for q in i8_qws] if cached else []
     rows = []
     print(
         f"model={args.model} weights={len(qws)} threads={torch.get_num_threads()} kernels={ours_lib.isa} "
@@ -209,6 +221,8 @@ def main() -> None:
     extra += "".join(f" {isa + ' ms':>16} {'GMAC/s':>7} {'head ms':>8}" for isa in i8_isas)
     if wide:
         extra += f" {'wide ms':>9} {'x':>5} {'head ms':>8} {'x':>5}"
+    if cached:
+        extra += f" {'cached ms':>10} {'GMAC/s':>7} {'streamed/cached':>15}"
     print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7} {'head ms':>8}{extra}")
     for m in [int(x) for x in args.rows.split(",")]:
         xs = {k: torch.randn(m, k) for k in {q.shape[1] for q in qws}}
@@ -239,6 +253,10 @@ def main() -> None:
             sweeps["int8_wide_head"] = (
                 [lambda x=xh: wide_head.matmul(x, ours_lib, i8_isas[0])] if wide_head is not None else []
             )
+        if cached:
+            sweeps["int8_cached"] = [
+                lambda q=q, x=xs[q.shape[1]]: q.matmul(x, ours_lib, i8_isas[0]) for q in cached_qws
+            ]
         t = {k: (v if sweeps[k] else float("nan")) for k, v in best_sweeps(sweeps, args.reps).items()}
         ours, mkl, ours_head = t["qgemm"], t["mkl"], t["head"]
         r = {
@@ -272,6 +290,11 @@ def main() -> None:
             first = f"int8_{i8_isas[0]}"
             line += f" {t['int8_wide'] * 1e3:>9.1f} {t['int8_wide'] / t[first]:>4.2f}x"
             line += f" {t['int8_wide_head'] * 1e3:>8.2f} {t['int8_wide_head'] / t[first + '_head']:>4.2f}x"
+        if cached:
+            r["int8_cached_s"] = t["int8_cached"]
+            r["int8_cached_gmacs"] = m * macs_per_row / t["int8_cached"] / 1e9
+            streamed = t[f"int8_{i8_isas[0]}"] / t["int8_cached"]
+            line += f" {t['int8_cached'] * 1e3:>10.1f} {r['int8_cached_gmacs']:>7.1f} {streamed:>14.2f}x"
         rows.append(r)
         print(line)
     by_rows = {r["rows"]: r for r in rows}
