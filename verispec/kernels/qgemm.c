@@ -211,6 +211,10 @@ static inline void store_sums(const vf *acc, int R, int C, float *y, int64_t N) 
 
 // The register tile for each row count 1..ONE_TILE_ROWS (rows, columns): one list for the kernels and the dispatch.
 #define ROW_TILES(X, T) X(T, 1, 4) X(T, 2, 4) X(T, 3, MID_COLS) X(T, 4, MID_COLS) ROW_TILES_WIDE(X, T)
+// every row count row_group can ask for needs its case (a missing one would compute nothing), as in qgemm_i8_vnni.h
+#define TILE_BIT(T, R, C) | (1ull << (R))
+_Static_assert((0 ROW_TILES(TILE_BIT, q4)) == (2ull << ONE_TILE_ROWS) - 2, "ROW_TILES: row counts 1..ONE_TILE_ROWS");
+#undef TILE_BIT
 #define DEFINE_TILE(T, R, C) DEFINE_REG_KERNEL(REG(T, R, C), T, R, C) DEFINE_REG_KERNEL(REG1(T, R), T, R, 1)
 // Entry point (ctypes): x [M, K] float32 contiguous, w [N, K/32 blocks] in the layouts above, y [M, N] float32.
 // K must be a multiple of 32 (the Python side checks).
