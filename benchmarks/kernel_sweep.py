@@ -176,6 +176,13 @@ def main() -> None:
     # fail before the model loads
     if args.baseline or args.baseline_isa:
         base = baseline_kernels(args.baseline, args.baseline_isa or ours_lib.isa)
+    i8_isas = int8_variants(args.int8_isa, ours_lib)
+    if args.cached and not i8_isas:
+        print(
+            "--cached sweeps an int8 variant: none runs here (--int8-isa none, or no int8 kernel)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     label = f"{args.baseline or 'HEAD'}"[:10] + (f" {args.baseline_isa}" if args.baseline_isa else "")
     llm = LLM(args.model, max_model_len=64, max_num_seqs=1)
     head = llm.ckpt.model.lm_head.qweight
@@ -193,7 +200,6 @@ def main() -> None:
     base_qws = [q.for_kernels(base) for q in qws] if base else []
     base_head = head.for_kernels(base) if base and head is not None else None
     macs_per_row = sum(q.shape[0] * q.shape[1] for q in qws)
-    i8_isas = int8_variants(args.int8_isa, ours_lib)
     # the int8 layouts; a weight whose shape has none (N not a multiple of 16) keeps float32 activations, as in a model
     i8_qws = [q.for_int8() or q for q in qws] if i8_isas else []
     i8_head = (head.for_int8() or head) if i8_isas and head is not None else None
@@ -202,9 +208,8 @@ def main() -> None:
     wide_qws = [q.for_int8(compact=False) or q for q in qws] if wide else []
     wide_head = (head.for_int8(compact=False) or head) if wide and head is not None else None
     # --cached: each int8 weight's stand-in, the first of its shape and layout (a few MB in all: they stay cached)
-    cached = bool(args.cached and i8_isas)
     first_of = {}
-    cached_qws = [first_of.setdefault((q.shape, q.fmt), q) for q in i8_qws] if cached else []
+    cached_qws = [first_of.setdefault((q.shape, q.fmt), q) for q in i8_qws] if args.cached else []
     rows = []
     print(
         f"model={args.model} weights={len(qws)} threads={torch.get_num_threads()} kernels={ours_lib.isa} "
@@ -221,7 +226,7 @@ def main() -> None:
     extra += "".join(f" {isa + ' ms':>16} {'GMAC/s':>7} {'head ms':>8}" for isa in i8_isas)
     if wide:
         extra += f" {'wide ms':>9} {'x':>5} {'head ms':>8} {'x':>5}"
-    if cached:
+    if args.cached:
         extra += f" {'cached ms':>10} {'GMAC/s':>7} {'streamed/cached':>15}"
     print(f"{'M':>5} {'qgemm ms':>9} {'GMAC/s':>7} {'MKL f32 ms':>11} {'GMAC/s':>7} {'head ms':>8}{extra}")
     for m in [int(x) for x in args.rows.split(",")]:
@@ -253,7 +258,7 @@ def main() -> None:
             sweeps["int8_wide_head"] = (
                 [lambda x=xh: wide_head.matmul(x, ours_lib, i8_isas[0])] if wide_head is not None else []
             )
-        if cached:
+        if args.cached:
             sweeps["int8_cached"] = [
                 lambda q=q, x=xs[q.shape[1]]: q.matmul(x, ours_lib, i8_isas[0]) for q in cached_qws
             ]
@@ -290,7 +295,7 @@ def main() -> None:
             first = f"int8_{i8_isas[0]}"
             line += f" {t['int8_wide'] * 1e3:>9.1f} {t['int8_wide'] / t[first]:>4.2f}x"
             line += f" {t['int8_wide_head'] * 1e3:>8.2f} {t['int8_wide_head'] / t[first + '_head']:>4.2f}x"
-        if cached:
+        if args.cached:
             r["int8_cached_s"] = t["int8_cached"]
             r["int8_cached_gmacs"] = m * macs_per_row / t["int8_cached"] / 1e9
             streamed = t[f"int8_{i8_isas[0]}"] / t["int8_cached"]
