@@ -25,28 +25,30 @@ def rmsnorm(H, A, W, S, OUT, d, eps, HAS_A: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(OUT + row * d + cols, (xf * r * w).to(OUT.dtype.element_ty), mask=live)
 
 
-# one program per (query row, head), over the query's visible keys (IDX [S*Q, t], CNT [S*Q]) in blocks of BLOCK_T
-# integer arguments whose value changes from step to step are not specialised on (a specialisation could change
-# the kernel's layout and with it the order of a reduction)
-@triton.jit(
-    do_not_specialize=["sq_s", "sq_h", "sq_q", "sk_s", "sk_h", "sk_t", "nq", "t", "group", "scale", "cap"]
-)
+# one program per (query row, head), over the query's visible keys (IDX [S*Q, t], CNT [S*Q]) in blocks of BLOCK_T.
+# K and V are read in place from the paged cache: key position p of sequence s sits in block BLOCKS[s, p >> shift],
+# row p & (2^shift - 1). Integer arguments whose value changes from step to step are not specialised on (a
+# specialisation could change the kernel's layout and with it the order of a reduction).
+@triton.jit(do_not_specialize="sq_s sq_h sq_q sb_s sk_b sk_h sk_t nq t group shift scale cap".split())
 def attention(
     Q,
     K,
     V,
+    BLOCKS,
     IDX,
     CNT,
     OUT,
     sq_s,
     sq_h,
     sq_q,
-    sk_s,
+    sb_s,
+    sk_b,
     sk_h,
     sk_t,
     nq,
     t,
     group,
+    shift,
     scale,
     cap,
     D: tl.constexpr,
@@ -64,8 +66,9 @@ def attention(
     # [BLOCK_D]
     qv = tl.load(Q + s * sq_s + h * sq_h + qi * sq_q + dd, mask=dlive, other=0.0).to(tl.float32)
     n = tl.load(CNT + pid)
-    kbase = K + s * sk_s + kh * sk_h
-    vbase = V + s * sk_s + kh * sk_h
+    rowmask = (1 << shift) - 1
+    kbase = K + kh * sk_h
+    vbase = V + kh * sk_h
     m_i = tl.full((), float("-inf"), tl.float32)
     l_i = tl.zeros((), tl.float32)
     acc = tl.zeros((BLOCK_D,), tl.float32)
@@ -73,7 +76,9 @@ def attention(
         j = start + tl.arange(0, BLOCK_T)
         live = j < n
         key = tl.load(IDX + pid * t + j, mask=live, other=0).to(tl.int64)
-        off = key[:, None] * sk_t + dd[None, :]
+        # [BLOCK_T] the key's block and row in the paged cache
+        blk = tl.load(BLOCKS + s * sb_s + (key >> shift), mask=live, other=0).to(tl.int64)
+        off = (blk * sk_b + (key & rowmask) * sk_t)[:, None] + dd[None, :]
         tile = live[:, None] & dlive[None, :]
         # [BLOCK_T, BLOCK_D]
         kb = tl.load(kbase + off, mask=tile, other=0.0).to(tl.float32)

@@ -11,7 +11,8 @@ output stays token for token the same only if each row's logits are bitwise the 
 - `attention`: one Triton program per (query row, head) over that query's visible keys in cache order (the
   mask compacted once per forward by `visible_keys`), in blocks of a fixed size counted from its first visible key;
   a query sees the same key sequence whether it is decoded alone, verified as a draft, or a node of a token tree,
-  so its output is bitwise the same.
+  so its output is bitwise the same. It reads K and V in place through the block table of the paged cache (no
+  gathered copy), widening the cache's dtype to float32 exactly as the CPU kernels do.
 
 The layers call them where `applies` (a CUDA tensor, Triton installed, no autograd) and run their PyTorch versions
 elsewhere. The Triton kernels (cuda_kernels.py) are imported on first use; with TRITON_INTERPRET=1 set before
@@ -132,20 +133,29 @@ def visible_keys(
 def attention(
     # [S, Hq, Q, D] (D contiguous)
     q: torch.Tensor,
-    # [S, Hkv, T, D] cache view (D contiguous)
+    # paged: the cache's K heads [num_blocks, Hkv, bs, D]; else the rows' keys [S, Hkv, T, D] (D contiguous)
     k: torch.Tensor,
-    # [S, Hkv, T, D], same strides as k
+    # the V heads, same shape and strides as k
     v: torch.Tensor,
     scale: float,
     softcap: float | None,
     # visible_keys(mask, T), one row per sequence
     visible: tuple[torch.Tensor, torch.Tensor],
+    # (block table rows [S, n] int64, log2 of bs): k and v are read in place through it
+    paged: tuple[torch.Tensor, int] | None = None,
 ) -> torch.Tensor | None:
     """-> [S, Q, Hq * D] (the layout o_proj reads), or None where the kernel does not take the strides."""
     s, hq, nq, d = q.shape
     hkv = k.shape[1]
     if q.stride(-1) != 1 or k.stride(-1) != 1 or k.stride() != v.stride():
         return None
+    if paged is None:
+        # each sequence's keys as one block of 2^shift >= T rows
+        blocks = torch.arange(s, dtype=torch.int64, device=q.device).view(s, 1)
+        shift = max(k.shape[2] - 1, 0).bit_length()
+    else:
+        blocks, shift = paged
+        blocks = blocks if blocks.stride(-1) == 1 else blocks.contiguous()
     out = torch.empty(s, nq, hq * d, dtype=q.dtype, device=q.device)
     idx, cnt = visible
     block_d = _next_pow2(d)
@@ -153,18 +163,21 @@ def attention(
         q,
         k,
         v,
+        blocks,
         idx,
         cnt,
         out,
         q.stride(0),
         q.stride(1),
         q.stride(2),
+        blocks.stride(0),
         k.stride(0),
         k.stride(1),
         k.stride(2),
         nq,
         idx.shape[-1],
         hq // hkv,
+        shift,
         scale,
         float(softcap or 1.0),
         D=d,

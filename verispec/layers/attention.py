@@ -2,7 +2,8 @@
 
 The cache for one layer is [num_blocks, 2*H_kv, block_size, D] (K heads then V heads, runner/kv_cache.py). A forward
 covers a contiguous slot range [lo, hi); the block table's rows of those slots map each sequence's positions to
-blocks. The C kernels read the blocks in place; the PyTorch and CUDA paths gather a sequence's blocks first.
+blocks. The C kernels and the CUDA path's Triton kernel read the blocks in place; the PyTorch path gathers a
+sequence's blocks first.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def write_kv(cache: torch.Tensor, ctx: AttnContext, x: torch.Tensor) -> None:
 
 def read_kv(cache: torch.Tensor, ctx: AttnContext, dtype: torch.dtype) -> torch.Tensor:
     """The rows' K|V [S, 2*Hkv, kv_len, D] in `dtype` (the queries'; the cache may store a narrower one), gathered
-    from their blocks (a copy: the PyTorch and CUDA paths)."""
+    from their blocks (a copy: the PyTorch path)."""
     bs = 1 << ctx.block_shift
     n = -(-ctx.kv_len // bs)
     # [S, n, 2Hkv, bs, D]

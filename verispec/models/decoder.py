@@ -71,14 +71,16 @@ class Attention(nn.Module):
         # [S, Q, Hq*D], or None where the fused kernel does not apply; it reads the blocks in place
         paged = (ctx.blocks, ctx.block_shift, ctx.kv_len)
         o = ops.attention(q, kv_cache[:, :hkv], kv_cache[:, hkv:], mask, self.scale, cap, ctx.qlen, paged)
+        if o is None and cuda_ops.applies(x):
+            # the batch-invariant Triton kernel, which reads the blocks in place too
+            k, v = kv_cache[:, :hkv], kv_cache[:, hkv:]
+            visible, paged = ctx.visible(self.sliding), (ctx.blocks, ctx.block_shift)
+            o = cuda_ops.attention(q, k, v, self.scale, cap, visible, paged)
         if o is None:
             # [S, 2Hkv, T, D]
             kv = read_kv(kv_cache, ctx, q.dtype)
             k, v = kv[:, :hkv], kv[:, hkv:]
-            if cuda_ops.applies(x):
-                o = cuda_ops.attention(q, k, v, self.scale, cap, ctx.visible(self.sliding))
-            else:
-                o = attention(q, k, v, mask, self.scale, cap).transpose(1, 2).reshape(s, nq, hq * self.d)
+            o = attention(q, k, v, mask, self.scale, cap).transpose(1, 2).reshape(s, nq, hq * self.d)
         return self.o_proj.forward(ctx.to_packed(o))
 
 

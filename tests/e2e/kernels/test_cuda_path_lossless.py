@@ -73,3 +73,31 @@ def test_token_tree_on_the_cuda_path(tiny_llama, tmp_path, cuda_path):
     llm = LLM(tiny_llama, speculative_config=spec, **kw)
     assert _greedy(llm) == reference
     assert llm.engine.counters.spec.num_accepted_tokens > 0 and cuda_path["attention"] > 0
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "float16"])
+def test_cached_prefix_blocks_on_the_cuda_path(tiny_llama, cuda_path, kv_cache_dtype):
+    """The Triton kernel reads a sequence's blocks through the block table: a prompt whose first blocks are another
+    request's cached ones decodes as with the cache off (float16 blocks widened in the kernel)."""
+    kw = dict(
+        dtype="bfloat16", device="cpu", max_model_len=128, max_num_seqs=4, kv_cache_dtype=kv_cache_dtype
+    )
+    shared = [(7 * i) % 50 + 3 for i in range(37)]
+    prompts = [{"prompt_token_ids": shared + [4, 9]}, {"prompt_token_ids": shared + [12]}]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+    def run(**extra) -> tuple[list[list[int]], LLM]:
+        llm = LLM(tiny_llama, **{**kw, **extra})
+        llm.generate(prompts[:1], sp, use_tqdm=False)
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)], llm
+
+    with pytest.MonkeyPatch.context() as mp:
+        # the CPU's own float32 path, far from ties on these prompts
+        mp.setattr(cuda_ops, "applies", lambda x: False)
+        reference, _ = run(dtype="float32", kv_cache_dtype="auto", enable_prefix_caching=False)
+    assert run(enable_prefix_caching=False)[0] == reference
+    cached, llm = run()
+    assert cached == reference and llm.engine.counters.prefix_cache_hits >= 32
+    spec_cached, _ = run(speculative_config=spec)
+    assert spec_cached == reference and cuda_path["attention"] > 0

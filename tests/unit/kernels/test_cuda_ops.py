@@ -96,6 +96,41 @@ def test_attention_is_masked_softmax_attention(interp, d, softcap):
     torch.testing.assert_close(out, _reference_attention(q[:1, :, :1], k[:1], v[:1], None, 0.3, softcap))
 
 
+def _paged(seed: int, s: int, t: int, bs: int, dtype: torch.dtype, device: str = "cpu"):
+    """Rows' K|V [S, 2Hkv, T, D] scattered over a paged cache [blocks, 2Hkv, bs, D] in a shuffled order, with
+    noise in every block the table does not map -> (cache, block table rows [S, n], the rows' K|V)."""
+    g = torch.Generator().manual_seed(seed)
+    hkv, d = 2, 16
+    n = -(-t // bs)
+    cache = torch.randn(s * n + 3, 2 * hkv, bs, d, generator=g).to(dtype)
+    blocks = torch.randperm(s * n + 3, generator=g)[: s * n].view(s, n)
+    # [S, 2Hkv, n*bs, D] -> the first t positions
+    kv = cache[blocks].transpose(1, 2).reshape(s, 2 * hkv, n * bs, d)[:, :, :t]
+    return cache.to(device), blocks.to(device), kv.to(device)
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_paged_attention_reads_the_blocks_in_place(interp, cache_dtype):
+    """Through the block table: bitwise the attention over the gathered keys (float16 blocks widen exactly)."""
+    s, hq, hkv, nq, t, bs = 3, 4, 2, 5, 53, 16
+    cache, blocks, kv = _paged(1, s, t, bs, cache_dtype)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(s, hq, nq, 16, generator=g)
+    mask = torch.rand(s, 1, nq, t, generator=g) > 0.4
+    mask[..., 0] = True
+    visible = interp.visible_keys(mask, t, q.device)
+    paged = interp.attention(q, cache[:, :hkv], cache[:, hkv:], 0.3, None, visible, (blocks, 4))
+    gathered = kv.float()
+    k, v = gathered[:, :hkv], gathered[:, hkv:]
+    assert torch.equal(paged, interp.attention(q, k, v, 0.3, None, visible))
+    torch.testing.assert_close(paged, _reference_attention(q, k, v, mask, 0.3, None))
+    # a strided view of the table (the rows of slots [lo, hi) of a wider one)
+    wide = torch.cat((blocks, blocks.flip(0)), dim=1)[:, : blocks.shape[1]]
+    assert torch.equal(
+        paged, interp.attention(q, cache[:, :hkv], cache[:, hkv:], 0.3, None, visible, (wide, 4))
+    )
+
+
 def _tree_and_chain(seed: int, device: str = "cpu"):
     """A query whose visible keys are spread over the cache (a tree node: prefix, ancestors, siblings skipped) and
     the same query over the same keys laid out contiguously (the chain plain decoding sees)."""
@@ -188,6 +223,22 @@ def test_cuda_attention_is_batch_invariant():
         tree = cuda_ops.attention(q, k, v, 0.25, None, cuda_ops.visible_keys(mask, k.shape[2], q.device))
         chain = cuda_ops.attention(qc, kc, vc, 0.25, None, cuda_ops.visible_keys(None, n, q.device))
         assert torch.equal(tree, chain)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device and Triton")
+def test_cuda_paged_attention_equals_the_gathered_one():
+    s, hkv, nq, t = 4, 2, 3, 301
+    cache, blocks, kv = _paged(3, s, t, 16, torch.bfloat16, "cuda")
+    q = torch.randn(s, 6, nq, 16, device="cuda", dtype=torch.bfloat16)
+    mask = (torch.arange(t, device="cuda")[None, :] <= t - nq + torch.arange(nq, device="cuda")[:, None])[
+        None, None
+    ]
+    mask = mask.expand(s, 1, nq, t).contiguous()
+    with torch.inference_mode():
+        visible = cuda_ops.visible_keys(mask, t, q.device)
+        paged = cuda_ops.attention(q, cache[:, :hkv], cache[:, hkv:], 0.25, None, visible, (blocks, 4))
+        gathered = cuda_ops.attention(q, kv[:, :hkv], kv[:, hkv:], 0.25, None, visible)
+    assert torch.equal(paged, gathered)
 
 
 def test_cuda_without_triton_warns(monkeypatch):
