@@ -261,15 +261,5 @@ def triton_interpreter():
 
     if not cuda_ops.HAVE_TRITON or os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs Triton, run through its interpreter (no GPU)")
-    import triton.runtime.interpreter as interpreter
-
-    # the interpreter's scalars are 1-element arrays, which numpy 2 no longer turns into an int (a loop bound)
-    patch = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        patch(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    yield
-    interpreter._patch_lang_tensor = patch
+    # imports the kernels, and makes the interpreter take a loop bound read from memory
+    cuda_ops.kernels()

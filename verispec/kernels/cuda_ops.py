@@ -22,6 +22,7 @@ Triton is imported they also run on CPU tensors (the tests).
 from __future__ import annotations
 
 import importlib.util
+import os
 from types import ModuleType
 
 import torch
@@ -38,8 +39,27 @@ def kernels() -> ModuleType:
     if _kernels is None:
         from verispec.kernels import cuda_kernels
 
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            _fix_interpreter()
         _kernels = cuda_kernels
     return _kernels
+
+
+def _fix_interpreter() -> None:
+    """Under Triton's interpreter a loaded scalar is a 1-element array, which numpy 2 no longer turns into an int:
+    give its tensors __index__ so that a loop bound read from memory (attention's key count) works there too."""
+    import triton.runtime.interpreter as interpreter
+
+    patch = interpreter._patch_lang_tensor
+    if getattr(patch, "verispec", False):
+        return
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched.verispec = True
+    interpreter._patch_lang_tensor = patched
 
 
 def applies(x: torch.Tensor) -> bool:
