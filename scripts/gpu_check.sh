@@ -37,9 +37,11 @@ step cuda_ops 180 "$PY" -m pytest -q -p no:cacheprovider -rfE tests/unit/kernels
 # what reading the blocks in place saves over gathering them, Qwen2.5-Coder-1.5B's and SmolLM2's heads
 step cuda_attention 150 bash -c '"$PY" benchmarks/cuda_attention.py --output "$out/cuda_attention.json" &&
   "$PY" benchmarks/cuda_attention.py --heads 9,3,64 --contexts 512,2048 --output "$out/cuda_attention_smollm2.json"'
-# greedy output with speculation equal to plain decoding on CUDA: every method, cached prefixes, preemption
+# greedy output with speculation equal to plain decoding on CUDA: every method, cached prefixes, preemption, and
+# two data-parallel replicas sharing the GPU
 step lossless 360 "$PY" -m pytest -q -p no:cacheprovider -n 8 -rfE tests/e2e/test_spec_lossless.py \
-  tests/e2e/engine/test_prefix_caching.py tests/e2e/proposers/test_method_conformance.py
+  tests/e2e/engine/test_prefix_caching.py tests/e2e/proposers/test_method_conformance.py \
+  tests/e2e/distributed/test_data_parallel.py
 if [ -n "${MODEL:-}" ]; then
   step decode_speed 240 "$PY" benchmarks/decode_speed.py --model "$MODEL" --device cuda --batches 1,8 \
     --no-transformers --no-llama-cpp --no-int8 --output "$out/decode_speed.json"

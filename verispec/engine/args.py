@@ -115,11 +115,6 @@ class EngineArgs:
         dp = self.data_parallel_size
         if not _is_int(dp) or dp < 1:
             raise ValueError(f"data_parallel_size must be a positive integer, got {dp!r}")
-        if dp > 1 and self.device not in ("auto", "cpu"):
-            raise ValueError(
-                f"data_parallel_size={dp} runs on the CPU in this build; device={self.device!r} is not supported "
-                "with it: use device='cpu'"
-            )
         nodes, node = self.nnodes, self.node_rank
         if not _is_int(nodes) or nodes < 1 or tp % nodes:
             raise ValueError(

@@ -94,22 +94,42 @@ class Replica:
     stats: SchedulerStats | None = None
 
 
+def replica_devices(device: str, n: int, gpus: int) -> list[str]:
+    """Where each of n replicas runs, given the machine's GPU count: the CPU, or the GPUs in turn (replica i on GPU
+    i mod gpus; `cuda:k` puts every replica on GPU k)."""
+    if device == "cpu" or (device == "auto" and gpus == 0):
+        return ["cpu"] * n
+    if gpus == 0:
+        raise ValueError(f"device={device!r} was requested but CUDA is not available")
+    if device.startswith("cuda:"):
+        return [device] * n
+    return [f"cuda:{i % gpus}" for i in range(n)]
+
+
 def start_replicas(args: EngineArgs) -> list[Replica]:
-    """data_parallel_size processes, each building its engine with its share of the threads (ValueError naming
-    data_parallel_size when there are more replicas x ranks than cores)."""
+    """data_parallel_size processes, each building its engine on its device with its share of the threads
+    (ValueError naming the setting: more CPU replicas x ranks than cores, GPUs shared without a KV budget)."""
     n, tp = args.data_parallel_size, args.tensor_parallel_size
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if n * tp > cores:
+    gpus = torch.cuda.device_count() if args.device != "cpu" else 0
+    devices = replica_devices(args.device, n, gpus)
+    if devices[0] == "cpu" and n * tp > cores:
         raise ValueError(
             f"data_parallel_size={n} x tensor_parallel_size={tp} is more processes than this machine's {cores} "
             f"usable CPU cores; use at most {cores // tp} replicas"
         )
+    if devices[0] != "cpu" and len(set(devices)) < n and args.kv_cache_memory_bytes is None:
+        # each replica's default budget is a share of the memory free when it looks, which the others are taking
+        raise ValueError(
+            f"data_parallel_size={n} puts more than one replica on {devices[0]} ({gpus} GPU(s)): set "
+            "kv_cache_memory_bytes, each replica's KV cache budget, so that they fit in its memory together"
+        )
     threads = max(1, (args.threads or cores) // n)
     entry = "import sys; from verispec.engine.replica import main; main(sys.argv[1:])"
     replicas = []
-    for i in range(n):
+    for i, device in enumerate(devices):
         mine, theirs = socket.socketpair()
-        cmd = [sys.executable, "-c", entry, replica_args(args, threads), str(theirs.fileno())]
+        cmd = [sys.executable, "-c", entry, replica_args(args, threads, device), str(theirs.fileno())]
         proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         replicas.append(Replica(i, proc, Connection(mine.detach())))

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
         engine.close()
 
 
-def replica_args(args: EngineArgs, threads: int) -> str:
-    """The JSON EngineArgs of one replica: the front end's, one replica, its share of the threads."""
-    fields = asdict(args) | {"data_parallel_size": 1, "threads": threads}
+def replica_args(args: EngineArgs, threads: int, device: str) -> str:
+    """The JSON EngineArgs of one replica: the front end's, one replica, its device and share of the threads."""
+    fields = asdict(args) | {"data_parallel_size": 1, "threads": threads, "device": device}
     return json.dumps(fields)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from tests.helpers import REPEATED_SPAN_PROMPTS
 from verispec import LLM, SamplingParams
@@ -66,3 +67,22 @@ def test_invalid_requests_are_refused_at_once_and_settings_are_checked(tiny_llam
         LLM(tiny_llama, data_parallel_size=0)
     with pytest.raises(ValueError, match="no-such-model"):
         LLM("/no-such-model", data_parallel_size=2)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="device='cuda' was requested but CUDA is not available"):
+            LLM(tiny_llama, data_parallel_size=2, device="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_replicas_on_the_gpu_decode_as_one_engine(tiny_llama):
+    """Two replicas sharing GPU 0 (their KV budgets set), plain and with n-gram drafts: one CUDA engine's output."""
+    kw = dict(max_model_len=256, device="cuda", dtype="bfloat16")
+    one = LLM(tiny_llama, **kw)
+    want = [o.outputs[0].token_ids for o in one.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    for extra in ({}, {"speculative_config": spec}):
+        llm = LLM(tiny_llama, data_parallel_size=2, kv_cache_memory_bytes=64 << 20, **kw, **extra)
+        try:
+            outs = llm.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)
+            assert [o.outputs[0].token_ids for o in outs] == want
+        finally:
+            llm.shutdown()

@@ -1,8 +1,13 @@
-"""The data-parallel front end's pure parts: routing by cached prefix then load, and the replicas' counters as one."""
+"""The data-parallel front end's pure parts: routing by cached prefix then load, the replicas' counters as one, and
+where the replicas run."""
 
 from __future__ import annotations
 
-from verispec.engine.data_parallel import PrefixRouter, sum_counters
+import pytest
+import torch
+
+from verispec.engine.args import EngineArgs
+from verispec.engine.data_parallel import PrefixRouter, replica_devices, start_replicas, sum_counters
 from verispec.metrics import EngineCounters, SpecDecodingStats
 
 
@@ -46,3 +51,23 @@ def test_counters_add_up():
     assert abs(total.kv_cache_usage - 0.3) < 1e-9
     assert (total.spec.num_drafts, total.spec.num_draft_tokens, total.spec.num_accepted_tokens) == (3, 6, 4)
     assert sum_counters([EngineCounters(), EngineCounters()]).spec is None
+
+
+def test_replicas_take_the_gpus_in_turn():
+    assert replica_devices("cpu", 2, 4) == ["cpu", "cpu"]
+    assert replica_devices("auto", 2, 0) == ["cpu", "cpu"]
+    assert replica_devices("auto", 3, 2) == ["cuda:0", "cuda:1", "cuda:0"]
+    assert replica_devices("cuda", 2, 8) == ["cuda:0", "cuda:1"]
+    assert replica_devices("cuda:1", 2, 2) == ["cuda:1", "cuda:1"]
+    with pytest.raises(ValueError, match="device='cuda' was requested but CUDA is not available"):
+        replica_devices("cuda", 2, 0)
+
+
+def test_replicas_sharing_a_gpu_need_a_kv_budget(monkeypatch):
+    """Refused before any process starts: each replica's default budget would count the others' memory as free."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = EngineArgs(model="unused", device="auto", data_parallel_size=2)
+    with pytest.raises(
+        ValueError, match="data_parallel_size=2 puts more than one replica on cuda:0.*kv_cache_memory"
+    ):
+        start_replicas(args)
