@@ -199,7 +199,10 @@ def start_tensor_parallel(args: EngineArgs, device: torch.device) -> tuple[TPGro
     if size == 1:
         return None, None
     if device.type != "cpu":
-        raise ValueError(f"tensor_parallel_size={size} runs on the CPU in this build; device={args.device!r}")
+        raise ValueError(
+            f"tensor_parallel_size={size} runs on the CPU in this build; device={args.device!r} is {device} here: "
+            "use device='cpu'"
+        )
     if args.node_rank != 0:
         raise ValueError(
             f"node_rank={args.node_rank} runs ranks for node 0's engine: start it with `verispec serve --headless`"
