@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from verispec.distributed.cpus import bind_process, rank_cores
 from verispec.distributed.group import TPGroup, init_group
 from verispec.engine.args import EngineArgs
 from verispec.engine.engine import LLMEngine
@@ -208,8 +209,10 @@ def start_tensor_parallel(args: EngineArgs, device: torch.device) -> tuple[TPGro
             f"node_rank={args.node_rank} runs ranks for node 0's engine: start it with `verispec serve --headless`"
         )
     specs = rank_specs(args)
+    before = bind_process(list(specs[0].cpus)) if specs[0].cpus else None
     torch.set_num_threads(specs[0].threads)
     workers = launch(specs[1:])
+    workers.rank0_cores = before
     method = specs[0].init_method
     try:
         return init_group(0, size, method), workers
@@ -220,15 +223,20 @@ def start_tensor_parallel(args: EngineArgs, device: torch.device) -> tuple[TPGro
 
 
 def rank_specs(args: EngineArgs) -> list[RankSpec]:
-    """The ranks this node runs (node n: tensor_parallel_size / nnodes of them from n times that), its threads
-    shared out among them; ValueError naming the setting when there are more of them than cores."""
+    """The ranks this node runs (node n: tensor_parallel_size / nnodes of them from n times that), each bound to its
+    cores (one NUMA node each where there are enough, `rank_cores`) with a thread per core, or `threads` shared out;
+    ValueError naming the setting when there are more ranks than cores."""
     size, nodes = args.tensor_parallel_size, args.nnodes
     local = size // nodes
     threads = check_threads(local, args.threads)
+    cores = rank_cores(local) or [[] for _ in range(local)]
     method = args.distributed_init_method or free_init_method()
     common = (str(args.model), "cpu", args.dtype, args.keep_quantized, args.activation_dtype)
     first = args.node_rank * local
-    return [RankSpec(*common, rank, size, method, threads) for rank in range(first, first + local)]
+    return [
+        RankSpec(*common, first + i, size, method, min(threads, len(c)) if c else threads, tuple(c))
+        for i, c in enumerate(cores)
+    ]
 
 
 def run_headless(args: EngineArgs) -> int:

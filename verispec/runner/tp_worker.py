@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from verispec.distributed.cpus import bind_process
 from verispec.distributed.group import TPGroup, init_group
 from verispec.kernels.ops import KV_DTYPE_CODES
 from verispec.loader.checkpoint import Checkpoint, load_checkpoint
@@ -36,6 +37,8 @@ class RankSpec:
     size: int
     init_method: str
     threads: int
+    # the cores its threads run on (distributed/cpus.py; empty: wherever the OS puts them)
+    cpus: tuple[int, ...] = ()
 
 
 def free_init_method() -> str:
@@ -69,6 +72,9 @@ def _say(errors, text: str) -> None:
 
 def worker_main(spec: RankSpec, errors) -> None:
     """One rank's process: join, load, take the cache plan, then serve rank 0's steps until it stops."""
+    if spec.cpus:
+        # before the load, so that the shard is first touched (placed) on the node of these cores
+        bind_process(list(spec.cpus))
     torch.set_num_threads(spec.threads)
     try:
         group = init_group(spec.rank, spec.size, spec.init_method)
@@ -130,6 +136,8 @@ class Workers:
 
     procs: list[subprocess.Popen]
     errors: list[int]
+    # the cores rank 0's process could use before it was bound to its own (put back by join)
+    rank0_cores: set[int] | None = None
 
     def failures(self) -> str:
         """What the workers reported (or that they exited) when start-up failed."""
@@ -155,6 +163,9 @@ class Workers:
         for fd in self.errors:
             os.close(fd)
         self.errors = []
+        if self.rank0_cores is not None:
+            bind_process(sorted(self.rank0_cores))
+            self.rank0_cores = None
 
 
 def launch(specs: list[RankSpec]) -> Workers:

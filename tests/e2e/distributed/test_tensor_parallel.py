@@ -91,6 +91,27 @@ def test_shutdown_ends_the_ranks_and_a_dead_rank_is_an_error_not_a_hang(tiny_lla
     llm.shutdown()
 
 
+@needs_two_cores
+def test_each_rank_runs_on_its_own_cores_and_rank_0_is_unbound_at_shutdown(tiny_llama, monkeypatch):
+    """VERISPEC_CPU_BIND's default puts the two ranks on disjoint cores (this VM: one NUMA node, a core each); the
+    engine's own process gets its cores back at shutdown; `none` binds nothing; the tokens are the same."""
+    allowed = os.sched_getaffinity(0)
+    llm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
+    mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(llm.engine.runner.workers.procs[0].pid)
+    assert mine and theirs and not mine & theirs and mine | theirs <= allowed
+    want = _tokens(llm)
+    llm.shutdown()
+    assert os.sched_getaffinity(0) == allowed
+    monkeypatch.setenv("VERISPEC_CPU_BIND", "none")
+    llm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
+    assert os.sched_getaffinity(llm.engine.runner.workers.procs[0].pid) == allowed
+    assert _tokens(llm) == want
+    llm.shutdown()
+    monkeypatch.setenv("VERISPEC_CPU_BIND", "0-1")
+    with pytest.raises(ValueError, match="VERISPEC_CPU_BIND='0-1' gives 1 core list"):
+        LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
