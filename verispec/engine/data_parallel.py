@@ -19,6 +19,7 @@ from multiprocessing.connection import Connection, wait
 
 import torch
 
+from verispec.distributed.cpus import rank_cores
 from verispec.engine.args import EngineArgs
 from verispec.engine.engine import SchedulerStats, check_request
 from verispec.engine.options import EngineOptions
@@ -125,12 +126,20 @@ def start_replicas(args: EngineArgs) -> list[Replica]:
             "kv_cache_memory_bytes, each replica's KV cache budget, so that they fit in its memory together"
         )
     threads = max(1, (args.threads or cores) // n)
+    # CPU replicas on cores of their own, as tensor-parallel ranks are (one NUMA node each where there are enough)
+    bound = (rank_cores(n) if devices[0] == "cpu" else None) or [[] for _ in devices]
+    # explicit VERISPEC_CPU_BIND lists are the replicas': a replica's own ranks split its cores
+    env = dict(os.environ)
+    if env.get("VERISPEC_CPU_BIND", "auto") not in ("auto", "none"):
+        env["VERISPEC_CPU_BIND"] = "auto"
     entry = "import sys; from verispec.engine.replica import main; main(sys.argv[1:])"
     replicas = []
-    for i, device in enumerate(devices):
+    for i, (device, cpus) in enumerate(zip(devices, bound)):
         mine, theirs = socket.socketpair()
-        cmd = [sys.executable, "-c", entry, replica_args(args, threads, device), str(theirs.fileno())]
-        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        mine_threads = min(threads, len(cpus)) if cpus else threads
+        fields = replica_args(args, mine_threads, device)
+        cmd = [sys.executable, "-c", entry, fields, str(theirs.fileno()), ",".join(map(str, cpus))]
+        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
         replicas.append(Replica(i, proc, Connection(mine.detach())))
     return replicas

@@ -18,6 +18,7 @@ import sys
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 
+from verispec.distributed.cpus import bind_process
 from verispec.engine.args import EngineArgs
 from verispec.engine.builder import build_engine
 from verispec.engine.engine import LLMEngine
@@ -98,10 +99,14 @@ def handle(engine: LLMEngine, conn: Connection, msg: tuple) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The replica process: argv = [EngineArgs as JSON, the socket's file descriptor]."""
+    """The replica process: argv = [EngineArgs as JSON, the socket's file descriptor, the cores to run on (comma
+    separated; empty: no binding)]."""
     # Ctrl-C reaches the whole process group: the front end decides when replicas stop ("stop", or its exit)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) > 2 and argv[2]:
+        # before the load: the weights are first touched by these cores' node
+        bind_process([int(c) for c in argv[2].split(",")])
     conn = Connection(socket.socket(fileno=int(argv[1])).detach())
     try:
         engine = build_engine(EngineArgs(**json.loads(argv[0])))

@@ -25,6 +25,9 @@ def test_a_dead_replica_fails_only_its_requests(tiny_llama):
     want = [o.outputs[0].token_ids for o in plain.generate(REPEATED_SPAN_PROMPTS, SAMPLING, use_tqdm=False)]
     engine = DataParallelEngine(EngineArgs(model=tiny_llama, max_model_len=256, data_parallel_size=2))
     try:
+        # each replica on cores of its own (VERISPEC_CPU_BIND's default)
+        a, b = (os.sched_getaffinity(r.proc.pid) for r in engine.replicas)
+        assert a and b and not a & b
         for i, p in enumerate(REPEATED_SPAN_PROMPTS):
             engine.add_request(f"r{i}", None, p["prompt_token_ids"], SAMPLING)
         lost = engine.replicas[0]
