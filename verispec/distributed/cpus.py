@@ -71,7 +71,8 @@ def rank_cores(ranks: int, setting: str | None = None, root: Path = NODES) -> li
     """The cores of this machine's `ranks` ranks under VERISPEC_CPU_BIND (`setting` overrides it); None: no binding
     (one rank, `none`). ValueError naming VERISPEC_CPU_BIND for a bad list."""
     setting = os.environ.get("VERISPEC_CPU_BIND", "auto") if setting is None else setting
-    if ranks == 1 or setting == "none":
+    if ranks == 1 or setting == "none" or not hasattr(os, "sched_setaffinity"):
+        # (no affinity calls outside Linux)
         return None
     allowed = sorted(os.sched_getaffinity(0))
     if setting == "auto":
