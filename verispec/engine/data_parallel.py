@@ -136,8 +136,8 @@ def start_replicas(args: EngineArgs) -> list[Replica]:
     replicas = []
     for i, (device, cpus) in enumerate(zip(devices, bound)):
         mine, theirs = socket.socketpair()
-        mine_threads = min(threads, len(cpus)) if cpus else threads
-        fields = replica_args(args, mine_threads, device)
+        replica_threads = min(threads, len(cpus)) if cpus else threads
+        fields = replica_args(args, replica_threads, device)
         cmd = [sys.executable, "-c", entry, fields, str(theirs.fileno()), ",".join(map(str, cpus))]
         proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env)
         theirs.close()
