@@ -215,7 +215,7 @@ def start_tensor_parallel(args: EngineArgs, device: torch.device) -> tuple[TPGro
     workers.rank0_cores = before
     method = specs[0].init_method
     try:
-        return init_group(0, size, method), workers
+        return init_group(0, size, method, nodes=args.nnodes), workers
     except ValueError as e:
         message = workers.failures()
         workers.join(1.0)
@@ -234,7 +234,7 @@ def rank_specs(args: EngineArgs) -> list[RankSpec]:
     common = (str(args.model), "cpu", args.dtype, args.keep_quantized, args.activation_dtype)
     first = args.node_rank * local
     return [
-        RankSpec(*common, first + i, size, method, min(threads, len(c)) if c else threads, tuple(c))
+        RankSpec(*common, first + i, size, method, min(threads, len(c)) if c else threads, tuple(c), nodes)
         for i, c in enumerate(cores)
     ]
 

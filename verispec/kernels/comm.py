@@ -226,6 +226,14 @@ class ShmComm:
             self._broadcast_payload(t.data_ptr(), 8 * n)
         return t
 
+    def broadcast_into(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's x copied into every rank's x (contiguous, CPU, the same size everywhere); returns x."""
+        if not (x.is_cpu and x.is_contiguous()):
+            raise ValueError(f"ShmComm.broadcast_into: needs a contiguous CPU tensor, got {x.device}")
+        if x.numel():
+            self._broadcast_payload(x.data_ptr(), x.numel() * x.element_size())
+        return x
+
     def barrier(self) -> None:
         view = self._mapping()  # noqa: F841
         self._check(self._lib.shm_barrier(self.handle), self.timeout_s)

@@ -39,6 +39,8 @@ class RankSpec:
     threads: int
     # the cores its threads run on (distributed/cpus.py; empty: wherever the OS puts them)
     cpus: tuple[int, ...] = ()
+    # the machines the group spans (size / nodes consecutive ranks each)
+    nodes: int = 1
 
 
 def free_init_method() -> str:
@@ -77,7 +79,7 @@ def worker_main(spec: RankSpec, errors) -> None:
         bind_process(list(spec.cpus))
     torch.set_num_threads(spec.threads)
     try:
-        group = init_group(spec.rank, spec.size, spec.init_method)
+        group = init_group(spec.rank, spec.size, spec.init_method, nodes=spec.nodes)
     except ValueError as e:
         _say(errors, f"rank {spec.rank}: {e}")
         return

@@ -170,6 +170,44 @@ def test_two_nodes_over_loopback(tiny_llama, tmp_path, monkeypatch):
         log.close()
 
 
+@needs_two_cores
+@pytest.mark.skipif(load_qgemm() is None, reason="the shared-memory channel is in the native kernels")
+def test_two_nodes_of_two_ranks_sum_on_shared_memory_within_each(tiny_llama, tmp_path):
+    """TP=4 over two "nodes" on one machine: each node's two ranks sum on their own channel and the nodes over gloo
+    (transport shm+gloo); with n-gram drafts the output is one node's plain TP=2 output (the tiny model is far from
+    ties, so the summation orders do not show)."""
+    # first: while an engine of ranks lives, this process is bound to its rank 0's cores
+    want = _tokens_tp2(tiny_llama)
+    method = f"tcp://127.0.0.1:{free_port()}"
+    nodes = ["--tensor-parallel-size", "4", "--nnodes", "2", "--distributed-init-method", method]
+    log = open(tmp_path / "node1.log", "w")  # noqa: SIM115 (closed below)
+    node1 = subprocess.Popen(
+        [sys.executable, "-m", "verispec.server.cli", tiny_llama, "--headless", "--node-rank", "1", *nodes],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        args = dict(max_model_len=256, tensor_parallel_size=4, nnodes=2, distributed_init_method=method)
+        llm = LLM(tiny_llama, speculative_config=NGRAM, **args)
+        group = llm.engine.runner.group
+        assert group.transport == "shm+gloo" and group.leaders is not None
+        assert _tokens(llm) == want
+        assert llm.engine.counters.spec.num_draft_tokens > 0
+        llm.shutdown()
+        assert node1.wait(30) == 0
+    finally:
+        node1.kill()
+        log.close()
+
+
+def _tokens_tp2(model: str) -> list[list[int]]:
+    llm = LLM(model, max_model_len=256, tensor_parallel_size=2)
+    try:
+        return _tokens(llm)
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
