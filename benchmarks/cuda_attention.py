@@ -1,6 +1,8 @@
 """The CUDA path's attention over the paged KV cache: the Triton kernel reading the blocks in place through the block
 table (today's path) against gathering each sequence's blocks into a contiguous copy first and running the same
-kernel on it (the path before), by batch size and context length. Both must give bitwise the same output.
+kernel on it (the path before), by batch size and context length. Both must give bitwise the same output. A third
+column times PyTorch's scaled_dot_product_attention on the gathered copy: what a kernel that is not batch-invariant
+costs, for scale.
 
 A decode step's shapes: one query row per sequence (plain decoding) or 5 (verifying 4 drafts), the blocks of each
 sequence scattered over the pool as a long-running server leaves them. Prints the median microseconds per layer
@@ -19,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from verispec.kernels import cuda_ops
 
@@ -28,8 +31,8 @@ def int_list(text: str) -> list[int]:
 
 
 def make_case(s: int, nq: int, t: int, hq: int, hkv: int, d: int, bs: int, device: str, dtype: torch.dtype):
-    """-> (q [S, Hq, Q, D], cache [blocks, 2Hkv, bs, D], block table rows [S, n], visible keys): each row of a
-    sequence sees the keys up to its own position (the causal mask of a verification step)."""
+    """-> (q [S, Hq, Q, D], cache [blocks, 2Hkv, bs, D], block table rows [S, n], visible keys, mask [S, 1, Q, T]):
+    each row of a sequence sees the keys up to its own position (the causal mask of a verification step)."""
     g = torch.Generator().manual_seed(s * 100003 + t)
     n = -(-t // bs)
     pool = s * n + 8
@@ -40,20 +43,33 @@ def make_case(s: int, nq: int, t: int, hq: int, hkv: int, d: int, bs: int, devic
     # [S, 1, Q, T]
     last = t - nq + torch.arange(nq, device=device)
     mask = (pos[None, :] <= last[:, None]).expand(s, 1, nq, t).contiguous()
-    return q, cache, blocks, cuda_ops.visible_keys(mask, t, q.device)
+    return q, cache, blocks, cuda_ops.visible_keys(mask, t, q.device), mask
 
 
-def gathered(q, cache, blocks, visible, t: int, hkv: int, shift: int):
-    """The path before: each sequence's blocks copied out ([S, 2Hkv, T, D], read_kv), then the kernel."""
+def gather(cache, blocks, t: int) -> torch.Tensor:
+    """Each sequence's blocks copied out: [S, 2Hkv, T, D] (read_kv)."""
     n = blocks.shape[1]
     g = cache[blocks]
     s, _, h, bs, d = g.shape
-    kv = g.transpose(1, 2).reshape(s, h, n * bs, d)[:, :, :t]
+    return g.transpose(1, 2).reshape(s, h, n * bs, d)[:, :, :t]
+
+
+def gathered(q, cache, blocks, visible, mask, t: int, hkv: int, shift: int):
+    """The path before: the copy, then the kernel."""
+    kv = gather(cache, blocks, t)
     return cuda_ops.attention(q, kv[:, :hkv], kv[:, hkv:], 0.125, None, visible)
 
 
-def in_place(q, cache, blocks, visible, t: int, hkv: int, shift: int):
+def in_place(q, cache, blocks, visible, mask, t: int, hkv: int, shift: int):
     return cuda_ops.attention(q, cache[:, :hkv], cache[:, hkv:], 0.125, None, visible, (blocks, shift))
+
+
+def sdpa(q, cache, blocks, visible, mask, t: int, hkv: int, shift: int):
+    """PyTorch's attention on the copy (not batch-invariant), for scale."""
+    kv = gather(cache, blocks, t)
+    return F.scaled_dot_product_attention(
+        q, kv[:, :hkv], kv[:, hkv:], attn_mask=mask, scale=0.125, enable_gqa=True
+    )
 
 
 def median_us(fn, call: tuple, reps: int, sync) -> float:
@@ -96,20 +112,31 @@ def main() -> None:
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (Triton interpreter)"
     print(f"{name}; heads {hq}/{hkv}, head dim {d}, block size {bs}, {dtype}; median us per layer call")
-    print(f"{'batch':>5} {'rows':>4} {'context':>7} {'gathered':>10} {'in place':>10} {'speed-up':>8} equal")
+    head = f"{'batch':>5} {'rows':>4} {'context':>7} {'gathered':>10} {'in place':>10} {'speed-up':>8} {'sdpa':>10}"
+    print(head, "equal")
     results = []
     with torch.inference_mode():
         for s in args.batches:
             for nq in args.rows:
                 for t in args.contexts:
-                    q, cache, blocks, visible = make_case(s, nq, t, hq, hkv, d, bs, args.device, dtype)
-                    call = (q, cache, blocks, visible, t, hkv, shift)
+                    q, cache, blocks, visible, mask = make_case(s, nq, t, hq, hkv, d, bs, args.device, dtype)
+                    call = (q, cache, blocks, visible, mask, t, hkv, shift)
                     equal = torch.equal(gathered(*call), in_place(*call))
                     before = median_us(gathered, call, args.reps, sync)
                     now = median_us(in_place, call, args.reps, sync)
-                    row = dict(batch=s, rows=nq, context=t, gathered_us=before, in_place_us=now, equal=equal)
+                    torch_us = median_us(sdpa, call, args.reps, sync)
+                    row = dict(
+                        batch=s,
+                        rows=nq,
+                        context=t,
+                        gathered_us=before,
+                        in_place_us=now,
+                        sdpa_us=torch_us,
+                        equal=equal,
+                    )
                     results.append(row)
-                    print(f"{s:>5} {nq:>4} {t:>7} {before:>10.1f} {now:>10.1f} {before / now:>7.2f}x {equal}")
+                    cells = f"{before:>10.1f} {now:>10.1f} {before / now:>7.2f}x {torch_us:>10.1f}"
+                    print(f"{s:>5} {nq:>4} {t:>7} {cells} {equal}")
     out = dict(device=name, heads=[hq, hkv, d], block_size=bs, dtype=str(dtype), results=results)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(out, indent=2))
