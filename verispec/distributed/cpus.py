@@ -29,6 +29,17 @@ def parse_cpulist(text: str) -> list[int]:
     return sorted(cpus)
 
 
+def cpulist(cpus) -> str:
+    """[0, 1, 2, 3, 8] -> '0-3,8' (parse_cpulist's inverse)."""
+    runs: list[list[int]] = []
+    for c in sorted(cpus):
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def numa_nodes(root: Path = NODES) -> list[list[int]]:
     """Each NUMA node's cores, by node number ([] where the topology cannot be read)."""
     nodes = []

@@ -3,13 +3,14 @@ model runner, proposer). The one place that assembles an engine; `LLM`, the CLI 
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from pathlib import Path
 
 import torch
 
-from verispec.distributed.cpus import bind_process, rank_cores
+from verispec.distributed.cpus import bind_process, cpulist, rank_cores
 from verispec.distributed.group import TPGroup, init_group
 from verispec.engine.args import EngineArgs
 from verispec.engine.engine import LLMEngine
@@ -40,6 +41,8 @@ from verispec.runner.tp_worker import (
     send_plan,
 )
 from verispec.sample.metadata import VerifyRule
+
+logger = logging.getLogger(__name__)
 
 
 def pick_device(device: str) -> torch.device:
@@ -209,6 +212,12 @@ def start_tensor_parallel(args: EngineArgs, device: torch.device) -> tuple[TPGro
             f"node_rank={args.node_rank} runs ranks for node 0's engine: start it with `verispec serve --headless`"
         )
     specs = rank_specs(args)
+    placed = (
+        " | ".join(f"rank {s.rank}: {cpulist(s.cpus)} x{s.threads}" for s in specs)
+        if specs[0].cpus
+        else "not bound"
+    )
+    logger.info("tensor parallelism: %d ranks on this machine, cores and threads %s", len(specs), placed)
     before = bind_process(list(specs[0].cpus)) if specs[0].cpus else None
     torch.set_num_threads(specs[0].threads)
     workers = launch(specs[1:])

@@ -3,6 +3,7 @@ lossless against plain decoding under the same layout, errors that name the sett
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import torch
 from tests.helpers import REPEATED_SPAN_PROMPTS, free_port
 from tests.tiny_models import write_tiny_checkpoint
 from verispec import LLM, SamplingParams
+from verispec.distributed.cpus import cpulist
 from verispec.kernels.build import load_qgemm
 
 SAMPLING = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -92,13 +94,18 @@ def test_shutdown_ends_the_ranks_and_a_dead_rank_is_an_error_not_a_hang(tiny_lla
 
 
 @needs_two_cores
-def test_each_rank_runs_on_its_own_cores_and_rank_0_is_unbound_at_shutdown(tiny_llama, monkeypatch):
-    """VERISPEC_CPU_BIND's default puts the two ranks on disjoint cores (this VM: one NUMA node, a core each); the
-    engine's own process gets its cores back at shutdown; `none` binds nothing; the tokens are the same."""
+def test_each_rank_runs_on_its_own_cores_and_rank_0_is_unbound_at_shutdown(tiny_llama, monkeypatch, caplog):
+    """VERISPEC_CPU_BIND's default puts the two ranks on disjoint cores (this VM: one NUMA node, a core each), and
+    the log says where; the engine's own process gets its cores back at shutdown; `none` binds nothing; the tokens
+    are the same."""
     allowed = os.sched_getaffinity(0)
-    llm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
+    with caplog.at_level(logging.INFO, logger="verispec.engine.builder"):
+        llm = LLM(tiny_llama, max_model_len=256, tensor_parallel_size=2)
     mine, theirs = os.sched_getaffinity(0), os.sched_getaffinity(llm.engine.runner.workers.procs[0].pid)
     assert mine and theirs and not mine & theirs and mine | theirs <= allowed
+    share = len(allowed) // 2
+    placed = f"rank 0: {cpulist(mine)} x{min(share, len(mine))} | rank 1: {cpulist(theirs)} x{min(share, len(theirs))}"
+    assert f"2 ranks on this machine, cores and threads {placed}" in caplog.text
     want = _tokens(llm)
     llm.shutdown()
     assert os.sched_getaffinity(0) == allowed

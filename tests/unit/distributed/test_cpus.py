@@ -8,13 +8,22 @@ import threading
 
 import pytest
 
-from verispec.distributed.cpus import bind_process, numa_nodes, parse_cpulist, rank_cores, split_cores
+from verispec.distributed.cpus import (
+    bind_process,
+    cpulist,
+    numa_nodes,
+    parse_cpulist,
+    rank_cores,
+    split_cores,
+)
 
 
 def test_cpulists_parse_as_the_kernel_writes_them():
     assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
     assert parse_cpulist("5") == [5]
     assert parse_cpulist("") == []
+    assert cpulist([8, 0, 1, 2, 3, 10, 11]) == "0-3,8,10-11" and cpulist([5]) == "5" and cpulist([]) == ""
+    assert parse_cpulist(cpulist([0, 2, 3, 4, 9])) == [0, 2, 3, 4, 9]
     for bad in ("3-1", "a", "1-b", "-2"):
         with pytest.raises(ValueError):
             parse_cpulist(bad)
