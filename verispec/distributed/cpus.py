@@ -97,9 +97,10 @@ def rank_cores(ranks: int, setting: str | None = None, root: Path = NODES) -> li
     try:
         out = [parse_cpulist(text) for text in lists]
     except ValueError:
-        raise ValueError(
-            f"VERISPEC_CPU_BIND={setting!r} is not a list of CPU lists such as 0-3|4-7"
-        ) from None
+        # refused below, like a rank given no cores
+        out = [[]]
+    if not all(out):
+        raise ValueError(f"VERISPEC_CPU_BIND={setting!r} is not a list of CPU lists such as 0-3|4-7")
     outside = sorted({c for cores in out for c in cores} - set(allowed))
     if outside:
         raise ValueError(
