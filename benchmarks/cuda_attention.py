@@ -19,11 +19,13 @@ import os
 import statistics
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
 from verispec.kernels import cuda_ops
+from verispec.layers.attention import read_kv
 
 
 def int_list(text: str) -> list[int]:
@@ -46,17 +48,14 @@ def make_case(s: int, nq: int, t: int, hq: int, hkv: int, d: int, bs: int, devic
     return q, cache, blocks, cuda_ops.visible_keys(mask, t, q.device), mask
 
 
-def gather(cache, blocks, t: int) -> torch.Tensor:
-    """Each sequence's blocks copied out: [S, 2Hkv, T, D] (read_kv)."""
-    n = blocks.shape[1]
-    g = cache[blocks]
-    s, _, h, bs, d = g.shape
-    return g.transpose(1, 2).reshape(s, h, n * bs, d)[:, :, :t]
+def gather(cache, blocks, t: int, shift: int) -> torch.Tensor:
+    """Each sequence's blocks copied out: [S, 2Hkv, T, D], by the PyTorch path's read_kv."""
+    return read_kv(cache, SimpleNamespace(blocks=blocks, block_shift=shift, kv_len=t), cache.dtype)
 
 
 def gathered(q, cache, blocks, visible, mask, t: int, hkv: int, shift: int):
     """The path before: the copy, then the kernel."""
-    kv = gather(cache, blocks, t)
+    kv = gather(cache, blocks, t, shift)
     return cuda_ops.attention(q, kv[:, :hkv], kv[:, hkv:], 0.125, None, visible)
 
 
@@ -66,7 +65,7 @@ def in_place(q, cache, blocks, visible, mask, t: int, hkv: int, shift: int):
 
 def sdpa(q, cache, blocks, visible, mask, t: int, hkv: int, shift: int):
     """PyTorch's attention on the copy (not batch-invariant), for scale."""
-    kv = gather(cache, blocks, t)
+    kv = gather(cache, blocks, t, shift)
     return F.scaled_dot_product_attention(
         q, kv[:, :hkv], kv[:, hkv:], attn_mask=mask, scale=0.125, enable_gqa=True
     )

@@ -3,6 +3,7 @@ lossless against plain decoding under the same layout, errors that name the sett
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -148,20 +149,30 @@ def test_a_model_that_does_not_shard_and_a_sharded_draft_are_refused(tmp_path, t
         )
 
 
+@contextlib.contextmanager
+def _headless_node(model: str, tmp_path, tp: int):
+    """Node 1 of two (`verispec serve --headless --node-rank 1`) in a process of its own -> (the rendezvous for node
+    0's engine, the process); killed on the way out."""
+    method = f"tcp://127.0.0.1:{free_port()}"
+    nodes = ["--tensor-parallel-size", str(tp), "--nnodes", "2", "--distributed-init-method", method]
+    with open(tmp_path / "node1.log", "w") as log:
+        node1 = subprocess.Popen(
+            [sys.executable, "-m", "verispec.server.cli", model, "--headless", "--node-rank", "1", *nodes],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield method, node1
+        finally:
+            node1.kill()
+
+
 @needs_two_cores
 def test_two_nodes_over_loopback(tiny_llama, tmp_path, monkeypatch):
     """Node 1 runs its rank headless (`verispec serve --headless`), node 0 the engine; gloo between them, as between
     two machines: plain decoding's output, and node 1 ends when node 0 shuts down."""
     monkeypatch.setenv("VERISPEC_TP_TRANSPORT", "gloo")
-    method = f"tcp://127.0.0.1:{free_port()}"
-    nodes = ["--tensor-parallel-size", "2", "--nnodes", "2", "--distributed-init-method", method]
-    log = open(tmp_path / "node1.log", "w")  # noqa: SIM115 (closed below)
-    node1 = subprocess.Popen(
-        [sys.executable, "-m", "verispec.server.cli", tiny_llama, "--headless", "--node-rank", "1", *nodes],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with _headless_node(tiny_llama, tmp_path, tp=2) as (method, node1):
         llm = LLM(
             tiny_llama, max_model_len=256, tensor_parallel_size=2, nnodes=2, distributed_init_method=method
         )
@@ -172,9 +183,6 @@ def test_two_nodes_over_loopback(tiny_llama, tmp_path, monkeypatch):
         assert _tokens(llm) == want
         llm.shutdown()
         assert node1.wait(30) == 0
-    finally:
-        node1.kill()
-        log.close()
 
 
 @needs_two_cores
@@ -185,15 +193,7 @@ def test_two_nodes_of_two_ranks_sum_on_shared_memory_within_each(tiny_llama, tmp
     ties, so the summation orders do not show)."""
     # first: while an engine of ranks lives, this process is bound to its rank 0's cores
     want = _tokens_tp2(tiny_llama)
-    method = f"tcp://127.0.0.1:{free_port()}"
-    nodes = ["--tensor-parallel-size", "4", "--nnodes", "2", "--distributed-init-method", method]
-    log = open(tmp_path / "node1.log", "w")  # noqa: SIM115 (closed below)
-    node1 = subprocess.Popen(
-        [sys.executable, "-m", "verispec.server.cli", tiny_llama, "--headless", "--node-rank", "1", *nodes],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+    with _headless_node(tiny_llama, tmp_path, tp=4) as (method, node1):
         args = dict(max_model_len=256, tensor_parallel_size=4, nnodes=2, distributed_init_method=method)
         llm = LLM(tiny_llama, speculative_config=NGRAM, **args)
         group = llm.engine.runner.group
@@ -202,9 +202,6 @@ def test_two_nodes_of_two_ranks_sum_on_shared_memory_within_each(tiny_llama, tmp
         assert llm.engine.counters.spec.num_draft_tokens > 0
         llm.shutdown()
         assert node1.wait(30) == 0
-    finally:
-        node1.kill()
-        log.close()
 
 
 def _tokens_tp2(model: str) -> list[list[int]]:

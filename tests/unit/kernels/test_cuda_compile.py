@@ -65,9 +65,9 @@ def record_launches() -> list[tuple[str, tuple, dict]]:
     return launches
 
 
-def signature(args: tuple, kernel) -> tuple[dict, dict]:
-    """A recorded launch's arguments -> (Triton signature, constexprs) by the kernel's parameter names."""
-    sig, consts = {}, {}
+def signature(args: tuple, kernel) -> dict:
+    """A recorded launch's positional arguments -> their Triton types by the kernel's parameter names."""
+    sig = {}
     for name, value in zip(kernel.arg_names, args):
         if isinstance(value, torch.Tensor):
             sig[name] = "*" + TYPES[value.dtype]
@@ -77,7 +77,7 @@ def signature(args: tuple, kernel) -> tuple[dict, dict]:
             sig[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         else:
             sig[name] = "fp32"
-    return sig, consts
+    return sig
 
 
 def compile_all(archs: tuple[int, ...]) -> int:
@@ -91,7 +91,7 @@ def compile_all(archs: tuple[int, ...]) -> int:
     done = 0
     for name, args, kw in record_launches():
         kernel = getattr(cuda_kernels, name)
-        sig, consts = signature(args, kernel)
+        sig, consts = signature(args, kernel), {}
         options = {"num_warps": kw.pop("num_warps")}
         for key, value in kw.items():
             sig[key], consts[key] = "constexpr", value
